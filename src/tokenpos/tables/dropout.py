@@ -1,0 +1,50 @@
+"""Counter-based dropout: the keep mask is a pure function of (seed, flat element index).
+
+This makes dropout reproducible from a seed, lets backward recompute the mask instead of storing
+it, and lets a parallel kernel compute any element independently. The NumPy reference below and
+the numba kernels share this exact formula.
+
+    z    = splitmix64(seed_key ^ (offset + i) * GOLDEN)     (uint64 arithmetic, wrapping)
+    u_i  = (z >> 40) / 2**24                                (uniform on [0, 1), 24 bits)
+    keep = u_i >= p
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+MIX2 = np.uint64(0x94D049BB133111EB)
+SEED_MASK = (1 << 63) - 1
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * MIX1
+    z = (z ^ (z >> np.uint64(27))) * MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def seed_key(seed: int) -> np.uint64:
+    """The per-call key derived from a user seed (a 63-bit non-negative int)."""
+    with np.errstate(over="ignore"):
+        return _mix(np.asarray([np.uint64(int(seed) & SEED_MASK)], dtype=np.uint64) + GOLDEN)[0]
+
+
+def dropout_threshold(p: float) -> int:
+    """Integer threshold t such that keep iff (z >> 40) >= t, i.e. u >= p on the 24-bit grid."""
+    return int(np.ceil(p * (1 << 24)))
+
+
+def dropout_keep_mask(seed: int, shape: tuple[int, ...], p: float, offset: int = 0) -> np.ndarray:
+    """Boolean keep mask of ``shape``; element with C-order flat index i uses counter offset + i."""
+    n = int(np.prod(shape, dtype=np.int64))
+    idx = np.arange(offset, offset + n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = _mix(seed_key(seed) ^ (idx * GOLDEN))
+    return ((z >> np.uint64(40)) >= np.uint64(dropout_threshold(p))).reshape(shape)
+
+
+def draw_seed(rng: np.random.Generator) -> int:
+    """A fresh 63-bit dropout seed from an explicit generator."""
+    return int(rng.integers(0, SEED_MASK, dtype=np.int64))

@@ -1,0 +1,19 @@
+"""Exception classes shared by every part of tokenpos."""
+
+from __future__ import annotations
+
+
+class TokenIdError(ValueError, IndexError):
+    """A token id that the table cannot look up: out of range, negative, or not an integer."""
+
+
+class PositionError(ValueError, IndexError):
+    """A position that a layer cannot represent (for example >= max_seq_len for learned tables)."""
+
+
+class ConfigError(ValueError):
+    """A constructor argument or a scheme configuration that is invalid."""
+
+
+class StateDictError(ValueError):
+    """A state_dict that does not fit the layer: missing or unexpected keys, wrong shape or dtype."""

@@ -1,0 +1,224 @@
+"""Every input check of tokenpos, and every error message, written once.
+
+Both backends call these functions (the torch backend calls the message builders with values it
+found on its tensors), so a bad input gives the same exception type and the same text everywhere.
+Messages follow "what, got, expected".
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tokenpos.tables.errors import ConfigError, PositionError, StateDictError, TokenIdError
+
+# ----------------------------------------------------------------------------------------------
+# Message builders (used by the torch backend with values taken from tensors)
+# ----------------------------------------------------------------------------------------------
+
+
+def _index_str(index: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(int(i)) for i in index) + ")" if len(index) != 1 else f"({int(index[0])},)"
+
+
+def token_id_range_message(value: int, index: tuple[int, ...], vocab_size: int) -> str:
+    """``token id 50257 at index (1, 3) is out of range [0, 50257)``."""
+    return f"token id {int(value)} at index {_index_str(index)} is out of range [0, {int(vocab_size)})"
+
+
+def token_id_dtype_message(dtype: Any) -> str:
+    return f"token ids must be integers, got dtype {dtype}; expected an integer array with values in [0, V)"
+
+
+def position_range_message(value: int, index: tuple[int, ...], max_seq_len: int, what: str = "position") -> str:
+    """``position 1024 at index (0, 5) is out of range [0, 1024) (max_seq_len=1024)``."""
+    return (
+        f"{what} {int(value)} at index {_index_str(index)} is out of range [0, {int(max_seq_len)}) "
+        f"(max_seq_len={int(max_seq_len)})"
+    )
+
+
+def position_dtype_message(dtype: Any) -> str:
+    return f"positions must be integers, got dtype {dtype}; expected a non-negative integer array"
+
+
+# ----------------------------------------------------------------------------------------------
+# Scalar arguments
+# ----------------------------------------------------------------------------------------------
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
+    """A Python/NumPy integer (not bool) >= ``minimum``; returns it as ``int``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {int(value)}")
+    return int(value)
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """An integer > 0, e.g. vocab_size, d_model, max_seq_len, num_heads."""
+    return check_int(name, value, minimum=1)
+
+
+def check_float(name: str, value: Any, *, low: float | None = None, high: float | None = None,
+                low_inclusive: bool = True, high_inclusive: bool = True) -> float:
+    """A finite real number inside the given bounds; returns it as ``float``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(float(value)):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    v = float(value)
+    if low is not None and (v < low or (v == low and not low_inclusive)):
+        bound = f"{'>=' if low_inclusive else '>'} {low}"
+        raise ConfigError(f"{name} must be {bound}, got {v}")
+    if high is not None and (v > high or (v == high and not high_inclusive)):
+        bound = f"{'<=' if high_inclusive else '<'} {high}"
+        raise ConfigError(f"{name} must be {bound}, got {v}")
+    return v
+
+
+def check_probability(name: str, value: Any) -> float:
+    """A dropout probability in [0, 1)."""
+    return check_float(name, value, low=0.0, high=1.0, high_inclusive=False)
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """``value`` must be one of ``choices``; the message lists them."""
+    choices = list(choices)
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ConfigError(f"{name} must be one of {listed}; got {value!r}")
+    return value
+
+
+def check_padding_idx(padding_idx: Any, vocab_size: int) -> int | None:
+    """None, or an index in [0, vocab_size). Negative values are refused, not wrapped."""
+    if padding_idx is None:
+        return None
+    idx = check_int("padding_idx", padding_idx)
+    if not 0 <= idx < vocab_size:
+        raise ConfigError(f"padding_idx must be in [0, {vocab_size}) or None, got {idx}")
+    return idx
+
+
+def check_dtype(name: str, dtype: Any, allowed: Sequence[Any] = (np.float16, np.float32, np.float64)) -> np.dtype:
+    """A NumPy floating dtype among ``allowed``."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise ConfigError(f"{name} must be a NumPy dtype, got {dtype!r}") from exc
+    allowed_dt = [np.dtype(a) for a in allowed]
+    if dt not in allowed_dt:
+        raise ConfigError(f"{name} must be one of {', '.join(str(a) for a in allowed_dt)}; got {dt}")
+    return dt
+
+
+# ----------------------------------------------------------------------------------------------
+# Arrays of ids and positions
+# ----------------------------------------------------------------------------------------------
+
+
+def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
+    """Integer ids of any shape with every value in [0, vocab_size); returns them as int64.
+
+    Raises:
+        TokenIdError: non-integer dtype (floats, bools, objects), or a value out of range. Negative
+            ids are refused (NumPy would silently wrap them to the end of the table).
+    """
+    arr = np.asarray(ids)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise TokenIdError(token_id_dtype_message(arr.dtype))
+    if arr.size:
+        bad = (arr < 0) | (arr >= vocab_size)
+        if bad.any():
+            index = _first_bad(bad)
+            raise TokenIdError(token_id_range_message(arr[index], index, vocab_size))
+    return arr.astype(np.int64, copy=False)
+
+
+def check_positions(positions: Any, max_seq_len: int | None = None, *, what: str = "position") -> np.ndarray:
+    """Non-negative integer positions, each < ``max_seq_len`` when it is given; returns int64.
+
+    Raises:
+        PositionError: non-integer dtype, a negative position, or one >= max_seq_len.
+    """
+    arr = np.asarray(positions)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise PositionError(position_dtype_message(arr.dtype))
+    if arr.size:
+        neg = arr < 0
+        if neg.any():
+            index = _first_bad(neg)
+            raise PositionError(f"{what} {int(arr[index])} at index {_index_str(index)} is negative; "
+                                f"expected positions >= 0")
+        if max_seq_len is not None:
+            bad = arr >= max_seq_len
+            if bad.any():
+                index = _first_bad(bad)
+                raise PositionError(position_range_message(arr[index], index, max_seq_len, what))
+    return arr.astype(np.int64, copy=False)
+
+
+def check_seq_len_or_positions(arg: Any, max_seq_len: int | None = None) -> np.ndarray:
+    """``forward(seq_len_or_positions)``: an int L means arange(L); an array means those positions."""
+    if isinstance(arg, numbers.Integral) and not isinstance(arg, bool):
+        L = check_int("seq_len", arg, minimum=0)
+        if max_seq_len is not None and L > max_seq_len:
+            raise PositionError(f"seq_len {L} exceeds max_seq_len {max_seq_len}; positions must be < {max_seq_len}")
+        return np.arange(L, dtype=np.int64)
+    return check_positions(arg, max_seq_len)
+
+
+def check_feature_dim(name: str, array_shape: tuple[int, ...], expected: int) -> None:
+    """The last axis of an input must have size ``expected`` (e.g. d_model or head_dim)."""
+    if len(array_shape) == 0 or array_shape[-1] != expected:
+        raise ConfigError(f"{name} must have last dimension {expected}, got shape {tuple(array_shape)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# state_dict
+# ----------------------------------------------------------------------------------------------
+
+
+def check_state_dict(state: dict[str, Any], expected: dict[str, tuple[tuple[int, ...], Any]], *,
+                     strict: bool = True, layer: str = "layer") -> None:
+    """Check every entry of ``state`` against ``expected[key] = (shape, dtype)`` before any write.
+
+    Arrays may be NumPy arrays or anything with ``.shape`` and ``.dtype`` (torch tensors); dtypes are
+    compared by name ("float32"), so a torch float32 tensor fits a NumPy float32 parameter.
+
+    Raises:
+        StateDictError: naming the key, the expected shape/dtype and what was given.
+    """
+    if strict:
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise StateDictError(
+                f"state_dict for {layer} does not fit: missing keys {missing}, unexpected keys {unexpected}; "
+                f"expected keys {sorted(expected)}"
+            )
+    for key, value in state.items():
+        if key not in expected:
+            continue
+        shape, dtype = expected[key]
+        got_shape = tuple(int(s) for s in getattr(value, "shape", np.shape(value)))
+        if got_shape != tuple(shape):
+            raise StateDictError(f"state_dict[{key!r}] for {layer} has shape {got_shape}, expected {tuple(shape)}")
+        got_dtype = dtype_name(getattr(value, "dtype", np.asarray(value).dtype))
+        if got_dtype != dtype_name(dtype):
+            raise StateDictError(
+                f"state_dict[{key!r}] for {layer} has dtype {got_dtype}, expected {dtype_name(dtype)}"
+            )
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32' for np.float32, np.dtype('float32') and torch.float32 alike."""
+    s = str(dtype)
+    return s.replace("torch.", "")
