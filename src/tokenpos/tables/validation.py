@@ -29,8 +29,9 @@ def token_id_range_message(value: int, index: tuple[int, ...], vocab_size: int) 
     return f"token id {int(value)} at index {_index_str(index)} is out of range [0, {int(vocab_size)})"
 
 
-def token_id_dtype_message(dtype: Any) -> str:
-    return f"token ids must be integers, got dtype {dtype}; expected an integer array with values in [0, V)"
+def token_id_dtype_message(dtype: Any, vocab_size: int) -> str:
+    return (f"token ids must be integers, got dtype {dtype}; expected an integer array with values in "
+            f"[0, {int(vocab_size)})")
 
 
 def position_range_message(value: int, index: tuple[int, ...], max_seq_len: int, what: str = "position") -> str:
@@ -133,7 +134,7 @@ def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
     """
     arr = np.asarray(ids)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
-        raise TokenIdError(token_id_dtype_message(arr.dtype))
+        raise TokenIdError(token_id_dtype_message(arr.dtype, vocab_size))
     if arr.size:
         bad = (arr < 0) | (arr >= vocab_size)
         if bad.any():

@@ -1,0 +1,268 @@
+"""Embedding memory across model scales: parameters, bytes per precision, training memory with Adam.
+
+Pure arithmetic on integers (no NumPy arrays are allocated). Shapes: V vocab, D model dim, L max
+sequence length (rows of a learned position table), H heads.
+
+Units: MiB = 2**20 bytes, MB = 10**6 bytes. Training memory counts fp32 weights + fp32 gradients +
+Adam's two fp32 moments = 16 bytes per trainable parameter (activations not included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tokenpos.tables.validation import check_choice, check_int, check_positive_int
+
+MIB = 2**20
+MB = 10**6
+# precision name -> bytes per parameter (fp16 and bf16 are both 2 bytes).
+PRECISIONS: dict[str, int] = {"fp32": 4, "fp16/bf16": 2, "int8": 1}
+ADAM_BYTES_PER_PARAM = 4 * 4  # fp32 weight + grad + Adam m + Adam v
+POSITIONAL_KINDS = ("learned", "sinusoidal", "rope", "alibi", "t5", "none")
+T5_NUM_BUCKETS = 32
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The embedding-relevant facts of one model (a preset, a seed scenario, or user input).
+
+    Attributes:
+        name: short label, e.g. "gpt2".
+        vocab_size, d_model: V and D of the token table.
+        max_seq_len: L, the trained context (rows of a learned position table); None if unknown.
+        positional: one of POSITIONAL_KINDS, the scheme the model uses.
+        num_heads: H (sizes the T5 bias table in the alternatives); None = D // 64 (at least 1).
+        token_types: rows of a segment/token-type table (BERT: 2), 0 for none.
+        tied_output: True if the output projection (LM head) shares the token table.
+        total_params: the whole model's parameter count, if known.
+        total_exact: False when total_params is a rounded headline figure (e.g. "175B").
+        title, note: human-readable name and source notes.
+    """
+
+    name: str
+    vocab_size: int
+    d_model: int
+    max_seq_len: int | None = None
+    positional: str = "learned"
+    num_heads: int | None = None
+    token_types: int = 0
+    tied_output: bool = True
+    total_params: int | None = None
+    total_exact: bool = True
+    title: str = ""
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        check_positive_int("vocab_size", self.vocab_size)
+        check_positive_int("d_model", self.d_model)
+        if self.max_seq_len is not None:
+            check_positive_int("max_seq_len", self.max_seq_len)
+        if self.num_heads is not None:
+            check_positive_int("num_heads", self.num_heads)
+        check_int("token_types", self.token_types, minimum=0)
+        check_choice("positional", self.positional, POSITIONAL_KINDS)
+        if self.total_params is not None:
+            check_positive_int("total_params", self.total_params)
+
+    @property
+    def heads(self) -> int:
+        return self.num_heads if self.num_heads is not None else max(1, self.d_model // 64)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    cfg.name: cfg
+    for cfg in (
+        ModelConfig("gpt2", 50257, 768, 1024, "learned", 12, 0, True, 124_439_808, True, "GPT-2 small",
+                    "HF GPT2LMHeadModel; lm_head tied to wte"),
+        ModelConfig("gpt3-175b", 50257, 12288, 2048, "learned", 96, 0, True, 175_000_000_000, False,
+                    "GPT-3 175B", "total is the paper's headline 175B; output tied as in GPT-2"),
+        ModelConfig("bert-base", 30522, 768, 512, "learned", 12, 2, True, 109_482_240, True, "BERT-base uncased",
+                    "HF BertModel incl. pooler (~110M); MLM decoder tied to word embeddings"),
+        ModelConfig("llama2-7b", 32000, 4096, 4096, "rope", 32, 0, False, 6_738_415_616, True, "Llama 2 7B",
+                    "RoPE (no position table); separate lm_head"),
+        ModelConfig("llama3-8b", 128256, 4096, 8192, "rope", 32, 0, False, 8_030_261_248, True, "Llama 3 8B",
+                    "RoPE base 500000; separate lm_head"),
+    )
+}
+
+# Seed 004's "systems analysis" scenarios (name, V, D); L = 2048 as in its positional comparison.
+SEED_SCENARIOS: tuple[ModelConfig, ...] = (
+    ModelConfig("small", 10_000, 256, 2048, title="Small Model"),
+    ModelConfig("medium", 50_000, 512, 2048, title="Medium Model"),
+    ModelConfig("large", 100_000, 1024, 2048, title="Large Model"),
+    ModelConfig("gpt3-scale", 50_257, 12_288, 2048, title="GPT-3 Scale"),
+)
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The preset called ``name``; ValueError listing the known names otherwise."""
+    return PRESETS[check_choice("preset", name, sorted(PRESETS))]
+
+
+@dataclass(frozen=True)
+class TableMemory:
+    """One table: its shape, parameter count and whether an optimiser trains it.
+
+    ``params`` counts stored values; a fixed (non-trainable) table has ``trainable=False`` and costs no
+    gradient or optimiser state.
+    """
+
+    name: str
+    rows: int
+    cols: int
+    trainable: bool = True
+    note: str = ""
+
+    @property
+    def params(self) -> int:
+        return self.rows * self.cols
+
+    def nbytes(self, precision: str = "fp32") -> int:
+        return self.params * PRECISIONS[check_choice("precision", precision, PRECISIONS)]
+
+    def mib(self, precision: str = "fp32") -> float:
+        return self.nbytes(precision) / MIB
+
+    def mb(self, precision: str = "fp32") -> float:
+        return self.nbytes(precision) / MB
+
+    @property
+    def train_bytes(self) -> int:
+        """fp32 weights + grads + Adam m, v for a trainable table; 0 for a fixed one."""
+        return self.params * ADAM_BYTES_PER_PARAM if self.trainable else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return _sizes_dict({"name": self.name, "shape": [self.rows, self.cols], "trainable": self.trainable,
+                            "note": self.note}, self.params, self.train_bytes)
+
+
+def _sizes_dict(head: dict[str, Any], params: int, train_bytes: int) -> dict[str, Any]:
+    out = dict(head, params=params)
+    out["bytes"] = {p: params * b for p, b in PRECISIONS.items()}
+    out["mib"] = {p: params * b / MIB for p, b in PRECISIONS.items()}
+    out["mb"] = {p: params * b / MB for p, b in PRECISIONS.items()}
+    out["train_adam_bytes"] = train_bytes
+    out["train_adam_mib"] = train_bytes / MIB
+    out["train_adam_mb"] = train_bytes / MB
+    return out
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """The embedding tables of one model and the position-table alternatives at the same (L, D)."""
+
+    config: ModelConfig
+    tables: tuple[TableMemory, ...]
+    alternatives: tuple[TableMemory, ...] = field(default_factory=tuple)
+
+    @property
+    def params(self) -> int:
+        return sum(t.params for t in self.tables)
+
+    @property
+    def train_bytes(self) -> int:
+        return sum(t.train_bytes for t in self.tables)
+
+    def nbytes(self, precision: str = "fp32") -> int:
+        return sum(t.nbytes(precision) for t in self.tables)
+
+    def share(self, params: int | None = None) -> float | None:
+        """``params`` (default: all embedding tables) as a fraction of the model total, if known."""
+        total = self.config.total_params
+        return None if total is None else (self.params if params is None else params) / total
+
+    def to_dict(self) -> dict[str, Any]:
+        cfg = self.config
+        tables = []
+        for t in self.tables:
+            d = t.to_dict()
+            d["share_of_model"] = self.share(t.params)
+            tables.append(d)
+        totals = _sizes_dict({"name": "embedding total"}, self.params, self.train_bytes)
+        totals["share_of_model"] = self.share()
+        return {
+            "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
+            "tables": tables,
+            "total": totals,
+            "position_alternatives": [t.to_dict() for t in self.alternatives],
+            "units": {"MiB": MIB, "MB": MB, "adam_bytes_per_param": ADAM_BYTES_PER_PARAM},
+        }
+
+
+def position_alternatives(max_seq_len: int, d_model: int, num_heads: int) -> tuple[TableMemory, ...]:
+    """What each positional scheme stores for context L and width D.
+
+    learned: an (L, D) trainable table. sinusoidal: nothing trainable; a layer may cache an (L, D) fp32
+    buffer, listed with trainable=False. rope / alibi / none: no table. t5: a (32 buckets, H) bias table.
+    """
+    L = check_positive_int("max_seq_len", max_seq_len)
+    D = check_positive_int("d_model", d_model)
+    H = check_positive_int("num_heads", num_heads)
+    cache_mib = L * D * 4 / MIB
+    return (
+        TableMemory("learned", L, D, True, f"trained; positions >= {L} refused"),
+        TableMemory("sinusoidal", 0, D, False,
+                    f"fixed, any position; optional fp32 cache {L}x{D} = {cache_mib:.1f} MiB"),
+        TableMemory("rope", 0, D, False, "fixed; rotates q and k in attention"),
+        TableMemory("alibi", 0, H, False, f"fixed; {H} slopes (one per head)"),
+        TableMemory("t5", T5_NUM_BUCKETS, H, True, f"trained; {T5_NUM_BUCKETS} buckets x {H} heads"),
+        TableMemory("none", 0, D, False, "no positional signal (NoPE)"),
+    )
+
+
+def embedding_memory(config: ModelConfig) -> MemoryReport:
+    """The embedding tables of ``config``: token, learned/t5 position, token type, untied output projection.
+
+    A learned scheme with ``max_seq_len=None`` has no sized position table (only the token table counts).
+    """
+    V, D, L = config.vocab_size, config.d_model, config.max_seq_len
+    tables = [TableMemory("token embedding", V, D, True, "tied with the output projection" if config.tied_output
+                          else "")]
+    if config.positional == "t5" or (config.positional == "learned" and L is not None):
+        alt = position_alternatives(L or 1, D, config.heads)
+        tables.append(replace(next(t for t in alt if t.name == config.positional),
+                              name=f"position ({config.positional})"))
+    if config.token_types:
+        tables.append(TableMemory("token type", config.token_types, D, True, "segment embeddings"))
+    if not config.tied_output:
+        tables.append(TableMemory("output projection", V, D, True, "untied LM head (its own V x D table)"))
+    alternatives = position_alternatives(L, D, config.heads) if L is not None else ()
+    return MemoryReport(config, tuple(tables), alternatives)
+
+
+def custom_config(vocab_size: int, d_model: int, max_seq_len: int | None = None, *,
+                  positional: str = "learned", num_heads: int | None = None, tied_output: bool = True,
+                  total_params: int | None = None) -> ModelConfig:
+    """A ModelConfig from user-given sizes (validated: ConfigError on bad values).
+
+    Without ``max_seq_len`` a learned position table cannot be sized, so only the token table counts.
+    """
+    return ModelConfig("custom", vocab_size, d_model, max_seq_len, positional, num_heads,
+                       tied_output=tied_output, total_params=total_params, title="custom")
+
+
+def scenario_reports(include_presets: bool = True) -> list[MemoryReport]:
+    """Seed 004's scenarios (then every preset): one MemoryReport each."""
+    configs = list(SEED_SCENARIOS) + (list(PRESETS.values()) if include_presets else [])
+    return [embedding_memory(c) for c in configs]
+
+
+def memory_grid(vocab_sizes: Any, d_models: Any, precision: str = "fp32") -> list[list[float]]:
+    """Token-table MiB for every (d_model, vocab_size) pair: rows follow d_models, columns vocab_sizes."""
+    b = PRECISIONS[check_choice("precision", precision, PRECISIONS)]
+    return [[int(v) * int(d) * b / MIB for v in vocab_sizes] for d in d_models]
+
+
+def format_size(x: float) -> str:
+    """``147.2``; small non-zero sizes keep two significant digits (``0.0015``); zero is ``0``."""
+    if x == 0:
+        return "0"
+    return f"{x:,.1f}" if abs(x) >= 0.1 else f"{x:.2g}"
+
+
+def format_share(share: float | None) -> str:
+    """``31.02%``, or ``n/a`` when the model total is unknown."""
+    if share is None:
+        return "n/a"
+    return f"{100 * share:.2f}%" if share >= 0.0001 else f"{100 * share:.2g}%"

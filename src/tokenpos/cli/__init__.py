@@ -1,0 +1,133 @@
+"""The ``tokenpos`` console script: ``main(argv) -> exit code``.
+
+Each sub-command lives in its own module exposing ``add_parser(subparsers)`` and ``run(args) -> int``.
+Sub-command modules import heavy things (numpy arrays, matplotlib, torch) inside ``run`` only, so
+``tokenpos --help`` stays fast.
+
+Errors: a bad argument (argparse), a ``ValueError`` from the library (``ConfigError`` and friends) or
+an ``OSError`` on output files becomes one line ``tokenpos <cmd>: error: ...`` on stderr and exit
+code 2, never a traceback. Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+# Order shown in ``tokenpos --help``. Optional ones are written by other issues and may be absent.
+COMMANDS = ("report", "memory", "plot", "bench", "extrapolate")
+OPTIONAL_COMMANDS = frozenset({"bench", "extrapolate"})
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A bad command line; ``prog`` names the (sub-)command."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises UsageError instead of printing the usage block and exiting."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise UsageError(self.prog, message)
+
+
+class _Unavailable:
+    """Stand-in for a sub-command module that exists but fails to import (shown, and explained on use)."""
+
+    def __init__(self, name: str, exc: BaseException) -> None:
+        self.name, self.reason = name, f"{type(exc).__name__}: {exc}"
+
+    def add_parser(self, subparsers: Any) -> None:
+        p = subparsers.add_parser(self.name, help=f"(unavailable: {self.reason})",
+                                  description=f"tokenpos {self.name} is unavailable: {self.reason}")
+        p.set_defaults(_run=self.run)
+        p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def run(self, args: argparse.Namespace) -> int:
+        raise RuntimeError(f"this command is unavailable: {self.reason}")
+
+
+def _load(name: str) -> ModuleType | _Unavailable | None:
+    module = f"tokenpos.cli.{name}"
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if name in OPTIONAL_COMMANDS and exc.name == module:
+            return None  # not written yet: simply not registered
+        if name not in OPTIONAL_COMMANDS:
+            raise
+        return _Unavailable(name, exc)
+    except Exception as exc:  # a colleague's module is broken: keep the rest of the CLI usable
+        if name not in OPTIONAL_COMMANDS:
+            raise
+        return _Unavailable(name, exc)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every available sub-command registered."""
+    from tokenpos import __version__
+
+    parser = _Parser(
+        prog="tokenpos",
+        description="tokenpos: token ids to position-aware vectors. Analysis tools for the input block "
+                    "of a transformer. Start with `tokenpos report`.",
+        epilog="Run `tokenpos <command> --help` for the options of each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"tokenpos {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>", parser_class=_Parser)
+    for name in COMMANDS:
+        mod = _load(name)
+        if mod is None:
+            continue
+        before = set(sub.choices)
+        mod.add_parser(sub)
+        for new in set(sub.choices) - before:  # default the runner unless the module set its own
+            if sub.choices[new].get_default("_run") is None:
+                sub.choices[new].set_defaults(_run=mod.run)
+    return parser
+
+
+def _fail(prog: str, message: str, code: int = EXIT_USAGE) -> int:
+    first = " ".join(str(message).split())  # one line, whatever the exception text held
+    print(f"{prog}: error: {first}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        return _fail(exc.prog, f"{exc} (see `{exc.prog} --help`)")
+    except SystemExit as exc:  # --help / --version
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    prog = f"tokenpos {args.command}"
+    try:
+        return int(args._run(args) or 0)
+    except UsageError as exc:
+        return _fail(exc.prog, str(exc))
+    except OSError as exc:
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        return _fail(prog, f"{where}{exc.strerror or exc}")
+    except (ValueError, RuntimeError, ImportError) as exc:
+        return _fail(prog, str(exc))
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""``tokenpos memory``: embedding parameters and memory per precision, with Adam training state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from typing import Any
+
+from tokenpos.cli._ui import console, positive_int
+
+HELP = "embedding memory: parameters, fp32 / fp16 / bf16 / int8 sizes, Adam training memory"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from tokenpos.analysis.memory import POSITIONAL_KINDS, PRESETS
+
+    p = subparsers.add_parser(
+        "memory", help=HELP, description=HELP + ". With no arguments: seed 004's scenarios and every preset.",
+        epilog="MiB = 2**20 bytes, MB = 10**6 bytes. Training memory = fp32 weights + grads + Adam m and v "
+               "(16 bytes per trainable parameter, activations excluded). "
+               "Example: tokenpos memory --vocab-size 50257 --d-model 768 --max-seq-len 1024",
+    )
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a known model (total parameter count known)")
+    p.add_argument("--vocab-size", type=positive_int, metavar="V", help="rows of the token table")
+    p.add_argument("--d-model", type=positive_int, metavar="D", help="embedding width")
+    p.add_argument("--max-seq-len", type=positive_int, metavar="L",
+                   help="context length: rows of a learned position table (overrides a preset's)")
+    p.add_argument("--positional", choices=POSITIONAL_KINDS, default=None,
+                   help="positional scheme of a custom model (default: learned)")
+    p.add_argument("--num-heads", type=positive_int, metavar="H", help="heads (sizes the T5 bias table)")
+    p.add_argument("--untied", action="store_true", help="the output projection has its own V x D table")
+    p.add_argument("--total-params", type=positive_int, metavar="N",
+                   help="the whole model's parameters, to show the embedding share")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    return p
+
+
+def _configs(args: argparse.Namespace) -> list[Any] | None:
+    """The requested config(s), or None for the scenario overview."""
+    from tokenpos.analysis.memory import custom_config, get_preset
+
+    custom = args.vocab_size is not None or args.d_model is not None
+    if args.preset and custom:
+        raise ValueError("give either --preset or --vocab-size/--d-model, not both")
+    if args.preset:
+        if args.positional or args.num_heads or args.untied or args.total_params:
+            raise ValueError("--positional/--num-heads/--untied/--total-params apply to custom sizes, not --preset")
+        cfg = get_preset(args.preset)
+        return [replace(cfg, max_seq_len=args.max_seq_len) if args.max_seq_len else cfg]
+    if custom:
+        if args.vocab_size is None or args.d_model is None:
+            raise ValueError("--vocab-size and --d-model go together; got only one of them")
+        return [custom_config(args.vocab_size, args.d_model, args.max_seq_len,
+                              positional=args.positional or "learned", num_heads=args.num_heads,
+                              tied_output=not args.untied, total_params=args.total_params)]
+    if args.max_seq_len or args.positional or args.num_heads or args.untied or args.total_params:
+        raise ValueError("these options need --preset NAME or --vocab-size V --d-model D")
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokenpos.analysis.memory import embedding_memory, position_alternatives, scenario_reports
+
+    configs = _configs(args)
+    reports = [embedding_memory(c) for c in configs] if configs else scenario_reports()
+    if args.json:
+        out: dict[str, Any] = {"models": [r.to_dict() for r in reports]}
+        if configs is None:
+            out["seed_position_comparison"] = [t.to_dict() for t in position_alternatives(2048, 512, 8)]
+        print(json.dumps(out, indent=2))
+        return 0
+    con = console()
+    if configs is None:
+        _print_overview(con, reports)
+    else:
+        for r in reports:
+            _print_model(con, r)
+    con.print("MiB = 2**20 bytes, MB = 10**6 bytes; fp16 and bf16 are both 2 bytes per parameter. "
+              "Training = fp32 weights + grads + Adam m, v = 16 B/param (activations excluded).", markup=False)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def _table(title: str, headers: list[str]) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
+    for i, h in enumerate(headers):
+        t.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+    return t
+
+
+def _size_cells(t: Any) -> list[str]:
+    from tokenpos.analysis.memory import PRECISIONS, format_size
+
+    cells = []
+    for p in PRECISIONS:
+        cells += [format_size(t.mib(p)), format_size(t.mb(p))]
+    return cells
+
+
+SIZE_HEADERS = ["fp32 MiB", "fp32 MB", "fp16/bf16 MiB", "fp16/bf16 MB", "int8 MiB", "int8 MB"]
+
+
+def _print_model(con: Any, r: Any) -> None:
+    from tokenpos.analysis.memory import MIB, MB, TableMemory, format_share, format_size
+
+    c = r.config
+    pos = f"{c.positional} positions" + (f", max_seq_len {c.max_seq_len:,}" if c.max_seq_len else "")
+    con.print(f"{c.title or c.name}: vocab_size {c.vocab_size:,}, d_model {c.d_model:,}, {pos}, output projection "
+              f"{'tied to the token table' if c.tied_output else 'untied'}", style="bold", markup=False)
+    if c.total_params:
+        con.print(f"model total: {c.total_params:,} parameters{'' if c.total_exact else ' (approximate)'}"
+                  + (f"; {c.note}" if c.note else ""), markup=False)
+    t = _table("Embedding tables", ["table", "shape", "params", "share of model", "note"])
+    for tab in r.tables:
+        t.add_row(tab.name, f"{tab.rows:,} x {tab.cols:,}", f"{tab.params:,}", format_share(r.share(tab.params)),
+                  tab.note)
+    t.add_row("embedding total", "", f"{r.params:,}", format_share(r.share()), "", style="bold")
+    t.columns[-1].justify = "left"
+    con.print(t)
+    t = _table("Memory", ["table", *SIZE_HEADERS, "train+Adam MiB", "train+Adam MB"])
+    for tab in r.tables:
+        t.add_row(tab.name, *_size_cells(tab), format_size(tab.train_bytes / MIB), format_size(tab.train_bytes / MB))
+    total = TableMemory("total", r.params, 1)
+    t.add_row("embedding total", *_size_cells(total), format_size(r.train_bytes / MIB),
+              format_size(r.train_bytes / MB), style="bold")
+    con.print(t)
+    if r.alternatives:
+        _print_alternatives(con, r.alternatives, f"Position table alternatives at max_seq_len {c.max_seq_len:,}, "
+                                                 f"d_model {c.d_model:,}")
+
+
+def _print_alternatives(con: Any, alternatives: Any, title: str) -> None:
+    from tokenpos.analysis.memory import MIB, format_size
+
+    t = _table(title, ["scheme", "params", "fp32 MiB", "fp32 MB", "fp16/bf16 MiB", "int8 MiB",
+                       "train+Adam MiB", "note"])
+    for a in alternatives:
+        sizes = _size_cells(a)
+        t.add_row(a.name, f"{a.params:,}", sizes[0], sizes[1], sizes[2], sizes[4],
+                  format_size(a.train_bytes / MIB), a.note)
+    t.columns[-1].justify = "left"
+    con.print(t)
+
+
+def _print_overview(con: Any, reports: list[Any]) -> None:
+    from tokenpos.analysis.memory import MIB, format_share, format_size, position_alternatives
+
+    t = _table("Token embedding table (V x D), seed 004 scenarios and presets",
+               ["model", "vocab_size", "d_model", "params", *SIZE_HEADERS])
+    for r in reports:
+        tok = r.tables[0]
+        t.add_row(r.config.title or r.config.name, f"{r.config.vocab_size:,}", f"{r.config.d_model:,}",
+                  f"{tok.params:,}", *_size_cells(tok))
+    con.print(t)
+    t = _table("All embedding tables (token + position + token type + untied output)",
+               ["model", "positions", "output", "params", "fp32 MiB", "fp16/bf16 MiB", "train+Adam MiB",
+                "model total", "share of model"])
+    for r in reports:
+        c = r.config
+        pos = f"{c.positional} ({c.max_seq_len:,})" if c.max_seq_len else c.positional
+        total = "" if c.total_params is None else f"{c.total_params:,}" + ("" if c.total_exact else " (approx.)")
+        t.add_row(c.title or c.name, pos, "tied" if c.tied_output else "untied", f"{r.params:,}",
+                  format_size(r.nbytes("fp32") / MIB), format_size(r.nbytes("fp16/bf16") / MIB),
+                  format_size(r.train_bytes / MIB), total, format_share(r.share()))
+    con.print(t)
+    _print_alternatives(con, position_alternatives(2048, 512, 8),
+                        "Positional encoding memory (seed 004: d_model 512, max_seq_len 2048)")

@@ -1,0 +1,281 @@
+"""Fused embedding forward and its row-sparse backward.
+
+Shapes: V vocab, D model dim, P positions, N = number of ids (any id shape ``(...)`` is flattened
+to N rows in C order), U unique ids.
+
+Forward, one pass over the output (one read of each gathered row, one write):
+
+    y[n, :]   = weight[ids[n], :] * scale + pos_table[pos_ids[n], :]      (pos part optional)
+    out[n, d] = y[n, d] * (1 / (1 - p))   if keep(seed, offset + n*D + d)   else 0
+
+``keep`` is :func:`tokenpos.tables.dropout.dropout_keep_mask`'s hash, bit for bit. Arithmetic is in
+the weight dtype, in this order, with no fused multiply-add, so the kernel and its reference twin
+(:mod:`tokenpos.kernels.reference`) agree bit for bit.
+
+Backward recomputes the mask from the seed (nothing is stored) and returns the token gradient as
+unique sorted ids plus summed rows, and the positional gradient as a dense (P, D) table. Sums are
+accumulated in float64 and cast to the weight dtype at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from tokenpos.kernels._rng import dropout_params, keep_bits
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.validation import check_positions, check_probability, check_token_ids
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+# ----------------------------------------------------------------------------------------------
+# compiled cores
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True)
+def _forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, out):  # pragma: no cover
+    N = ids.shape[0]
+    D = weight.shape[1]
+    Lp = pos_ids.shape[0]
+    zero = scale - scale                                     # a zero of the weight dtype
+    for n in prange(N):
+        w = weight[ids[n]]                                   # (D,)
+        o = out[n]                                           # (D,)
+        base = offset + np.uint64(n * D)
+        if has_pos:
+            pe = pos_table[pos_ids[n % Lp]]                  # (D,)
+            if thr != 0:
+                for d in range(D):
+                    v = w[d] * scale + pe[d]
+                    o[d] = v * inv if keep_bits(key, base + np.uint64(d)) >= thr else zero
+            else:
+                for d in range(D):
+                    o[d] = w[d] * scale + pe[d]
+        else:
+            if thr != 0:
+                for d in range(D):
+                    v = w[d] * scale
+                    o[d] = v * inv if keep_bits(key, base + np.uint64(d)) >= thr else zero
+            else:
+                for d in range(D):
+                    o[d] = w[d] * scale
+
+
+@njit(cache=True)
+def _unique_inverse(ids, padding_idx):  # pragma: no cover
+    """Sorted unique ids (padding_idx left out) and, per id, its slot in them (-1 for padding)."""
+    N = ids.shape[0]
+    V = 0
+    for n in range(N):
+        if ids[n] + 1 > V:
+            V = ids[n] + 1
+    slot = np.full(V, -1, np.int64)
+    for n in range(N):
+        slot[ids[n]] = 0
+    if 0 <= padding_idx < V:
+        slot[padding_idx] = -1
+    U = 0
+    for v in range(V):
+        if slot[v] == 0:
+            slot[v] = U
+            U += 1
+    uniq = np.empty(U, np.int64)
+    for v in range(V):
+        if slot[v] >= 0:
+            uniq[slot[v]] = v
+    inverse = np.empty(N, np.int64)
+    for n in range(N):
+        inverse[n] = slot[ids[n]]
+    return uniq, inverse
+
+
+@njit(parallel=True, cache=True)
+def _backward_core(grad, inverse, pos_ids, has_pos, key, thr, offset, block, tok_acc, pos_acc):  # pragma: no cover
+    """Scatter-add (masked) gradient rows into float64 accumulators.
+
+    Parallel over column blocks: each task owns columns [d0, d1) of both accumulators, so the
+    scatter needs no atomics and a hot id (Zipf) does not unbalance the threads.
+    """
+    N, D = grad.shape
+    Lp = pos_ids.shape[0]
+    nblk = (D + block - 1) // block
+    for b in prange(nblk):
+        d0 = b * block
+        d1 = min(D, d0 + block)
+        for n in range(N):
+            u = inverse[n]
+            g = grad[n]
+            base = offset + np.uint64(n * D)
+            if u >= 0:
+                t = tok_acc[u]
+                if thr != 0:
+                    for d in range(d0, d1):
+                        if keep_bits(key, base + np.uint64(d)) >= thr:
+                            t[d] += g[d]
+                else:
+                    for d in range(d0, d1):
+                        t[d] += g[d]
+            if has_pos:
+                pa = pos_acc[pos_ids[n % Lp]]
+                if thr != 0:
+                    for d in range(d0, d1):
+                        if keep_bits(key, base + np.uint64(d)) >= thr:
+                            pa[d] += g[d]
+                else:
+                    for d in range(d0, d1):
+                        pa[d] += g[d]
+
+
+# ----------------------------------------------------------------------------------------------
+# argument preparation (shared with the reference twin)
+# ----------------------------------------------------------------------------------------------
+
+
+def _float_array(name: str, x: Any, ndim: int) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype not in _FLOATS:
+        raise ConfigError(f"{name} must be float32 or float64, got dtype {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ConfigError(f"{name} must have {ndim} dimensions, got shape {arr.shape}")
+    return np.ascontiguousarray(arr)
+
+
+def _flat_pos_ids(pos_ids: Any, ids_shape: tuple[int, ...], num_positions: int | None) -> np.ndarray:
+    """Positions as a flat int64 array whose length divides N; row n uses ``pos[n % len(pos)]``.
+
+    ``pos_ids`` has the ids' shape or a trailing part of it (``(L,)`` for ids ``(B, L)``).
+    """
+    pos = check_positions(pos_ids, num_positions)
+    k = pos.ndim
+    if k > len(ids_shape) or tuple(pos.shape) != tuple(ids_shape[len(ids_shape) - k:]):
+        raise ConfigError(
+            f"pos_ids must have the ids' shape {tuple(ids_shape)} or a trailing part of it, got {pos.shape}"
+        )
+    flat = np.ascontiguousarray(pos.reshape(-1))
+    if flat.size == 0 and int(np.prod(ids_shape)) > 0:
+        raise ConfigError("pos_ids is empty but ids are not")
+    return flat if flat.size else np.zeros(1, np.int64)
+
+
+def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout_p: float):
+    """Validate and normalise forward arguments; returns (weight, flat ids, pos table, flat pos ids, p)."""
+    w = _float_array("weight", weight, 2)
+    idx = check_token_ids(ids, w.shape[0])
+    p = check_probability("dropout_p", dropout_p)
+    if (pos_table is None) != (pos_ids is None):
+        raise ConfigError("pos_table and pos_ids must be given together")
+    if pos_table is not None:
+        pt = _float_array("pos_table", pos_table, 2)
+        if pt.shape[1] != w.shape[1]:
+            raise ConfigError(f"pos_table must have shape (P, {w.shape[1]}), got {pt.shape}")
+        pt = np.ascontiguousarray(pt, dtype=w.dtype)
+        pid = _flat_pos_ids(pos_ids, idx.shape, pt.shape[0])
+    else:
+        pt, pid = None, None
+    return w, idx, pt, pid, p
+
+
+# ----------------------------------------------------------------------------------------------
+# public kernels
+# ----------------------------------------------------------------------------------------------
+
+
+def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: Any = None,
+                      pos_ids: Any = None, dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
+                      out: np.ndarray | None = None) -> np.ndarray:
+    """Gather + scale + positional add + dropout in one pass.
+
+    Args:
+        weight: (V, D) float32 or float64 token table.
+        ids: integer ids of any shape (...), each in [0, V).
+        scale: multiplies the gathered rows (sqrt(D) for scaled embeddings), in the weight dtype.
+        pos_table: optional (P, D) table (learned or sinusoidal); cast to the weight dtype if it is
+            not already (pass it in the weight dtype to avoid a copy per call).
+        pos_ids: positions of the ids' shape, or of a trailing part of it ((L,) for ids (B, L)).
+        dropout_p: drop probability in [0, 1); 0 means no dropout.
+        seed: the 63-bit dropout seed; element (n, d) of the flattened output uses counter
+            ``dropout_offset + n*D + d``.
+        out: optional preallocated C-contiguous (..., D) array of the weight dtype (a zero-copy
+            ``.numpy()`` view of a torch tensor works); it is returned.
+
+    Returns:
+        (..., D) array of the weight dtype.
+    """
+    w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p)
+    D = w.shape[1]
+    shape = idx.shape + (D,)
+    if out is None:
+        out = np.empty(shape, dtype=w.dtype)
+    elif (not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != w.dtype
+          or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ConfigError(f"out must be a writeable C-contiguous {w.dtype} array of shape {shape}, got "
+                          f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
+    flat_ids = np.ascontiguousarray(idx.reshape(-1))
+    N = flat_ids.shape[0]
+    if N == 0 or D == 0:
+        return out
+    key, thr, inv = dropout_params(seed, p)
+    typ = w.dtype.type
+    has_pos = pt is not None
+    if not has_pos:
+        pt, pid = w[:1], np.zeros(1, np.int64)
+    _forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
+                  np.uint64(int(dropout_offset)), out.reshape(N, D))
+    return out
+
+
+def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p: float = 0.0, seed: int = 0,
+                       dropout_offset: int = 0, padding_idx: int | None = None, pos_ids: Any = None,
+                       num_positions: int | None = None, block: int = 64
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Row-sparse gradient of :func:`embedding_forward` (the mask is recomputed from ``seed``).
+
+    Args:
+        grad_out: (..., D) gradient of the output; its dtype is the result dtype.
+        ids: the forward's ids, shape (...).
+        scale, dropout_p, seed, dropout_offset: the forward's values.
+        padding_idx: that id receives no gradient (left out of the unique ids).
+        pos_ids, num_positions: the forward's positions and the table size P; give both to get
+            the positional gradient.
+        block: columns per parallel task (a multiple of 16 keeps cache lines whole).
+
+    Returns:
+        ``(unique_ids (U,) int64 sorted, rows (U, D), pos_grad (P, D) or None)`` where
+        ``rows[j] = scale * sum of the masked, 1/(1-p)-scaled grad rows whose id is unique_ids[j]``
+        and ``pos_grad[q]`` the same sum (without ``scale``) over rows at position q. Sums are
+        accumulated in float64.
+    """
+    g = np.asarray(grad_out)
+    if g.dtype not in _FLOATS:
+        raise ConfigError(f"grad_out must be float32 or float64, got dtype {g.dtype}")
+    idx = check_token_ids(ids, np.iinfo(np.int64).max)
+    D = g.shape[-1] if g.ndim else 0
+    if g.shape != idx.shape + (D,):
+        raise ConfigError(f"grad_out must have shape ids.shape + (D,) = {idx.shape + (D,)}, got {g.shape}")
+    p = check_probability("dropout_p", dropout_p)
+    has_pos = pos_ids is not None
+    if has_pos != (num_positions is not None):
+        raise ConfigError("pos_ids and num_positions must be given together")
+    flat_ids = np.ascontiguousarray(idx.reshape(-1))
+    N = flat_ids.shape[0]
+    g2 = np.ascontiguousarray(g.reshape(N, D))
+    pid = _flat_pos_ids(pos_ids, idx.shape, int(num_positions)) if has_pos else np.zeros(1, np.int64)
+    pad = -1 if padding_idx is None else int(padding_idx)
+    uniq, inverse = _unique_inverse(flat_ids, pad) if N else (np.zeros(0, np.int64), flat_ids)
+    tok_acc = np.zeros((uniq.shape[0], D), np.float64)
+    pos_acc = np.zeros((int(num_positions) if has_pos else 1, D), np.float64)
+    key, thr, inv = dropout_params(seed, p)
+    if N and D:
+        _backward_core(g2, inverse, pid, has_pos, key, thr, np.uint64(int(dropout_offset)),
+                       max(1, int(block)), tok_acc, pos_acc)
+    tok_acc *= float(scale) * inv
+    rows = tok_acc.astype(g.dtype)
+    pos_grad = None
+    if has_pos:
+        pos_acc *= inv
+        pos_grad = pos_acc.astype(g.dtype)
+    return uniq, rows, pos_grad

@@ -1,0 +1,67 @@
+"""LearnedPositionalEmbedding: a trainable (P, D) table indexed by position (GPT-2's wpe, BERT's).
+
+Shapes: P = max_seq_len, D = d_model, positions (...) -> (..., D).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenpos.numpy.module import Module, Parameter
+from tokenpos.tables.init import init_weight, resolve_rng
+from tokenpos.tables.validation import check_dtype, check_positive_int, check_seq_len_or_positions
+
+
+class LearnedPositionalEmbedding(Module):
+    """A learned absolute position table; it cannot represent positions >= max_seq_len.
+
+    Args:
+        max_seq_len: P > 0, the number of positions.
+        d_model: D > 0.
+        init, std: the init scheme (see ``tokenpos.tables.init_weight``).
+        dtype, seed, rng: as for TokenEmbedding.
+
+    Shape:
+        forward(L: int) -> (L, D); forward(positions (...)) -> (..., D).
+        A position >= max_seq_len raises PositionError (a ValueError) naming both.
+    """
+
+    kind = "additive"
+
+    def __init__(self, max_seq_len: int, d_model: int, *, init: str = "normal", std: float = 0.02,
+                 dtype: Any = np.float32, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        super().__init__()
+        self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
+        self.d_model = check_positive_int("d_model", d_model)
+        self.init, self.std = init, std
+        self.dtype = check_dtype("dtype", dtype)
+        self.register_parameter("weight", Parameter(np.empty((self.max_seq_len, self.d_model), self.dtype)))
+        self.reset_parameters(rng=resolve_rng(seed, rng))
+        self._cache: tuple[np.ndarray, tuple[int, ...]] | None = None
+
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        self.weight.data[...] = init_weight(self.weight.data.shape, self.init, std=self.std,
+                                            rng=resolve_rng(seed, rng))
+        self.weight.zero_grad()
+
+    def forward(self, seq_len_or_positions: Any) -> np.ndarray:
+        """An int L gives rows 0..L-1, (L, D); positions (...) give (..., D)."""
+        pos = check_seq_len_or_positions(seq_len_or_positions, self.max_seq_len)
+        self._cache = (pos.reshape(-1), pos.shape)
+        return self.weight.data[pos]
+
+    def backward(self, grad_output: np.ndarray) -> None:
+        """Accumulate the gradient of the last forward into the rows used (duplicates add up)."""
+        flat, shape = self._cached(self._cache)
+        grad = np.asarray(grad_output)
+        if grad.shape != shape + (self.d_model,):
+            raise ValueError(f"grad_output must have shape {shape + (self.d_model,)}, got {grad.shape}")
+        self.weight.accumulate_rows(flat, grad.reshape(-1, self.d_model))
+
+    def extra_repr(self) -> str:
+        return f"{self.max_seq_len}, {self.d_model}, dtype={self.dtype}"
+
+
+PositionalEmbedding = LearnedPositionalEmbedding

@@ -1,0 +1,253 @@
+"""Parameters and modules of the NumPy backend.
+
+A `Parameter` holds its data and a gradient that may be dense or row-sparse. Embedding lookups add
+row-sparse chunks (the ids used and their rows), so a training step never has to build a dense
+(V, D) array; reading ``.grad`` materialises the dense view when someone asks for it.
+
+A `Module` owns parameters and sub-modules, and gives ``state_dict`` / ``load_state_dict`` (checked
+before anything is written), safetensors ``save`` / ``load``, ``train`` / ``eval`` and ``zero_grad``.
+
+Shapes: V rows (vocab or positions), D columns, n ids in a chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenpos.tables.errors import StateDictError
+from tokenpos.tables.validation import check_state_dict
+
+
+@dataclass(frozen=True)
+class RowSparseGrad:
+    """A gradient that is zero outside a few rows.
+
+    Attributes:
+        indices: (n,) int64, unique and sorted row ids.
+        rows: (n, D) summed gradient rows, same dtype as the parameter.
+    """
+
+    indices: np.ndarray
+    rows: np.ndarray
+
+    def to_dense(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        dense = np.zeros(shape, dtype=dtype)
+        dense[self.indices] = self.rows
+        return dense
+
+
+def coalesce_rows(indices: np.ndarray, rows: np.ndarray) -> RowSparseGrad:
+    """Sum duplicate ids: (n,), (n, D) -> unique sorted ids (u,), summed rows (u, D)."""
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if indices.size == 0:
+        return RowSparseGrad(indices, rows.reshape(0, rows.shape[-1]))
+    order = np.argsort(indices, kind="stable")
+    sorted_ids = indices[order]
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+    summed = np.add.reduceat(rows[order], starts, axis=0)
+    return RowSparseGrad(sorted_ids[starts], summed.astype(rows.dtype, copy=False))
+
+
+class Parameter:
+    """A trainable array with a dense-or-row-sparse gradient.
+
+    Attributes:
+        data: the array (updated in place by optimisers).
+        requires_grad: False freezes it (``parameters()`` leaves it out; backward adds nothing).
+    """
+
+    def __init__(self, data: np.ndarray, requires_grad: bool = True) -> None:
+        self.data = data
+        self.requires_grad = requires_grad
+        self._dense: np.ndarray | None = None
+        self._chunks: list[RowSparseGrad] = []
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    # -- gradient ------------------------------------------------------------------------------
+    @property
+    def grad(self) -> np.ndarray | None:
+        """The dense gradient, or None before any backward.
+
+        Reading it folds any row-sparse chunks into one dense array (so what you read, clip or edit
+        is what the optimiser uses); ``sparse_grad`` is None afterwards.
+        """
+        if self._chunks:
+            dense = self._dense if self._dense is not None else np.zeros_like(self.data)
+            for chunk in self._chunks:
+                dense[chunk.indices] += chunk.rows
+            self._dense, self._chunks = dense, []
+        return self._dense
+
+    @grad.setter
+    def grad(self, value: np.ndarray | None) -> None:
+        if value is not None and np.shape(value) != self.data.shape:
+            raise ValueError(f"grad must have shape {self.data.shape}, got {np.shape(value)}")
+        self._dense = None if value is None else np.asarray(value, dtype=self.data.dtype)
+        self._chunks = []
+
+    @property
+    def sparse_grad(self) -> RowSparseGrad | None:
+        """The gradient as unique sorted ids + summed rows, or None if it is dense or absent."""
+        if self._dense is not None or not self._chunks:
+            return None
+        if len(self._chunks) > 1:
+            ids = np.concatenate([c.indices for c in self._chunks])
+            rows = np.concatenate([c.rows for c in self._chunks])
+            self._chunks = [coalesce_rows(ids, rows)]
+        return self._chunks[0]
+
+    @property
+    def has_grad(self) -> bool:
+        return self._dense is not None or bool(self._chunks)
+
+    def accumulate(self, grad: np.ndarray) -> None:
+        """Add a dense gradient of the parameter's shape."""
+        if not self.requires_grad:
+            return
+        grad = np.asarray(grad, dtype=self.data.dtype)
+        if self._chunks:
+            self.grad  # noqa: B018  (fold the chunks into the dense array)
+        self._dense = grad.copy() if self._dense is None else self._dense + grad
+
+    def accumulate_rows(self, indices: np.ndarray, rows: np.ndarray, *, coalesced: bool = False) -> None:
+        """Add ``rows[j]`` to row ``indices[j]`` (duplicates add up). indices (n,), rows (n, D)."""
+        if not self.requires_grad:
+            return
+        rows = np.asarray(rows, dtype=self.data.dtype)
+        if self._dense is not None:
+            np.add.at(self._dense, indices, rows)
+            return
+        chunk = RowSparseGrad(np.asarray(indices, np.int64), rows) if coalesced else coalesce_rows(indices, rows)
+        self._chunks.append(chunk)
+
+    def zero_grad(self) -> None:
+        self._dense, self._chunks = None, []
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype}, requires_grad={self.requires_grad})"
+
+
+class Module:
+    """Base class of every NumPy layer. ``layer(x)`` calls ``forward``; ``training`` starts True."""
+
+    def __init__(self) -> None:
+        self._parameters: dict[str, Parameter] = {}
+        self._modules: dict[str, Module] = {}
+        self.training = True
+
+    # -- registration --------------------------------------------------------------------------
+    def register_parameter(self, name: str, param: Parameter) -> Parameter:
+        self._parameters[name] = param
+        object.__setattr__(self, name, param)
+        return param
+
+    def register_module(self, name: str, module: Module | None) -> Module | None:
+        if module is None:
+            self._modules.pop(name, None)
+        else:
+            self._modules[name] = module
+        object.__setattr__(self, name, module)
+        return module
+
+    def named_parameters(self, prefix: str = "", *, trainable_only: bool = False) -> Iterator[tuple[str, Parameter]]:
+        for name, p in self._parameters.items():
+            if p.requires_grad or not trainable_only:
+                yield prefix + name, p
+        for mname, m in self._modules.items():
+            yield from m.named_parameters(prefix + mname + ".", trainable_only=trainable_only)
+
+    def parameters(self) -> list[Parameter]:
+        """The trainable parameters (frozen ones are left out)."""
+        return [p for _, p in self.named_parameters(trainable_only=True)]
+
+    def modules(self) -> Iterator[Module]:
+        yield self
+        for m in self._modules.values():
+            yield from m.modules()
+
+    # -- modes and gradients -------------------------------------------------------------------
+    def train(self, mode: bool = True) -> Module:
+        for m in self.modules():
+            m.training = bool(mode)
+        return self
+
+    def eval(self) -> Module:
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        for _, p in self.named_parameters():
+            p.zero_grad()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _cached(self, cache: Any, what: str = "backward") -> Any:
+        if cache is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}() called before forward(); run forward first")
+        return cache
+
+    # -- state -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of every parameter (frozen ones included), keyed as in docs/DESIGN.md."""
+        return {name: p.data.copy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Load arrays (NumPy arrays or torch tensors) after checking all of them.
+
+        Raises:
+            StateDictError: a missing/unexpected key (strict), or a wrong shape or dtype; nothing has
+                been written when it is raised.
+        """
+        params = dict(self.named_parameters())
+        arrays = {k: _to_numpy(v) for k, v in state.items()}
+        expected = {k: (p.data.shape, p.data.dtype) for k, p in params.items()}
+        check_state_dict(arrays, expected, strict=strict, layer=type(self).__name__)
+        for key, value in arrays.items():
+            if key in params:
+                params[key].data[...] = value
+                params[key].zero_grad()
+
+    def save(self, path: str | Path) -> None:
+        """Write the state_dict as a safetensors file (never pickle)."""
+        from safetensors.numpy import save_file
+
+        tensors = {k: np.ascontiguousarray(v) for k, v in self.state_dict().items()}
+        save_file(tensors, str(path), metadata={"format": "tokenpos", "class": type(self).__name__})
+
+    def load(self, path: str | Path, strict: bool = True) -> None:
+        """Load a safetensors file written by ``save`` (either backend) into this layer."""
+        from safetensors.numpy import load_file
+
+        self.load_state_dict(load_file(str(path)), strict=strict)
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        inner = [f"  ({n}): " + repr(m).replace("\n", "\n  ") for n, m in self._modules.items()]
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        return head + ("\n" + "\n".join(inner) + "\n)" if inner else ")")
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            raise StateDictError("bfloat16 tensors cannot be loaded into the NumPy backend; cast to float32 first")
+        return value.numpy()
+    return np.asarray(value)

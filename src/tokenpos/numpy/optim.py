@@ -1,0 +1,160 @@
+"""Optimisers for the NumPy backend: SGD (momentum) and Adam / AdamW, dense or row-sparse.
+
+Row-sparse gradients (embedding tables) have two modes:
+
+- ``sparse_mode="exact"``: the result is identical (to float rounding) to the dense optimiser fed a
+  gradient that is zero on the unused rows. Adam's moments decay on every row and every row with a
+  non-zero moment moves, so each step touches the whole table: exact, but O(V * D).
+- ``sparse_mode="lazy"``: only the rows used in this step are touched (moments, weight decay and the
+  update), like ``torch.optim.SparseAdam``. Unused rows keep stale moments and are not decayed; the
+  bias correction uses the optimiser's global step. Cost O(rows used * D). For plain SGD without
+  momentum or weight decay both modes are the same.
+
+The update formulas follow torch.optim exactly (``denom = sqrt(v) / sqrt(1 - b2^t) + eps``, AdamW
+decays ``p *= 1 - lr * wd`` before the step), so the torch and NumPy backends train alike.
+Shapes: a parameter (V, D) or (D,); a sparse gradient has ids (n,) and rows (n, D).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from tokenpos.numpy.module import Parameter
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.validation import check_choice, check_float
+
+SPARSE_MODES = ("exact", "lazy")
+
+
+class Optimizer:
+    """Holds the parameter list and per-parameter state; subclasses define ``_update``."""
+
+    def __init__(self, params: Iterable[Parameter], lr: float, sparse_mode: str) -> None:
+        self.params = list(params)
+        if not self.params:
+            raise ConfigError("optimizer got an empty parameter list; expected at least one Parameter")
+        for p in self.params:
+            if not isinstance(p, Parameter):
+                raise ConfigError(f"optimizer expects tokenpos.numpy Parameters, got {type(p).__name__}")
+        self.lr = check_float("lr", lr, low=0.0)
+        self.sparse_mode = check_choice("sparse_mode", sparse_mode, SPARSE_MODES)
+        self.state: dict[int, dict[str, Any]] = {}
+        self.step_count = 0
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.zero_grad()
+
+    def step(self) -> None:
+        """Apply one update from the accumulated gradients (parameters without one are skipped)."""
+        self.step_count += 1
+        for p in self.params:
+            if not p.requires_grad or not p.has_grad:
+                continue
+            state = self.state.setdefault(id(p), {})
+            sparse = p.sparse_grad
+            if sparse is not None:
+                self._update(p, state, None, sparse.indices, sparse.rows)
+            else:
+                self._update(p, state, p.grad, None, None)
+
+    def _update(self, p: Parameter, state: dict[str, Any], grad: np.ndarray | None,
+                ids: np.ndarray | None, rows: np.ndarray | None) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @staticmethod
+    def _dense_from_rows(p: Parameter, ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        g = np.zeros_like(p.data)
+        g[ids] = rows
+        return g
+
+
+class SGD(Optimizer):
+    """``v = momentum * v + g`` (torch's form, no dampening); ``p -= lr * v``; coupled L2 weight decay."""
+
+    def __init__(self, params: Iterable[Parameter], lr: float = 1e-2, *, momentum: float = 0.0,
+                 weight_decay: float = 0.0, sparse_mode: str = "exact") -> None:
+        super().__init__(params, lr, sparse_mode)
+        self.momentum = check_float("momentum", momentum, low=0.0, high=1.0, high_inclusive=False)
+        self.weight_decay = check_float("weight_decay", weight_decay, low=0.0)
+
+    def _update(self, p, state, grad, ids, rows):  # type: ignore[no-untyped-def]
+        lr, mom, wd = self.lr, self.momentum, self.weight_decay
+        if ids is not None and (self.sparse_mode == "lazy" or (mom == 0.0 and wd == 0.0)):
+            g = rows + wd * p.data[ids] if wd else rows
+            if mom:
+                buf = state.setdefault("momentum", np.zeros_like(p.data))
+                buf[ids] = mom * buf[ids] + g
+                g = buf[ids]
+            p.data[ids] -= (lr * g).astype(p.dtype)
+            return
+        g = self._dense_from_rows(p, ids, rows) if ids is not None else grad
+        if wd:
+            g = g + wd * p.data
+        if mom:
+            buf = state.get("momentum")
+            buf = g.copy() if buf is None else np.multiply(buf, mom, out=buf) + g
+            state["momentum"] = buf
+            g = buf
+        p.data -= (lr * g).astype(p.dtype)
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba), torch's formulation; ``decoupled_weight_decay=True`` gives AdamW."""
+
+    def __init__(self, params: Iterable[Parameter], lr: float = 1e-3, *, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, decoupled_weight_decay: bool = False,
+                 sparse_mode: str = "exact") -> None:
+        super().__init__(params, lr, sparse_mode)
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+            raise ConfigError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        self.beta1 = check_float("betas[0]", betas[0], low=0.0, high=1.0, high_inclusive=False)
+        self.beta2 = check_float("betas[1]", betas[1], low=0.0, high=1.0, high_inclusive=False)
+        self.eps = check_float("eps", eps, low=0.0)
+        self.weight_decay = check_float("weight_decay", weight_decay, low=0.0)
+        self.decoupled = bool(decoupled_weight_decay)
+
+    def _update(self, p, state, grad, ids, rows):  # type: ignore[no-untyped-def]
+        b1, b2, lr, wd = self.beta1, self.beta2, self.lr, self.weight_decay
+        if "m" not in state:
+            state["m"], state["v"] = np.zeros_like(p.data), np.zeros_like(p.data)
+            state["step"] = 0
+        state["step"] += 1
+        t = state["step"]
+        m, v = state["m"], state["v"]
+        bc1, bc2_sqrt = 1.0 - b1**t, np.sqrt(1.0 - b2**t)
+        step_size = lr / bc1
+        lazy = ids is not None and self.sparse_mode == "lazy"
+        if lazy:
+            w = p.data[ids]
+            g = rows + wd * w if (wd and not self.decoupled) else rows
+            if wd and self.decoupled:
+                w = w * (1.0 - lr * wd)
+            m[ids] = b1 * m[ids] + (1.0 - b1) * g
+            v[ids] = b2 * v[ids] + (1.0 - b2) * g * g
+            denom = np.sqrt(v[ids]) / bc2_sqrt + self.eps
+            p.data[ids] = (w - step_size * m[ids] / denom).astype(p.dtype)
+            return
+        g = self._dense_from_rows(p, ids, rows) if ids is not None else grad
+        if wd and not self.decoupled:
+            g = g + wd * p.data
+        if wd and self.decoupled:
+            p.data *= p.dtype.type(1.0 - lr * wd)
+        m *= b1
+        m += (1.0 - b1) * g
+        v *= b2
+        v += (1.0 - b2) * g * g
+        denom = np.sqrt(v) / bc2_sqrt + self.eps
+        p.data -= (step_size * m / denom).astype(p.dtype)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter); default weight_decay 0.01 as torch."""
+
+    def __init__(self, params: Iterable[Parameter], lr: float = 1e-3, *, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01, sparse_mode: str = "exact") -> None:
+        super().__init__(params, lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         decoupled_weight_decay=True, sparse_mode=sparse_mode)

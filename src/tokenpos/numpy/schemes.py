@@ -1,0 +1,48 @@
+"""The positional-scheme registry of the NumPy backend: kind name -> builder(PositionalConfig).
+
+Every scheme object has a ``kind`` class attribute (docs/DESIGN.md): "additive" (added to the
+embeddings), "rotary" (rotates q and k), "bias" (added to attention logits) or "none".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tokenpos.numpy.learned import LearnedPositionalEmbedding
+from tokenpos.numpy.module import Module
+from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
+from tokenpos.tables.positional_config import PositionalConfig
+
+
+class NoPositionalEncoding(Module):
+    """NoPE: no positional information at all (causal attention alone carries order)."""
+
+    kind = "none"
+
+    def forward(self, seq_len_or_positions: Any) -> None:  # pragma: no cover - never added
+        return None
+
+    def extra_repr(self) -> str:
+        return "NoPE"
+
+
+def _learned(cfg: PositionalConfig) -> Module:
+    return LearnedPositionalEmbedding(cfg.max_seq_len, cfg.d_model, init=cfg.init, std=cfg.std,
+                                      dtype=cfg.dtype, rng=cfg.rng)
+
+
+def _sinusoidal(cfg: PositionalConfig) -> Module:
+    return SinusoidalPositionalEncoding(cfg.max_seq_len, cfg.d_model, base=cfg.base,
+                                        layout=cfg.sinusoidal_layout, dtype=cfg.dtype)
+
+
+def _none(cfg: PositionalConfig) -> Module:
+    return NoPositionalEncoding()
+
+
+POSITIONAL_BUILDERS: dict[str, Callable[[PositionalConfig], Module]] = {
+    "learned": _learned,
+    "sinusoidal": _sinusoidal,
+    "none": _none,
+}

@@ -1,0 +1,174 @@
+"""TokenEmbedding: the (V, D) lookup table, its row-sparse backward, the tied output projection.
+
+Shapes: V vocab, D d_model, ids of any shape (...), h (..., D), logits (..., V).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tokenpos.numpy.module import Module, Parameter
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.init import init_weight, resolve_rng
+from tokenpos.tables.validation import (
+    check_choice,
+    check_dtype,
+    check_feature_dim,
+    check_padding_idx,
+    check_positive_int,
+    check_token_ids,
+)
+
+RESIZE_INITS = ("mean", "normal", "trunc_normal", "xavier_uniform", "standard_normal", "zeros")
+
+
+class TokenEmbedding(Module):
+    """Token ids -> vectors, optionally scaled by sqrt(d_model).
+
+    Args:
+        vocab_size: V > 0.
+        d_model: D > 0.
+        init: "normal" (N(0, std)), "trunc_normal" (+-2 std), "xavier_uniform", "standard_normal", "zeros".
+        std: the std of the normal schemes.
+        scale: multiply the output by sqrt(D) (Vaswani et al.).
+        padding_idx: that row starts at zero and never receives gradient from lookups.
+        dtype: float16, float32 (default) or float64.
+        seed / rng: the explicit source of the initial weights.
+
+    Shape:
+        forward: ids (...) int -> (..., D). attend: h (..., D) -> logits (..., V).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, *, init: str = "normal", std: float = 0.02,
+                 scale: bool = False, padding_idx: int | None = None, dtype: Any = np.float32,
+                 seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        super().__init__()
+        self.vocab_size = check_positive_int("vocab_size", vocab_size)
+        self.d_model = check_positive_int("d_model", d_model)
+        self.padding_idx = check_padding_idx(padding_idx, self.vocab_size)
+        self.scale = bool(scale)
+        self.init, self.std = init, std
+        self.dtype = check_dtype("dtype", dtype)
+        self.register_parameter("weight", Parameter(np.empty((self.vocab_size, self.d_model), self.dtype)))
+        self.reset_parameters(rng=resolve_rng(seed, rng))
+        self._cache: tuple[np.ndarray, tuple[int, ...]] | None = None
+        self._attend_cache: np.ndarray | None = None
+
+    @property
+    def multiplier(self) -> float:
+        """sqrt(D) when ``scale`` else 1.0."""
+        return math.sqrt(self.d_model) if self.scale else 1.0
+
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """Re-draw the table from its init scheme; the padding row is zeroed."""
+        w = init_weight(self.weight.data.shape, self.init, std=self.std, rng=resolve_rng(seed, rng))
+        if self.padding_idx is not None:
+            w[self.padding_idx] = 0.0
+        self.weight.data[...] = w
+        self.weight.zero_grad()
+
+    @classmethod
+    def from_pretrained(cls, weights: Any, *, freeze: bool = True, padding_idx: int | None = None,
+                        scale: bool = False) -> TokenEmbedding:
+        """Wrap an existing (V, D) array (copied). ``freeze=True`` makes it non-trainable."""
+        w = np.array(weights.detach().cpu().numpy() if hasattr(weights, "detach") else weights)
+        if w.ndim != 2:
+            raise ConfigError(f"weights must be a 2-D (vocab_size, d_model) array, got shape {w.shape}")
+        layer = cls(w.shape[0], w.shape[1], init="zeros", padding_idx=padding_idx, scale=scale, dtype=w.dtype)
+        layer.weight.data[...] = w
+        layer.weight.requires_grad = not freeze
+        return layer
+
+    # -- lookup ------------------------------------------------------------------------------
+    def forward(self, ids: Any) -> np.ndarray:
+        """ids (...) -> (..., D). Bad ids raise TokenIdError naming the value and the range."""
+        ids = check_token_ids(ids, self.vocab_size)
+        out = self.weight.data[ids]                                   # (..., D)
+        if self.scale:
+            out *= self.dtype.type(self.multiplier)
+        self._cache = (ids.reshape(-1), ids.shape)
+        return out
+
+    def backward(self, grad_output: np.ndarray) -> None:
+        """Accumulate the row-sparse gradient of the last forward; returns None (ids are not float)."""
+        flat_ids, shape = self._cached(self._cache)
+        grad = np.asarray(grad_output)
+        if grad.shape != shape + (self.d_model,):
+            raise ValueError(f"grad_output must have shape {shape + (self.d_model,)}, got {grad.shape}")
+        self.accumulate_lookup_grad(flat_ids, grad.reshape(-1, self.d_model) * self.multiplier)
+
+    def accumulate_lookup_grad(self, flat_ids: np.ndarray, rows: np.ndarray) -> None:
+        """Add ``rows`` (n, D) to the rows ``flat_ids`` (n,), skipping the padding row."""
+        if self.padding_idx is not None:
+            keep = flat_ids != self.padding_idx
+            flat_ids, rows = flat_ids[keep], rows[keep]
+        self.weight.accumulate_rows(flat_ids, rows)
+
+    # -- tied output projection --------------------------------------------------------------
+    def attend(self, h: np.ndarray) -> np.ndarray:
+        """Logits against the same table: h (..., D) -> (..., V) = h @ W.T (flax's ``attend``)."""
+        h = np.asarray(h)
+        check_feature_dim("h", h.shape, self.d_model)
+        self._attend_cache = h
+        return h @ self.weight.data.T
+
+    def attend_backward(self, grad_logits: np.ndarray) -> np.ndarray:
+        """grad (..., V) -> grad_h (..., D); adds the dense (V, D) weight gradient.
+
+        Like a tied ``nn.Linear``, the projection is dense: every row, the padding row included,
+        receives gradient here.
+        """
+        h = self._cached(self._attend_cache, "attend_backward")
+        g = np.asarray(grad_logits)
+        if g.shape != h.shape[:-1] + (self.vocab_size,):
+            raise ValueError(f"grad_logits must have shape {h.shape[:-1] + (self.vocab_size,)}, got {g.shape}")
+        g2 = g.reshape(-1, self.vocab_size)
+        self.weight.accumulate(g2.T @ h.reshape(-1, self.d_model))
+        return g @ self.weight.data
+
+    # -- resizing ----------------------------------------------------------------------------
+    def resize(self, new_vocab_size: int, *, pad_to_multiple_of: int | None = None, init: str = "mean",
+               allow_shrink: bool = False, seed: int | None = None,
+               rng: np.random.Generator | None = None) -> TokenEmbedding:
+        """Grow (or, with ``allow_shrink=True``, cut) the vocabulary in place; returns self.
+
+        New rows are the mean of the old rows (``init="mean"``, as HF does for added tokens) or
+        drawn from an init scheme. ``pad_to_multiple_of`` rounds the new size up. Gradients and
+        caches are cleared; optimiser state for this table must be rebuilt.
+        """
+        new_v = check_positive_int("new_vocab_size", new_vocab_size)
+        if pad_to_multiple_of is not None:
+            m = check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
+            new_v = -(-new_v // m) * m
+        check_choice("init", init, RESIZE_INITS)
+        if new_v < self.vocab_size and not allow_shrink:
+            raise ConfigError(f"resize would shrink vocab_size from {self.vocab_size} to {new_v}; "
+                              f"pass allow_shrink=True to drop rows")
+        if self.padding_idx is not None and self.padding_idx >= new_v:
+            raise ConfigError(f"padding_idx {self.padding_idx} would fall outside the new vocab [0, {new_v})")
+        old = self.weight.data
+        keep = min(new_v, self.vocab_size)
+        new = np.empty((new_v, self.d_model), dtype=self.dtype)
+        new[:keep] = old[:keep]
+        if new_v > keep:
+            if init == "mean":
+                new[keep:] = old.astype(np.float64).mean(axis=0)
+            else:
+                new[keep:] = init_weight((new_v - keep, self.d_model), init, std=self.std, rng=resolve_rng(seed, rng))
+        self.weight.data = new
+        self.weight.zero_grad()
+        self.vocab_size = new_v
+        self._cache = self._attend_cache = None
+        return self
+
+    def extra_repr(self) -> str:
+        s = f"{self.vocab_size}, {self.d_model}"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        if self.scale:
+            s += ", scale=True"
+        return s + f", dtype={self.dtype}"
+

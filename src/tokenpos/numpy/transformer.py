@@ -1,0 +1,169 @@
+"""TransformerEmbedding: token table (+ sqrt(D) scale) + positions + token types, norm, dropout.
+
+    x = W[ids] * s + P(positions) + T[token_type_ids]      (P only for additive schemes)
+    y = dropout(norm(x))
+
+Shapes: B batch, L length, D d_model; ids (B, L) -> (B, L, D) and ids (L,) -> (L, D).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenpos.numpy.module import Module
+from tokenpos.numpy.norm import build_norm
+from tokenpos.numpy.schemes import POSITIONAL_BUILDERS
+from tokenpos.numpy.token import TokenEmbedding
+from tokenpos.tables.dropout import draw_seed, dropout_keep_mask
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.init import resolve_rng
+from tokenpos.tables.positional_config import PositionalConfig
+from tokenpos.tables.positions import default_positions, positions_from_padding
+from tokenpos.tables.validation import (
+    check_choice,
+    check_int,
+    check_positions,
+    check_positive_int,
+    check_probability,
+    check_token_ids,
+)
+
+POSITION_IDS = ("default", "padding")
+
+
+def resolve_positional_kind(positional: Any) -> str:
+    """None means "none"; anything not registered is a ConfigError listing the valid kinds."""
+    kind = "none" if positional is None else positional
+    return check_choice("positional", kind, sorted(POSITIONAL_BUILDERS))
+
+
+class TransformerEmbedding(Module):
+    """The input block of a transformer.
+
+    Args:
+        vocab_size, d_model, max_seq_len: V, D, and the positions a learned table can hold.
+        positional: "learned", "sinusoidal", "rope", "alibi", "t5", "none" (or None). Attention-level
+            schemes (rope, alibi, t5) add nothing here; ``self.position`` is the object that
+            ``scaled_dot_product_attention(..., positional=emb.position)`` uses.
+        scale: multiply token vectors by sqrt(D).
+        dropout: drop probability in [0, 1), active only in training mode.
+        padding_idx, init, std: token-table options (see TokenEmbedding).
+        base, sinusoidal_layout, num_heads, head_dim, rope_scaling, rope_interleaved, rotary_dim,
+        t5_num_buckets, t5_max_distance, t5_bidirectional: scheme options (see PositionalConfig).
+        num_token_types: > 0 adds a (num_token_types, D) segment table (BERT).
+        norm, norm_eps: None, "layernorm" or "rmsnorm" after the sum (BERT uses layernorm).
+        position_ids: "default" (start_pos + arange(L)) or "padding" (RoBERTa: derived from
+            padding_idx, which must be set).
+        dtype, seed, rng: parameter dtype and the explicit random source (init and dropout).
+
+    Shape:
+        forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids) -> (..., D)
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, max_seq_len: int = 512, *,
+                 positional: Any = "learned", scale: bool = False, dropout: float = 0.0,
+                 padding_idx: int | None = None, init: str = "normal", std: float = 0.02,
+                 base: float = 10000.0, sinusoidal_layout: str = "interleaved",
+                 num_heads: int | None = None, head_dim: int | None = None,
+                 rope_scaling: dict[str, Any] | None = None, rope_interleaved: bool = False,
+                 rotary_dim: int | None = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
+                 t5_bidirectional: bool = True, num_token_types: int = 0, norm: str | None = None,
+                 norm_eps: float = 1e-5, position_ids: str = "default", dtype: Any = np.float32,
+                 seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        super().__init__()
+        self.positional = resolve_positional_kind(positional)
+        self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
+        self.dropout = check_probability("dropout", dropout)
+        self.num_token_types = check_int("num_token_types", num_token_types, minimum=0)
+        self.position_ids = check_choice("position_ids", position_ids, POSITION_IDS)
+        if self.position_ids == "padding" and padding_idx is None:
+            raise ConfigError("position_ids='padding' (RoBERTa) needs padding_idx; got None")
+        self._rng = resolve_rng(seed, rng)
+        self.register_module("token", TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=scale,
+                                                     padding_idx=padding_idx, dtype=dtype, rng=self._rng))
+        self.vocab_size, self.d_model, self.dtype = self.token.vocab_size, self.token.d_model, self.token.dtype
+        cfg = PositionalConfig(
+            d_model=self.d_model, max_seq_len=self.max_seq_len, base=base, sinusoidal_layout=sinusoidal_layout,
+            num_heads=num_heads, head_dim=head_dim, rope_scaling=rope_scaling, rope_interleaved=rope_interleaved,
+            rotary_dim=rotary_dim, t5_num_buckets=t5_num_buckets, t5_max_distance=t5_max_distance,
+            t5_bidirectional=t5_bidirectional, init=init, std=std, dtype=self.dtype, rng=self._rng)
+        self.register_module("position", POSITIONAL_BUILDERS[self.positional](cfg))
+        self.register_module("token_type", TokenEmbedding(self.num_token_types, self.d_model, init=init, std=std,
+                                                          dtype=dtype, rng=self._rng)
+                             if self.num_token_types else None)
+        self.register_module("norm", build_norm(norm, self.d_model, norm_eps, self.dtype))
+        self._cache: dict[str, Any] | None = None
+
+    @property
+    def padding_idx(self) -> int | None:
+        return self.token.padding_idx
+
+    def resolve_positions(self, ids: np.ndarray, positions: Any, start_pos: int) -> np.ndarray:
+        """The positions of ``ids`` (..., L): given ones (checked), RoBERTa's, or start_pos + arange(L)."""
+        if positions is not None:
+            pos = check_positions(positions)
+            if pos.shape not in (ids.shape, ids.shape[-1:]):
+                raise ConfigError(f"positions must have shape {ids.shape[-1:]} or {ids.shape}, got {pos.shape}")
+            return pos
+        if self.position_ids == "padding":
+            return positions_from_padding(ids, self.token.padding_idx, start_pos)
+        return default_positions(ids.shape[-1], start_pos)
+
+    def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
+                token_type_ids: Any = None) -> np.ndarray:
+        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any state changes."""
+        ids = check_token_ids(ids, self.vocab_size)
+        if ids.ndim not in (1, 2):
+            raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
+        pos = self.resolve_positions(ids, positions, start_pos)
+        if self.num_token_types:
+            tt = np.zeros_like(ids) if token_type_ids is None else check_token_ids(token_type_ids, self.num_token_types)
+            if tt.shape != ids.shape:
+                raise ConfigError(f"token_type_ids must have shape {ids.shape}, got {tt.shape}")
+        elif token_type_ids is not None:
+            raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
+        additive = self.position.kind == "additive"
+        if additive:
+            pos_rows = self.position(np.broadcast_to(pos, ids.shape))   # checks range first (learned)
+        x = self.token(ids)                                            # (..., D)
+        if additive:
+            x += pos_rows
+        if self.num_token_types:
+            x += self.token_type(tt)
+        if self.norm is not None:
+            x = self.norm(x)
+        seed = None
+        if self.training and self.dropout > 0.0:
+            seed = draw_seed(self._rng)
+            keep = dropout_keep_mask(seed, x.shape, self.dropout)
+            x = np.where(keep, x * self.dtype.type(1.0 / (1.0 - self.dropout)), self.dtype.type(0.0))
+        self._cache = {"shape": x.shape, "seed": seed, "additive": additive}
+        return x.astype(self.dtype, copy=False)
+
+    def backward(self, grad_output: np.ndarray) -> None:
+        """Gradients flow to the token table (row-sparse), learned positions, token types and norm."""
+        cache = self._cached(self._cache)
+        g = np.asarray(grad_output)
+        if g.shape != cache["shape"]:
+            raise ValueError(f"grad_output must have shape {cache['shape']}, got {g.shape}")
+        if cache["seed"] is not None:
+            keep = dropout_keep_mask(cache["seed"], g.shape, self.dropout)
+            g = np.where(keep, g * (1.0 / (1.0 - self.dropout)), 0.0).astype(g.dtype)
+        if self.norm is not None:
+            g = self.norm.backward(g)
+        self.token.backward(g)
+        if cache["additive"]:
+            self.position.backward(g)
+        if self.num_token_types:
+            self.token_type.backward(g)
+
+    def extra_repr(self) -> str:
+        s = f"{self.vocab_size}, {self.d_model}, max_seq_len={self.max_seq_len}, positional={self.positional!r}"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        return s
+
+
+EmbeddingLayer = TransformerEmbedding

@@ -1,0 +1,35 @@
+"""Position ids: the default ``start_pos + arange(L)`` and RoBERTa's padding-derived positions.
+
+Shapes: B batch, L length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenpos.tables.validation import check_int
+
+
+def default_positions(seq_len: int, start_pos: int = 0) -> np.ndarray:
+    """``start_pos + arange(L)``: shape (L,), int64 (decoding with a cache passes start_pos > 0)."""
+    start_pos = check_int("start_pos", start_pos, minimum=0)
+    return np.arange(start_pos, start_pos + seq_len, dtype=np.int64)
+
+
+def positions_from_padding(ids: Any, padding_idx: int, start_pos: int = 0) -> np.ndarray:
+    """RoBERTa's positions (HF ``create_position_ids_from_input_ids``).
+
+    Non-pad tokens get ``padding_idx + start_pos + (count of non-pad tokens up to and including it)``;
+    pad tokens get ``padding_idx``. So the first real token sits at ``padding_idx + 1``.
+
+    Args:
+        ids: int array (B, L) or (L,).
+    Returns:
+        int64 array of the same shape.
+    """
+    start_pos = check_int("start_pos", start_pos, minimum=0)
+    ids = np.asarray(ids)
+    mask = (ids != padding_idx).astype(np.int64)
+    return (np.cumsum(mask, axis=-1) + start_pos) * mask + padding_idx
