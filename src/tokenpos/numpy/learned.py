@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.init import init_weight, resolve_rng
 from tokenpos.tables.validation import check_dtype, check_positive_int, check_seq_len_or_positions
@@ -37,7 +36,7 @@ class LearnedPositionalEmbedding(Module):
         self.d_model = check_positive_int("d_model", d_model)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
-        self.register_parameter("weight", Parameter(np.empty((self.max_seq_len, self.d_model), self.dtype)))
+        self.weight = Parameter(np.empty((self.max_seq_len, self.d_model), self.dtype))
         self.reset_parameters(rng=resolve_rng(seed, rng))
         self._cache: tuple[np.ndarray, tuple[int, ...]] | None = None
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
-
 from tokenpos.tables.errors import StateDictError
 from tokenpos.tables.validation import check_state_dict
 
@@ -139,26 +138,38 @@ class Parameter:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype}, requires_grad={self.requires_grad})"
 
 
+M = TypeVar("M", bound="Module | None")
+
+
 class Module:
     """Base class of every NumPy layer. ``layer(x)`` calls ``forward``; ``training`` starts True."""
 
+    _parameters: dict[str, Parameter]
+    _modules: dict[str, Module]
+
     def __init__(self) -> None:
-        self._parameters: dict[str, Parameter] = {}
-        self._modules: dict[str, Module] = {}
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_modules", {})
         self.training = True
 
-    # -- registration --------------------------------------------------------------------------
+    # -- registration: assigning a Parameter or Module attribute registers it, as in torch -----
+    def __setattr__(self, name: str, value: Any) -> None:
+        params: dict[str, Parameter] = self.__dict__.get("_parameters", {})
+        modules: dict[str, Module] = self.__dict__.get("_modules", {})
+        params.pop(name, None)
+        modules.pop(name, None)
+        if isinstance(value, Parameter):
+            params[name] = value
+        elif isinstance(value, Module):
+            modules[name] = value
+        object.__setattr__(self, name, value)
+
     def register_parameter(self, name: str, param: Parameter) -> Parameter:
-        self._parameters[name] = param
-        object.__setattr__(self, name, param)
+        setattr(self, name, param)
         return param
 
-    def register_module(self, name: str, module: Module | None) -> Module | None:
-        if module is None:
-            self._modules.pop(name, None)
-        else:
-            self._modules[name] = module
-        object.__setattr__(self, name, module)
+    def register_module(self, name: str, module: M) -> M:
+        setattr(self, name, module)
         return module
 
     def named_parameters(self, prefix: str = "", *, trainable_only: bool = False) -> Iterator[tuple[str, Parameter]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.validation import check_dtype, check_feature_dim, check_float, check_positive_int
 
@@ -24,8 +23,8 @@ class LayerNorm(Module):
         self.d_model = check_positive_int("d_model", d_model)
         self.eps = check_float("eps", eps, low=0.0, low_inclusive=False)
         dt = check_dtype("dtype", dtype)
-        self.register_parameter("weight", Parameter(np.ones(self.d_model, dt)))
-        self.register_parameter("bias", Parameter(np.zeros(self.d_model, dt)))
+        self.weight = Parameter(np.ones(self.d_model, dt))
+        self.bias = Parameter(np.zeros(self.d_model, dt))
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
@@ -58,7 +57,7 @@ class RMSNorm(Module):
         self.d_model = check_positive_int("d_model", d_model)
         self.eps = check_float("eps", eps, low=0.0, low_inclusive=False)
         dt = check_dtype("dtype", dtype)
-        self.register_parameter("weight", Parameter(np.ones(self.d_model, dt)))
+        self.weight = Parameter(np.ones(self.d_model, dt))
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:

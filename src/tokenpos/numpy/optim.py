@@ -21,7 +21,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-
 from tokenpos.numpy.module import Parameter
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice, check_float

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from tokenpos.numpy.module import Module
 from tokenpos.tables.sinusoidal import LAYOUTS, sinusoidal_encoding, sinusoidal_table
 from tokenpos.tables.validation import (

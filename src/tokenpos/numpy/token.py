@@ -9,7 +9,6 @@ import math
 from typing import Any
 
 import numpy as np
-
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import init_weight, resolve_rng
@@ -52,7 +51,7 @@ class TokenEmbedding(Module):
         self.scale = bool(scale)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
-        self.register_parameter("weight", Parameter(np.empty((self.vocab_size, self.d_model), self.dtype)))
+        self.weight = Parameter(np.empty((self.vocab_size, self.d_model), self.dtype))
         self.reset_parameters(rng=resolve_rng(seed, rng))
         self._cache: tuple[np.ndarray, tuple[int, ...]] | None = None
         self._attend_cache: np.ndarray | None = None

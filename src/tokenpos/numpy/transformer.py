@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from tokenpos.numpy.module import Module
 from tokenpos.numpy.norm import build_norm
 from tokenpos.numpy.schemes import POSITIONAL_BUILDERS
@@ -81,19 +80,19 @@ class TransformerEmbedding(Module):
         if self.position_ids == "padding" and padding_idx is None:
             raise ConfigError("position_ids='padding' (RoBERTa) needs padding_idx; got None")
         self._rng = resolve_rng(seed, rng)
-        self.register_module("token", TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=scale,
-                                                     padding_idx=padding_idx, dtype=dtype, rng=self._rng))
+        self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=scale,
+                                    padding_idx=padding_idx, dtype=dtype, rng=self._rng)
         self.vocab_size, self.d_model, self.dtype = self.token.vocab_size, self.token.d_model, self.token.dtype
         cfg = PositionalConfig(
             d_model=self.d_model, max_seq_len=self.max_seq_len, base=base, sinusoidal_layout=sinusoidal_layout,
             num_heads=num_heads, head_dim=head_dim, rope_scaling=rope_scaling, rope_interleaved=rope_interleaved,
             rotary_dim=rotary_dim, t5_num_buckets=t5_num_buckets, t5_max_distance=t5_max_distance,
             t5_bidirectional=t5_bidirectional, init=init, std=std, dtype=self.dtype, rng=self._rng)
-        self.register_module("position", POSITIONAL_BUILDERS[self.positional](cfg))
-        self.register_module("token_type", TokenEmbedding(self.num_token_types, self.d_model, init=init, std=std,
-                                                          dtype=dtype, rng=self._rng)
-                             if self.num_token_types else None)
-        self.register_module("norm", build_norm(norm, self.d_model, norm_eps, self.dtype))
+        self.position: Any = POSITIONAL_BUILDERS[self.positional](cfg)
+        self.token_type: TokenEmbedding | None = (
+            TokenEmbedding(self.num_token_types, self.d_model, init=init, std=std, dtype=dtype, rng=self._rng)
+            if self.num_token_types else None)
+        self.norm: Any = build_norm(norm, self.d_model, norm_eps, self.dtype)
         self._cache: dict[str, Any] | None = None
 
     @property
@@ -107,7 +106,7 @@ class TransformerEmbedding(Module):
             if pos.shape not in (ids.shape, ids.shape[-1:]):
                 raise ConfigError(f"positions must have shape {ids.shape[-1:]} or {ids.shape}, got {pos.shape}")
             return pos
-        if self.position_ids == "padding":
+        if self.position_ids == "padding" and self.token.padding_idx is not None:
             return positions_from_padding(ids, self.token.padding_idx, start_pos)
         return default_positions(ids.shape[-1], start_pos)
 
@@ -130,7 +129,7 @@ class TransformerEmbedding(Module):
         x = self.token(ids)                                            # (..., D)
         if additive:
             x += pos_rows
-        if self.num_token_types:
+        if self.token_type is not None:
             x += self.token_type(tt)
         if self.norm is not None:
             x = self.norm(x)
@@ -156,7 +155,7 @@ class TransformerEmbedding(Module):
         self.token.backward(g)
         if cache["additive"]:
             self.position.backward(g)
-        if self.num_token_types:
+        if self.token_type is not None:
             self.token_type.backward(g)
 
     def extra_repr(self) -> str:
