@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.init import init_weight, resolve_rng
 from tokenpos.tables.validation import check_dtype, check_positive_int, check_seq_len_or_positions

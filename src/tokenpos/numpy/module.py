@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+
 from tokenpos.tables.errors import StateDictError
 from tokenpos.tables.validation import check_state_dict
 

@@ -9,10 +9,21 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.validation import check_dtype, check_feature_dim, check_float, check_positive_int
 
 NORMS = ("layernorm", "rmsnorm")
+
+
+def _stats_input(x: np.ndarray) -> np.ndarray:
+    """float16 inputs are normalised in float64 (x * x overflows float16 from |x| = 256 on)."""
+    return x.astype(np.float64) if x.dtype == np.float16 else x
+
+
+def _like_input(y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Cast a result computed in float64 for a float16 input back to float16."""
+    return y.astype(np.float16) if x.dtype == np.float16 else y
 
 
 class LayerNorm(Module):
@@ -28,13 +39,15 @@ class LayerNorm(Module):
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x)
         check_feature_dim("x", x.shape, self.d_model)
-        mu = x.mean(axis=-1, keepdims=True)
-        xc = x - mu
+        xs = _stats_input(x)                                          # float16 -> float64
+        mu = xs.mean(axis=-1, keepdims=True)
+        xc = xs - mu
         rstd = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + self.eps)
         xhat = xc * rstd                                              # (..., D)
         self._cache = (xhat, rstd)
-        return xhat * self.weight.data + self.bias.data
+        return _like_input(xhat * self.weight.data + self.bias.data, x)
 
     def backward(self, grad_output: np.ndarray) -> np.ndarray:
         """dy (..., D) -> dx (..., D); accumulates d weight and d bias."""
@@ -43,7 +56,8 @@ class LayerNorm(Module):
         self.weight.accumulate((g * xhat).reshape(-1, self.d_model).sum(axis=0))
         self.bias.accumulate(g.reshape(-1, self.d_model).sum(axis=0))
         gx = g * self.weight.data                                     # d xhat
-        return rstd * (gx - gx.mean(axis=-1, keepdims=True) - xhat * (gx * xhat).mean(axis=-1, keepdims=True))
+        dx = rstd * (gx - gx.mean(axis=-1, keepdims=True) - xhat * (gx * xhat).mean(axis=-1, keepdims=True))
+        return _like_input(dx, g)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
@@ -61,18 +75,20 @@ class RMSNorm(Module):
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x)
         check_feature_dim("x", x.shape, self.d_model)
-        rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.eps)
-        xhat = x * rrms
+        xs = _stats_input(x)                                          # float16 -> float64
+        rrms = 1.0 / np.sqrt((xs * xs).mean(axis=-1, keepdims=True) + self.eps)
+        xhat = xs * rrms
         self._cache = (xhat, rrms)
-        return xhat * self.weight.data
+        return _like_input(xhat * self.weight.data, x)
 
     def backward(self, grad_output: np.ndarray) -> np.ndarray:
         xhat, rrms = self._cached(self._cache)
         g = np.asarray(grad_output)
         self.weight.accumulate((g * xhat).reshape(-1, self.d_model).sum(axis=0))
         gx = g * self.weight.data
-        return rrms * (gx - xhat * (gx * xhat).mean(axis=-1, keepdims=True))
+        return _like_input(rrms * (gx - xhat * (gx * xhat).mean(axis=-1, keepdims=True)), g)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"

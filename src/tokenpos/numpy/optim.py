@@ -7,8 +7,9 @@ Row-sparse gradients (embedding tables) have two modes:
   non-zero moment moves, so each step touches the whole table: exact, but O(V * D).
 - ``sparse_mode="lazy"``: only the rows used in this step are touched (moments, weight decay and the
   update), like ``torch.optim.SparseAdam``. Unused rows keep stale moments and are not decayed; the
-  bias correction uses the optimiser's global step. Cost O(rows used * D). For plain SGD without
-  momentum or weight decay both modes are the same.
+  bias correction uses the parameter's step count (the steps in which it had a gradient), not a
+  per-row count. Cost O(rows used * D), after the optimiser state is allocated at the first step.
+  For plain SGD without momentum or weight decay both modes are the same.
 
 The update formulas follow torch.optim exactly (``denom = sqrt(v) / sqrt(1 - b2^t) + eps``, AdamW
 decays ``p *= 1 - lr * wd`` before the step), so the torch and NumPy backends train alike.
@@ -21,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+
 from tokenpos.numpy.module import Parameter
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice, check_float
@@ -85,7 +87,9 @@ class SGD(Optimizer):
         if ids is not None and (self.sparse_mode == "lazy" or (mom == 0.0 and wd == 0.0)):
             g = rows + wd * p.data[ids] if wd else rows
             if mom:
-                buf = state.setdefault("momentum", np.zeros_like(p.data))
+                if "momentum" not in state:   # not setdefault: that would build a (V, D) array every step
+                    state["momentum"] = np.zeros(p.data.shape, p.data.dtype)
+                buf = state["momentum"]
                 buf[ids] = mom * buf[ids] + g
                 g = buf[ids]
             p.data[ids] -= (lr * g).astype(p.dtype)
@@ -119,7 +123,9 @@ class Adam(Optimizer):
     def _update(self, p, state, grad, ids, rows):  # type: ignore[no-untyped-def]
         b1, b2, lr, wd = self.beta1, self.beta2, self.lr, self.weight_decay
         if "m" not in state:
-            state["m"], state["v"] = np.zeros_like(p.data), np.zeros_like(p.data)
+            # float16 parameters keep float32 moments: (1 - b2) * g * g and eps underflow in float16
+            sdt = np.float32 if p.dtype == np.float16 else p.dtype
+            state["m"], state["v"] = np.zeros(p.data.shape, sdt), np.zeros(p.data.shape, sdt)
             state["step"] = 0
         state["step"] += 1
         t = state["step"]
@@ -129,7 +135,7 @@ class Adam(Optimizer):
         lazy = ids is not None and self.sparse_mode == "lazy"
         if lazy:
             w = p.data[ids]
-            g = rows + wd * w if (wd and not self.decoupled) else rows
+            g = (rows + wd * w if (wd and not self.decoupled) else rows).astype(m.dtype, copy=False)
             if wd and self.decoupled:
                 w = w * (1.0 - lr * wd)
             m[ids] = b1 * m[ids] + (1.0 - b1) * g
@@ -140,6 +146,7 @@ class Adam(Optimizer):
         g = self._dense_from_rows(p, ids, rows) if ids is not None else grad
         if wd and not self.decoupled:
             g = g + wd * p.data
+        g = g.astype(m.dtype, copy=False)
         if wd and self.decoupled:
             p.data *= p.dtype.type(1.0 - lr * wd)
         m *= b1

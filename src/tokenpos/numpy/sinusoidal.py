@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from tokenpos.numpy.module import Module
 from tokenpos.tables.sinusoidal import LAYOUTS, sinusoidal_encoding, sinusoidal_table
 from tokenpos.tables.validation import (
@@ -32,7 +33,8 @@ class SinusoidalPositionalEncoding(Module):
     kind = "additive"
 
     def __init__(self, max_seq_len: int, d_model: int, *, base: float = 10000.0, layout: str = "interleaved",
-                 dtype: Any = np.float32) -> None:
+                 dtype: Any = np.float32, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        # seed/rng are accepted so every layer has the same constructor; the table is deterministic.
         super().__init__()
         self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
         self.d_model = check_positive_int("d_model", d_model)

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 import numpy as np
+
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import init_weight, resolve_rng

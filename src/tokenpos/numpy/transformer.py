@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from tokenpos.numpy.module import Module
 from tokenpos.numpy.norm import build_norm
 from tokenpos.numpy.schemes import POSITIONAL_BUILDERS

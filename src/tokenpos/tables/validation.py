@@ -133,6 +133,8 @@ def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
             ids are refused (NumPy would silently wrap them to the end of the table).
     """
     arr = np.asarray(ids)
+    if arr.size == 0 and not isinstance(ids, np.ndarray):
+        arr = arr.astype(np.int64)  # an empty Python list has no dtype of its own
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise TokenIdError(token_id_dtype_message(arr.dtype, vocab_size))
     if arr.size:
@@ -222,4 +224,9 @@ def check_state_dict(state: dict[str, Any], expected: dict[str, tuple[tuple[int,
 def dtype_name(dtype: Any) -> str:
     """'float32' for np.float32, np.dtype('float32') and torch.float32 alike."""
     s = str(dtype)
-    return s.replace("torch.", "")
+    if s.startswith("torch."):
+        return s.replace("torch.", "")
+    try:
+        return np.dtype(dtype).name   # np.float32 (a type, whose str is "<class 'numpy.float32'>") too
+    except TypeError:
+        return s

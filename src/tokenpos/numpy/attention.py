@@ -1,0 +1,158 @@
+"""Scaled dot-product attention that runs with any positional scheme, with its backward (NumPy).
+
+Shapes: B batch, H heads, Lq query length, Lk key length (Lq <= Lk), Dh head dim.
+q (B, H, Lq, Dh), k and v (B, H, Lk, Dh) -> out (B, H, Lq, Dh).
+
+One block, every scheme (``positional.kind``):
+- "additive" / "none" (or ``positional=None``): nothing happens here (additive schemes were added to
+  the embeddings already).
+- "rotary": q and k are rotated first (``positional.apply_forward``); the gradient flows back
+  through the rotation.
+- "bias": ``positional.bias(Lq, Lk)`` (H, Lq, Lk) is added to the logits; on backward, the bias
+  gradient (summed over the batch) goes to ``positional.backward`` (T5 accumulates ``weight.grad``).
+
+Offsets: with a KV cache (Lq < Lk) query i sits at key position ``Lk - Lq + i``; the causal mask
+lets it see keys ``j <= Lk - Lq + i``. Rotary positions: queries at ``positions`` or
+``start_pos + arange(Lq)`` (``start_pos=None`` means ``Lk - Lq``); keys at ``key_positions`` or
+``start_pos - (Lk - Lq) + arange(Lk)``, i.e. the keys end where the queries end. The KV cache holds
+keys **before** rotation (all Lk keys are rotated on every call); pass ``rotate_keys=False`` if
+your cache holds already-rotated keys (then only q is rotated).
+
+Softmax runs in float32 at least (float64 for float64 inputs). Fully masked rows give zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tokenpos.tables.attention import (
+    attention_shape_message,
+    causal_keep_mask,
+    key_start_message,
+    resolve_query_start,
+)
+from tokenpos.tables.errors import ConfigError, PositionError
+
+
+@dataclass(frozen=True)
+class AttentionCache:
+    """Everything the backward needs (and nothing global)."""
+
+    q: np.ndarray            # (B, H, Lq, Dh) rotated, compute dtype
+    k: np.ndarray            # (B, H, Lk, Dh) rotated, compute dtype
+    v: np.ndarray            # (B, H, Lk, Dh) compute dtype
+    probs: np.ndarray        # (B, H, Lq, Lk)
+    scale: float
+    positional: Any
+    rotary_cache: Any
+    rotate_keys: bool
+    dtypes: tuple[np.dtype, np.dtype, np.dtype]
+
+
+def _kind(positional: Any) -> str:
+    return "none" if positional is None else str(getattr(positional, "kind", "none"))
+
+
+def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    ok = q.ndim == k.ndim == v.ndim == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2] \
+        and k.shape[2] == v.shape[2] and q.shape[3] == k.shape[3] and q.shape[2] <= k.shape[2]
+    if not ok:
+        raise ConfigError(attention_shape_message(q.shape, k.shape, v.shape))
+
+
+def _rotate(positional: Any, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: int | None,
+            key_positions: Any, rotate_keys: bool) -> tuple[np.ndarray, np.ndarray, Any]:
+    lq, lk = q.shape[2], k.shape[2]
+    q_start = resolve_query_start(start_pos, lq, lk)
+    if positions is not None and lq != lk and key_positions is None and rotate_keys:
+        raise ConfigError(key_start_message(None, lq, lk))
+    if key_positions is None and positions is None:
+        k_start = q_start - (lk - lq)
+        if k_start < 0:
+            raise PositionError(key_start_message(q_start, lq, lk))
+        key_positions = np.arange(k_start, k_start + lk, dtype=np.int64)
+    if not rotate_keys:   # the keys are rotated already: rotate q alone (k stands in for the shape)
+        q_rot, _, rc = positional.apply_forward(q, q, positions, start_pos=q_start)
+        return q_rot, k, rc
+    return positional.apply_forward(q, k, positions, start_pos=q_start, key_positions=key_positions)
+
+
+def scaled_dot_product_attention_forward(
+        q: Any, k: Any, v: Any, *, positional: Any = None, causal: bool = True, positions: Any = None,
+        start_pos: int | None = None, key_positions: Any = None, attn_mask: Any = None, scale: float | None = None,
+        rotate_keys: bool = True) -> tuple[np.ndarray, AttentionCache]:
+    """Attention forward: ``(out (B, H, Lq, Dh), cache)``.
+
+    Args:
+        q, k, v: (B, H, Lq, Dh), (B, H, Lk, Dh), (B, H, Lk, Dh), Lq <= Lk.
+        positional: a scheme object (its ``kind`` decides what happens) or None.
+        causal: mask keys after each query (query i sees keys j <= Lk - Lq + i).
+        positions, start_pos, key_positions, rotate_keys: rotary positions (see the module docstring).
+        attn_mask: optional, broadcastable to (B, H, Lq, Lk): bool (True = attend) or additive floats.
+        scale: logit scale, default 1 / sqrt(Dh).
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    _check_shapes(q, k, v)
+    dtypes = (q.dtype, k.dtype, v.dtype)
+    compute = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
+    kind = _kind(positional)
+    rotary_cache = None
+    if kind == "rotary":
+        q, k, rotary_cache = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
+    q, k, v = q.astype(compute, copy=False), k.astype(compute, copy=False), v.astype(compute, copy=False)
+    lq, lk, dh = q.shape[2], k.shape[2], q.shape[3]
+    scale = float(1.0 / np.sqrt(dh)) if scale is None else float(scale)
+    logits = (q @ np.swapaxes(k, -1, -2)) * scale                              # (B, H, Lq, Lk)
+    if kind == "bias":
+        logits = logits + np.asarray(positional.bias(lq, lk)).astype(compute)[None]
+    keep = np.ones((lq, lk), dtype=bool)
+    if causal:
+        keep = causal_keep_mask(lq, lk)                                        # (Lq, Lk)
+    if attn_mask is not None:
+        mask = np.asarray(attn_mask)
+        if mask.dtype == np.bool_:
+            keep = keep & mask
+        else:
+            logits = logits + mask.astype(compute)
+    logits = np.where(keep, logits, -np.inf)
+    row_max = logits.max(axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    e = np.exp(logits - row_max)
+    total = e.sum(axis=-1, keepdims=True)
+    probs = e / np.where(total > 0, total, 1.0)                                # (B, H, Lq, Lk)
+    out = probs @ v                                                            # (B, H, Lq, Dh)
+    cache = AttentionCache(q, k, v, probs, scale, positional, rotary_cache, rotate_keys, dtypes)
+    return out.astype(dtypes[0], copy=False), cache
+
+
+def scaled_dot_product_attention_backward(dout: Any, cache: AttentionCache) -> tuple[np.ndarray, np.ndarray,
+                                                                                      np.ndarray]:
+    """Gradients ``(dq, dk, dv)`` w.r.t. the inputs of the forward (before rotation).
+
+    Bias schemes receive their gradient through ``positional.backward(grad_bias (H, Lq, Lk))``.
+    """
+    c = cache
+    dout = np.asarray(dout).astype(c.v.dtype, copy=False)                     # (B, H, Lq, Dh)
+    dv = np.swapaxes(c.probs, -1, -2) @ dout                                  # (B, H, Lk, Dh)
+    dprobs = dout @ np.swapaxes(c.v, -1, -2)                                  # (B, H, Lq, Lk)
+    dlogits = c.probs * (dprobs - (dprobs * c.probs).sum(axis=-1, keepdims=True))
+    kind = _kind(c.positional)
+    if kind == "bias" and hasattr(c.positional, "backward"):
+        c.positional.backward(dlogits.sum(axis=0))                            # (H, Lq, Lk)
+    dq = (dlogits @ c.k) * c.scale                                            # (B, H, Lq, Dh)
+    dk = (np.swapaxes(dlogits, -1, -2) @ c.q) * c.scale                       # (B, H, Lk, Dh)
+    if kind == "rotary":
+        if c.rotate_keys:
+            dq, dk = c.positional.apply_backward(dq, dk, c.rotary_cache)
+        else:
+            dq, _ = c.positional.apply_backward(dq, dq, c.rotary_cache)
+    return dq.astype(c.dtypes[0], copy=False), dk.astype(c.dtypes[1], copy=False), dv.astype(c.dtypes[2],
+                                                                                              copy=False)
+
+
+def scaled_dot_product_attention(q: Any, k: Any, v: Any, **kwargs: Any) -> np.ndarray:
+    """``scaled_dot_product_attention_forward(...)[0]``: out (B, H, Lq, Dh); keeps no state."""
+    return scaled_dot_product_attention_forward(q, k, v, **kwargs)[0]

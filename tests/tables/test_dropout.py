@@ -1,0 +1,87 @@
+"""tables.dropout: the counter-based keep mask, against a pure-Python statement of the formula."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenpos.tables import dropout_keep_mask
+from tokenpos.tables.dropout import SEED_MASK, draw_seed
+
+FAST = settings(max_examples=40, deadline=None)
+M64 = (1 << 64) - 1
+GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _mix(z: int) -> int:
+    z = ((z ^ (z >> 30)) * MIX1) & M64
+    z = ((z ^ (z >> 27)) * MIX2) & M64
+    return z ^ (z >> 31)
+
+
+def keep_python(seed: int, i: int, p: float) -> bool:
+    """The documented formula with Python integers: keep iff uniform24(hash(seed, i)) >= p."""
+    key = _mix(((seed & SEED_MASK) + GOLDEN) & M64)
+    z = _mix(key ^ ((i * GOLDEN) & M64))
+    return (z >> 40) / 2**24 >= p
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, SEED_MASK - 1])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_matches_the_formula(seed, p):
+    mask = dropout_keep_mask(seed, (64,), p, offset=1000)
+    expected = [keep_python(seed, 1000 + i, p) for i in range(64)]
+    np.testing.assert_array_equal(mask, expected)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])
+def test_keep_rate(p):
+    n = 200_000
+    rate = dropout_keep_mask(42, (n,), p).mean()
+    sigma = np.sqrt(p * (1 - p) / n)
+    assert abs(rate - (1 - p)) < 5 * sigma
+
+
+def test_p_zero_keeps_everything():
+    assert dropout_keep_mask(3, (7, 9), 0.0).all()
+
+
+def test_deterministic_and_seed_dependent():
+    a = dropout_keep_mask(5, (50, 40), 0.5)
+    np.testing.assert_array_equal(a, dropout_keep_mask(5, (50, 40), 0.5))
+    assert not np.array_equal(a, dropout_keep_mask(6, (50, 40), 0.5))
+    assert a.dtype == np.bool_ and a.shape == (50, 40)
+
+
+@FAST
+@given(seed=st.integers(0, SEED_MASK), n=st.integers(0, 300), k=st.integers(0, 10**12),
+       p=st.floats(0.0, 0.99))
+def test_offset_consistency(seed, n, k, p):
+    """Element i of a mask at offset k is element k + i of the mask from 0: a block can be computed alone."""
+    whole = dropout_keep_mask(seed, (n + 5,), p, offset=k)
+    np.testing.assert_array_equal(dropout_keep_mask(seed, (n,), p, offset=k + 5), whole[5:])
+
+
+@FAST
+@given(seed=st.integers(0, SEED_MASK), a=st.integers(0, 6), b=st.integers(0, 6), c=st.integers(1, 5))
+def test_depends_only_on_the_flat_index(seed, a, b, c):
+    m = dropout_keep_mask(seed, (a, b, c), 0.4)
+    np.testing.assert_array_equal(m.reshape(-1), dropout_keep_mask(seed, (a * b * c,), 0.4))
+
+
+@FAST
+@given(seed=st.integers(0, SEED_MASK), p1=st.floats(0.0, 0.99), p2=st.floats(0.0, 0.99))
+def test_monotone_in_p(seed, p1, p2):
+    lo, hi = sorted((p1, p2))
+    assert np.all(dropout_keep_mask(seed, (200,), hi) <= dropout_keep_mask(seed, (200,), lo))
+
+
+def test_draw_seed():
+    seeds = [draw_seed(np.random.default_rng(0)) for _ in range(2)]
+    assert seeds[0] == seeds[1]
+    g = np.random.default_rng(1)
+    drawn = [draw_seed(g) for _ in range(100)]
+    assert all(0 <= s < SEED_MASK for s in drawn)
+    assert len(set(drawn)) == 100
