@@ -18,6 +18,7 @@ MIB = 2**20
 MB = 10**6
 # precision name -> bytes per parameter (fp16 and bf16 are both 2 bytes).
 PRECISIONS: dict[str, int] = {"fp32": 4, "fp16/bf16": 2, "int8": 1}
+JSON_PRECISIONS: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}  # keys in to_dict()
 ADAM_BYTES_PER_PARAM = 4 * 4  # fp32 weight + grad + Adam m + Adam v
 POSITIONAL_KINDS = ("learned", "sinusoidal", "rope", "alibi", "t5", "none")
 T5_NUM_BUCKETS = 32
@@ -139,9 +140,9 @@ class TableMemory:
 
 def _sizes_dict(head: dict[str, Any], params: int, train_bytes: int) -> dict[str, Any]:
     out = dict(head, params=params)
-    out["bytes"] = {p: params * b for p, b in PRECISIONS.items()}
-    out["mib"] = {p: params * b / MIB for p, b in PRECISIONS.items()}
-    out["mb"] = {p: params * b / MB for p, b in PRECISIONS.items()}
+    out["bytes"] = {p: params * b for p, b in JSON_PRECISIONS.items()}
+    out["mib"] = {p: params * b / MIB for p, b in JSON_PRECISIONS.items()}
+    out["mb"] = {p: params * b / MB for p, b in JSON_PRECISIONS.items()}
     out["train_adam_bytes"] = train_bytes
     out["train_adam_mib"] = train_bytes / MIB
     out["train_adam_mb"] = train_bytes / MB

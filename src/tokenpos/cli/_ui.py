@@ -21,20 +21,25 @@ def console(*, stderr: bool = False):  # -> rich.console.Console
 
 @contextmanager
 def progress_bars(enabled: bool = True) -> Iterator[ProgressFn]:
-    """Yield a ``progress(step, done, total)`` callback drawing one rich bar per step on stderr."""
+    """Yield a ``progress(step, done, total)`` callback drawing one rich bar per step on stderr.
+
+    ``"group: detail"`` steps share the bar of ``group`` and show the detail (the benchmark reports
+    ``"benchmark: forward"``, ``"benchmark: rope"``, ... on one bar).
+    """
     if not enabled:
         yield lambda step, done, total: None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console(stderr=True)) as prog:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def update(step: str, done: int, total: int) -> None:
-            if step not in tasks:
-                tasks[step] = prog.add_task(step, total=max(int(total), 1))
-            prog.update(tasks[step], completed=int(done), total=max(int(total), 1))
+            key = step.split(":", 1)[0]
+            if key not in tasks:
+                tasks[key] = prog.add_task(step, total=max(int(total), 1))
+            prog.update(tasks[key], description=step, completed=int(done), total=max(int(total), 1))
 
         yield update
 

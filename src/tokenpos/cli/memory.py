@@ -107,7 +107,7 @@ SIZE_HEADERS = ["fp32 MiB", "fp32 MB", "fp16/bf16 MiB", "fp16/bf16 MB", "int8 Mi
 
 
 def _print_model(con: Any, r: Any) -> None:
-    from tokenpos.analysis.memory import MIB, MB, TableMemory, format_share, format_size
+    from tokenpos.analysis.memory import MB, MIB, TableMemory, format_share, format_size
 
     c = r.config
     pos = f"{c.positional} positions" + (f", max_seq_len {c.max_seq_len:,}" if c.max_seq_len else "")

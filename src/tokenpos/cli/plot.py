@@ -1,5 +1,68 @@
-"""placeholder"""
-def add_parser(sub):
-    return sub.add_parser("plot", help="(in progress)")
-def run(args):
+"""``tokenpos plot KIND --out FILE.png``: one figure of a positional scheme or of embedding memory."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from typing import Any
+
+from tokenpos.cli._ui import console, positive_int
+
+HELP = "draw one figure (sinusoidal, similarity, rope, alibi, t5, memory) to a PNG"
+
+# option dest -> keyword of the plot functions
+OPTIONS = {"d_model": "d_model", "num_positions": "num_positions", "head_dim": "head_dim",
+           "num_heads": "num_heads", "seq_len": "seq_len", "base": "base", "factor": "factor"}
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from tokenpos.analysis.plots import DESCRIPTIONS
+
+    kinds = "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items())
+    p = subparsers.add_parser("plot", help=HELP, description=f"{HELP}. Kinds: {kinds}.",
+                              epilog="Example: tokenpos plot sinusoidal --out sinusoidal.png")
+    p.add_argument("kind", choices=list(DESCRIPTIONS), metavar="KIND", help="one of " + ", ".join(DESCRIPTIONS))
+    p.add_argument("--out", metavar="FILE", help="output file, .png (or .svg / .pdf); default KIND.png")
+    p.add_argument("--dpi", type=positive_int, default=110, help="resolution (default 110)")
+    g = p.add_argument_group("figure options (each applies to the kinds that use it)")
+    g.add_argument("--d-model", type=positive_int, help="sinusoidal, similarity: embedding width (128)")
+    g.add_argument("--num-positions", type=positive_int, help="sinusoidal: rows of the heatmap (256)")
+    g.add_argument("--head-dim", type=positive_int, help="similarity (64), rope (128): rotary head dim")
+    g.add_argument("--num-heads", type=positive_int, help="alibi: number of heads (8)")
+    g.add_argument("--seq-len", type=positive_int, help="alibi (24), t5 (256): query/key length")
+    g.add_argument("--base", type=_positive_float, help="sinusoidal, rope: wavelength base (10000)")
+    g.add_argument("--factor", type=_positive_float, help="rope: context extension factor of the scalings (4)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokenpos.analysis.plots import PLOTS
+
+    fn = PLOTS[args.kind]
+    target = fn
+    if args.kind in ("rope", "alibi", "t5"):  # registry entries forward to plots_relative
+        from tokenpos.analysis import plots_relative
+
+        target = getattr(plots_relative, f"plot_{args.kind}")
+    accepted = set(inspect.signature(target).parameters)
+    opts: dict[str, Any] = {"dpi": args.dpi}
+    for dest, kw in OPTIONS.items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if kw not in accepted:
+            raise ValueError(f"--{dest.replace('_', '-')} does not apply to plot {args.kind!r}")
+        opts[kw] = value
+    path = fn(args.out or f"{args.kind}.png", **opts)
+    console().print(f"wrote {path}", markup=False)
     return 0

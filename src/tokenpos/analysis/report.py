@@ -1,0 +1,261 @@
+"""``build_report``: the analysis of seed 004 as one self-contained HTML page (tokenpos report).
+
+Sections: embedding memory, a quick lookup benchmark (tokenpos.analysis.bench, when present), the
+figures of every positional scheme, the positional trade-offs (memory, extrapolation, variance across
+positions) and the extrapolation results when a JSON file from ``tokenpos extrapolate`` exists.
+Progress goes through ``progress(step, done, total)``; nothing is printed.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenpos.analysis import report_html as H
+from tokenpos.analysis.memory import MIB, PRECISIONS, format_share, format_size, position_alternatives
+from tokenpos.tables.validation import check_choice
+
+Progress = Callable[[str, int, int], None]
+MODES = ("quick", "default", "full")
+HTML_NAME = "index.html"
+EXTRAPOLATION_NAME = "extrapolation.json"
+# plot kind -> (caption, options per mode)
+FIGURES: dict[str, str] = {
+    "memory": "Token-table size (fp32) over vocab size and d_model; the presets and seed 004's scenarios are marked.",
+    "sinusoidal": "The sinusoidal table: fast dimensions on the left, slow ones on the right barely change over "
+                  "256 positions.",
+    "similarity": "Cosine similarity of the encodings of two positions against their distance. The learned table "
+                  "is freshly initialised (random N(0, 0.02), never trained): it has no notion of distance yet.",
+    "rope": "RoPE wavelength per dimension pair (log scale) for each HF scaling, and its ratio to the unscaled one.",
+    "alibi": "ALiBi: one linear distance penalty per head, with geometrically decreasing slopes.",
+    "t5": "T5 relative buckets: exact for small distances, logarithmic up to max_distance, then one shared bucket.",
+}
+DPI = {"quick": 80, "default": 110, "full": 140}
+# bench arguments per mode: quick = a subset of the quick cases, default = every quick case, full = the full bench
+BENCH_QUICK_CASES = ("forward", "rope", "train_lazy")
+
+
+@dataclass
+class ReportContext:
+    out_dir: Path
+    mode: str
+    progress: Progress
+    on_note: Callable[[str], None] = lambda note: None
+    images: list[Path] = field(default_factory=list)
+
+
+def _memory_section(ctx: ReportContext) -> str:
+    from tokenpos.analysis.memory import scenario_reports
+
+    ctx.progress("memory tables", 0, 1)
+    reports = scenario_reports()
+    heads = ["model", "vocab_size", "d_model", "token params"]
+    for p in PRECISIONS:
+        heads += [f"{p} MiB", f"{p} MB"]
+    rows = []
+    for r in reports:
+        tok = r.tables[0]
+        sizes = [format_size(f(p)) for p in PRECISIONS for f in (tok.mib, tok.mb)]
+        rows.append([r.config.title or r.config.name, f"{r.config.vocab_size:,}", f"{r.config.d_model:,}",
+                     f"{tok.params:,}", *sizes])
+    body = H.table(heads, rows, caption="Token embedding table (V x D): seed 004's scenarios and model presets. "
+                                        "MiB = 2^20 bytes, MB = 10^6 bytes; fp16 and bf16 are both 2 bytes.",
+                   cls="memory")
+    rows = []
+    for r in reports:
+        c = r.config
+        total = "n/a" if c.total_params is None else f"{c.total_params:,}" + ("" if c.total_exact else " (approx.)")
+        rows.append([c.title or c.name, f"{c.positional}" + (f" ({c.max_seq_len:,})" if c.max_seq_len else ""),
+                     "tied" if c.tied_output else "untied", f"{r.params:,}", format_size(r.nbytes("fp32") / MIB),
+                     format_size(r.nbytes("fp16/bf16") / MIB), format_size(r.train_bytes / MIB), total,
+                     format_share(r.share())])
+    body += H.table(["model", "positions (L)", "output proj.", "embedding params", "fp32 MiB", "fp16/bf16 MiB",
+                     "train+Adam MiB", "model params", "share of model"], rows, numeric={3, 4, 5, 6, 7, 8},
+                    caption="All embedding tables: token + learned position + token type + untied output "
+                            "projection. Training = fp32 weights + gradients + Adam m and v = 16 bytes per parameter.")
+    rows = [[t.name, f"{t.params:,}", format_size(t.mib("fp32")), format_size(t.mib("fp16/bf16")),
+             format_size(t.train_bytes / MIB), t.note] for t in position_alternatives(2048, 512, 8)]
+    body += H.table(["scheme", "params", "fp32 MiB", "fp16/bf16 MiB", "train+Adam MiB", "note"], rows,
+                    numeric={1, 2, 3, 4}, caption="Positional encoding memory at seed 004's d_model 512, "
+                                                  "max_seq_len 2048.")
+    ctx.progress("memory tables", 1, 1)
+    return body
+
+
+def _figures(ctx: ReportContext) -> dict[str, str]:
+    from tokenpos.analysis.plots import plot
+
+    out = {}
+    ctx.progress("plots", 0, len(FIGURES))
+    for i, (kind, caption) in enumerate(FIGURES.items()):
+        path = plot(kind, ctx.out_dir / f"{kind}.png", dpi=DPI[ctx.mode])
+        ctx.images.append(path)
+        out[kind] = H.figure(path, caption, alt=f"{kind} plot")
+        ctx.progress("plots", i + 1, len(FIGURES))
+    return out
+
+
+def _bench_section(ctx: ReportContext, enabled: bool) -> str:
+    if not enabled:
+        return H.paragraphs(["Benchmark skipped (--no-bench)."], "note")
+    try:
+        from tokenpos.analysis.bench import run_bench
+    except ImportError as exc:
+        ctx.on_note(f"benchmark unavailable: {exc}")
+        return H.paragraphs([f"Benchmark unavailable: tokenpos.analysis.bench could not be imported ({exc})."],
+                            "warn")
+    kwargs: dict[str, Any] = {"quick": ctx.mode != "full"}
+    if ctx.mode == "quick":
+        kwargs["cases"] = BENCH_QUICK_CASES
+    try:
+        rep = run_bench(**kwargs,
+                        progress=lambda label, done, total: ctx.progress(f"benchmark: {label}", done, total))
+    except Exception as exc:  # the report must still be written; the failure is shown in it
+        ctx.on_note(f"benchmark failed: {type(exc).__name__}: {exc}")
+        return H.paragraphs([f"Benchmark failed: {type(exc).__name__}: {exc}"], "warn")
+    return bench_html(rep, ctx.mode)
+
+
+def _num(x: Any, fmt: str) -> str:
+    return "" if x is None or x != x else format(x, fmt)  # None and NaN: empty cell
+
+
+def bench_html(rep: Any, mode: str) -> str:
+    """The BenchReport as a table: time per call, throughput, and the ratios measured in the same run."""
+    rows = [[r.case, r.impl, _num(None if r.seconds is None else r.seconds * 1e3, ".3f"), _num(r.gbps, ".2f"),
+             _num(r.ratio_vs_copy, ".2f"), _num(r.ratio_vs_reference, ".2f"), getattr(r, "note", "") or ""]
+            for r in rep.rows]
+    meta = [{"quick": f"quick run, cases {', '.join(BENCH_QUICK_CASES)} only", "default": "quick run",
+             "full": "full run"}[mode]]
+    for name in ("machine", "command"):
+        value = getattr(rep, name, None)
+        if value:
+            meta.append(f"{name}: {value}")
+    return (H.paragraphs(["; ".join(str(m) for m in meta)], "note")
+            + H.table(["case", "impl", "ms / call", "GB/s", "x copy", "x reference", "note"], rows,
+                      numeric={2, 3, 4, 5},
+                      caption="Embedding lookup benchmark (tokenpos bench): best of interleaved reps. x copy = copy "
+                              "time / this time, x reference = torch eager time / this time (higher is faster); "
+                              "both references were measured side by side in this run. GB/s = 2 x output bytes / "
+                              "time."))
+
+
+def _tradeoff_section(ctx: ReportContext) -> str:
+    from tokenpos.analysis.tradeoffs import positional_tradeoffs
+
+    t = positional_tradeoffs(progress=ctx.progress)
+    body = H.paragraphs([f"Computed now for max_seq_len L = {t.max_seq_len}, d_model D = {t.d_model}, "
+                         f"{t.num_heads} heads, RoPE head_dim {t.head_dim} (seed 004 used L = 512, D = 256)."], "note")
+    body += "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in t.summary) + "</ul>"
+    body += "<h3>Memory</h3>" + H.table(["scheme", "params", "fp32 MiB", "note"],
+                                         [[n, f"{p:,}", format_size(m), note] for n, p, m, note in t.memory],
+                                         numeric={1, 2})
+    body += "<h3>Extrapolation beyond L</h3>" + H.table(
+        ["scheme", f"positions >= {t.max_seq_len}", "what the library computes"],
+        [[e.scheme, e.beyond_max, e.finding] for e in t.extrapolation], numeric=set())
+    body += "<h3>Variance across positions</h3>" + H.table(
+        ["table (L x D)", "mean per-dim variance", "min", "max", "dims with variance < 0.01"],
+        [[v.name, f"{v.mean:.4g}", f"{v.min:.3g}", f"{v.max:.3g}", f"{100 * v.frac_low:.0f}%"] for v in t.variance],
+        caption="Variance over the L positions of each dimension, summarised over the D dimensions. RoPE, ALiBi "
+                "and T5 add nothing to the embeddings, so they have no row here.")
+    return body
+
+
+def _extrapolation_section(ctx: ReportContext, path: Path | None, explicit: bool) -> str:
+    try:
+        return _extrapolation_body(ctx, path)
+    except (ValueError, KeyError, TypeError) as exc:  # a broken file: fatal if asked for, a note otherwise
+        if explicit:
+            raise ValueError(f"cannot read extrapolation results {path}: {exc}") from exc
+        ctx.on_note(f"extrapolation results skipped: {exc}")
+        return H.paragraphs([f"Could not read {path}: {exc}"], "warn")
+
+
+def _extrapolation_body(ctx: ReportContext, path: Path | None) -> str:
+    target = html.escape(str(ctx.out_dir / EXTRAPOLATION_NAME))
+    hint = (f"No extrapolation results. Run <code>tokenpos extrapolate --json {target}</code> (about 10 minutes), "
+            "then <code>tokenpos report</code> again.")
+    if path is None or not path.is_file():
+        return f'<p class="note">{hint}</p>'
+    ctx.progress("extrapolation table", 0, 1)
+    try:
+        from tokenpos.analysis.extrapolate.results import html_table, load_json
+
+        data = load_json(path)
+        body = H.paragraphs([f"From {path}."], "note") + html_table(data)
+    except ImportError:
+        import json
+
+        data = json.loads(path.read_text(encoding="utf-8"))
+        rows = [[r["scheme"], r["eval_len"], r["ppl"], r["tail_nll"], r["ratio"]] for r in data["results"]]
+        body = H.table(["scheme", "eval_len", "ppl", "tail NLL", "ratio"], rows,
+                       caption=f"Trained at L = {data['train_len']} ({path}).")
+    try:
+        from tokenpos.analysis.extrapolate.plot import plot_extrapolation
+
+        png = plot_extrapolation(data, ctx.out_dir / "extrapolation.png")
+        ctx.images.append(png)
+        body += H.figure(png, "Perplexity and tail-NLL ratio against evaluation length.", "extrapolation plot")
+    except ImportError:
+        pass
+    ctx.progress("extrapolation table", 1, 1)
+    return body
+
+
+def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench: bool = True,
+                 extrapolation: str | Path | None = None, progress: Progress | None = None,
+                 on_note: Callable[[str], None] | None = None) -> Path:
+    """Write ``out_dir/index.html`` (PNGs embedded, and also written beside it) and return its path.
+
+    Args:
+        mode: "quick" (low-resolution figures), "default", or "full" (full benchmark, sharper figures).
+        bench: run the quick benchmark (the full one in "full" mode).
+        extrapolation: a JSON file from ``tokenpos extrapolate --json``; default ``out_dir/extrapolation.json``
+            when it exists.
+        progress: ``progress(step, done, total)``, called as each step advances.
+        on_note: called with a one-line message when a section is skipped (benchmark missing or failed,
+            unreadable default extrapolation file); the page shows the same message.
+    Raises:
+        ConfigError: unknown mode, or an ``extrapolation`` file that is missing or not a result.
+        OSError: ``out_dir`` cannot be created or written.
+    """
+    check_choice("mode", mode, MODES)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if extrapolation is not None and not Path(extrapolation).is_file():
+        from tokenpos.tables.errors import ConfigError
+
+        raise ConfigError(f"extrapolation results file {str(extrapolation)!r} does not exist")
+    target = out / HTML_NAME
+    target.write_text("", encoding="utf-8")  # fail early (before minutes of work) if it is not writable
+    ctx = ReportContext(out, mode, progress or (lambda step, done, total: None), on_note or (lambda note: None))
+    start = time.perf_counter()
+    memory = _memory_section(ctx)
+    figs = _figures(ctx)
+    bench_body = _bench_section(ctx, bench)
+    tradeoffs = _tradeoff_section(ctx)
+    ext = Path(extrapolation) if extrapolation is not None else out / EXTRAPOLATION_NAME
+    ext_body = _extrapolation_section(ctx, ext, explicit=extrapolation is not None)
+    ctx.progress("writing HTML", 0, 1)
+    sections = [
+        ("memory", "Embedding memory", memory + figs["memory"]),
+        ("bench", "Lookup benchmark", bench_body),
+        ("schemes", "Positional schemes",
+         "".join(figs[k] for k in ("sinusoidal", "similarity", "rope", "alibi", "t5"))),
+        ("tradeoffs", "Positional encoding trade-offs", tradeoffs),
+        ("extrapolation", "Length extrapolation", ext_body),
+    ]
+    from tokenpos import __version__
+
+    meta = (f"tokenpos {__version__}, mode {mode}, generated {time.strftime('%Y-%m-%d %H:%M:%S')} in "
+            f"{time.perf_counter() - start:.1f} s on {platform.platform()}, Python {platform.python_version()}, "
+            f"{os.cpu_count()} CPUs")
+    target.write_text(H.page("tokenpos analysis report", html.escape(meta), sections), encoding="utf-8")
+    ctx.progress("writing HTML", 1, 1)
+    return target

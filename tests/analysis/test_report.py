@@ -1,0 +1,135 @@
+"""build_report: one self-contained HTML page that references every figure it wrote."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from tokenpos.analysis.report import HTML_NAME, build_report  # noqa: E402
+from tokenpos.tables.errors import ConfigError  # noqa: E402
+
+IMG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"[^>]*data-file="([^"]+)"')
+
+
+def referenced_images(page: str) -> dict[str, bytes]:
+    return {name: base64.b64decode(data) for data, name in IMG.findall(page)}
+
+
+@dataclass
+class FakeRow:
+    case: str
+    impl: str
+    seconds: float
+    gbps: float
+    ratio_vs_copy: float
+    ratio_vs_reference: float | None
+    note: str = ""
+
+
+def install_fake_bench(monkeypatch: pytest.MonkeyPatch, *, fail: bool = False) -> list[dict]:
+    calls: list[dict] = []
+
+    def run_bench(*, quick=False, compile=False, cases=None, progress=None):
+        calls.append({"quick": quick})
+        if fail:
+            raise RuntimeError("no kernels here")
+        progress and progress("lookup", 1, 1)
+        rows = [FakeRow("lookup V=50257 D=768", "kernel", 0.00123, 11.5, 0.8, 2.5, "fake"),
+                FakeRow("lookup V=50257 D=768", "reference", 0.00307, 4.6, 0.3, None)]
+        return types.SimpleNamespace(rows=rows, machine="test machine", command="pytest", config={})
+
+    mod = types.ModuleType("tokenpos.analysis.bench")
+    mod.run_bench = run_bench  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tokenpos.analysis.bench", mod)
+    return calls
+
+
+TINY_PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+
+
+@pytest.fixture
+def fast_plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replace the figures by a 1x1 PNG where a test is about something else (they cost seconds each)."""
+    def plot(kind: str, path: Path, **opts: object) -> Path:
+        Path(path).write_bytes(TINY_PNG)
+        return Path(path)
+
+    monkeypatch.setattr("tokenpos.analysis.plots.plot", plot)
+
+
+def test_report_quick_without_bench(tmp_path: Path) -> None:
+    steps: list[tuple[str, int, int]] = []
+    path = build_report(tmp_path / "rep", mode="quick", bench=False, progress=lambda *a: steps.append(a))
+    assert path == tmp_path / "rep" / HTML_NAME
+    page = path.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    pngs = sorted(p.name for p in path.parent.glob("*.png"))
+    assert {"sinusoidal.png", "similarity.png", "rope.png", "alibi.png", "t5.png", "memory.png"} <= set(pngs)
+    embedded = referenced_images(page)
+    assert sorted(embedded) == pngs                                  # every figure written is on the page
+    for name, data in embedded.items():
+        assert data == (path.parent / name).read_bytes()            # and it is the same image
+        assert f'href="{name}"' in page
+    assert "38,597,376" in page and "147.2" in page and "fp16/bf16 MiB" in page   # the memory table
+    assert "Benchmark skipped" in page
+    assert "PositionError" in page                                   # trade-offs computed from the layers
+    assert "tokenpos extrapolate --json" in page                     # how to get the missing table
+    last = {}
+    for step, done, total in steps:
+        last[step] = (done, total)
+    assert {"memory tables", "plots", "trade-off analysis", "writing HTML"} <= set(last)
+    assert all(done == total for done, total in last.values())
+
+
+def test_report_with_fake_bench_and_extrapolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  fast_plots: None) -> None:
+    calls = install_fake_bench(monkeypatch)
+    doc = {"train_len": 64, "results": [
+        {"scheme": "sinusoidal", "eval_len": 64, "ppl": 3.5, "tail_nll": 1.25, "ratio": 1.0},
+        {"scheme": "sinusoidal", "eval_len": 128, "ppl": 9.75, "tail_nll": 2.5, "ratio": 2.0},
+        {"scheme": "learned", "eval_len": 64, "ppl": 3.4, "tail_nll": 1.2, "ratio": 1.0},
+        {"scheme": "learned", "eval_len": 128, "ppl": None, "tail_nll": None, "ratio": None,
+         "note": "positions >= 64 refused"}]}
+    (tmp_path / "extrapolation.json").write_text(json.dumps(doc))
+    notes: list[str] = []
+    page = build_report(tmp_path, mode="quick", on_note=notes.append).read_text(encoding="utf-8")
+    assert calls == [{"quick": True}]
+    assert "lookup V=50257 D=768" in page and "test machine" in page
+    assert "9.75" in page and "sinusoidal" in page                  # the extrapolation table
+    assert sorted(referenced_images(page)) == sorted(p.name for p in tmp_path.glob("*.png"))
+    assert not notes
+
+
+def test_full_mode_runs_the_full_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_plots: None) -> None:
+    calls = install_fake_bench(monkeypatch)
+    build_report(tmp_path, mode="full")
+    assert calls == [{"quick": False}]
+
+
+def test_failing_bench_is_a_note_not_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            fast_plots: None) -> None:
+    install_fake_bench(monkeypatch, fail=True)
+    notes: list[str] = []
+    page = build_report(tmp_path, mode="quick", on_note=notes.append).read_text(encoding="utf-8")
+    assert "Benchmark failed: RuntimeError: no kernels here" in page
+    assert notes == ["benchmark failed: RuntimeError: no kernels here"]
+
+
+def test_bad_arguments(tmp_path: Path, fast_plots: None) -> None:
+    with pytest.raises(ConfigError, match="mode"):
+        build_report(tmp_path, mode="slow")
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_report(tmp_path, extrapolation=tmp_path / "missing.json")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError):
+        build_report(tmp_path / "file" / "rep", bench=False)
