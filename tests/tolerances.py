@@ -1,7 +1,7 @@
 """Every tolerance the tests use, in one table.
 
 Entries are keyword dicts. ``rtol``/``atol`` entries go straight into ``np.testing.assert_allclose``;
-``scale`` entries bound ``max|a - b| <= scale * max(max|ref|, 1)``-style checks (see each user).
+``scale`` entries bound ``max|a - b| <= scale * max|ref|`` (relative to the output's scale; see each user).
 """
 
 from __future__ import annotations
@@ -50,5 +50,5 @@ TOL: dict[str, dict[str, Any]] = {
     # ALiBi slopes vs Bloom (float32 pow of a float32 base): relative
     "hf.alibi_slopes": {"rtol": 1e-6, "atol": 0.0},
     # bf16 q/k at position 1e6 vs the float64 rotation of the same bf16 inputs, relative to max|x|
-    "rope.bf16_far": {"scale": 2.0 ** -6},
+    "rope.bf16_far": {"scale": 2.0 ** -7},
 }

@@ -7,16 +7,30 @@
 """
 
 from tokenpos.numpy import optim
+from tokenpos.numpy.alibi import ALiBi
+from tokenpos.numpy.attention import (
+    scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_forward,
+)
 from tokenpos.numpy.learned import LearnedPositionalEmbedding, PositionalEmbedding
 from tokenpos.numpy.module import Module, Parameter, RowSparseGrad
 from tokenpos.numpy.norm import LayerNorm, RMSNorm
+from tokenpos.numpy.rotary import RotaryEmbedding
 from tokenpos.numpy.schemes import NoPositionalEncoding
 from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
+from tokenpos.numpy.t5_bias import T5RelativePositionBias
 from tokenpos.numpy.token import TokenEmbedding
 from tokenpos.numpy.transformer import EmbeddingLayer, TransformerEmbedding
 from tokenpos.tables.errors import ConfigError, PositionError, StateDictError, TokenIdError
 
 __all__ = [
+    "ALiBi",
+    "RotaryEmbedding",
+    "T5RelativePositionBias",
+    "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
+    "scaled_dot_product_attention_forward",
     "ConfigError",
     "EmbeddingLayer",
     "LayerNorm",

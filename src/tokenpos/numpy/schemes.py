@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tokenpos.numpy.alibi import ALiBi
 from tokenpos.numpy.learned import LearnedPositionalEmbedding
 from tokenpos.numpy.module import Module
+from tokenpos.numpy.rotary import RotaryEmbedding
 from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
+from tokenpos.numpy.t5_bias import T5RelativePositionBias
 from tokenpos.tables.positional_config import PositionalConfig
 
 
@@ -41,8 +44,28 @@ def _none(cfg: PositionalConfig) -> Module:
     return NoPositionalEncoding()
 
 
+# --- attention-level schemes (issue #4): rotary rotates q/k, bias schemes add to the logits ---
+def _rope(cfg: PositionalConfig) -> Module:
+    return RotaryEmbedding(cfg.resolved_head_dim(), base=cfg.base, max_seq_len=cfg.max_seq_len,
+                           scaling=cfg.rope_scaling, interleaved=cfg.rope_interleaved,
+                           rotary_dim=cfg.rotary_dim)
+
+
+def _alibi(cfg: PositionalConfig) -> Module:
+    return ALiBi(cfg.resolved_num_heads("alibi"), dtype=cfg.dtype)
+
+
+def _t5(cfg: PositionalConfig) -> Module:
+    return T5RelativePositionBias(cfg.resolved_num_heads("t5"), bidirectional=cfg.t5_bidirectional,
+                                  num_buckets=cfg.t5_num_buckets, max_distance=cfg.t5_max_distance,
+                                  init=cfg.init, std=cfg.std, dtype=cfg.dtype, rng=cfg.rng)
+
+
 POSITIONAL_BUILDERS: dict[str, Callable[[PositionalConfig], Module]] = {
     "learned": _learned,
     "sinusoidal": _sinusoidal,
     "none": _none,
+    "rope": _rope,
+    "alibi": _alibi,
+    "t5": _t5,
 }

@@ -43,7 +43,7 @@ class T5RelativePositionBias(Module):
                                                                                   bidirectional)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
-        self.register_parameter("weight", Parameter(np.empty((self.num_buckets, self.num_heads), self.dtype)))
+        self.weight = Parameter(np.empty((self.num_buckets, self.num_heads), self.dtype))     # (NB, H)
         self.reset_parameters(rng=resolve_rng(seed, rng))
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:

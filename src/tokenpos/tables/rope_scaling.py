@@ -218,7 +218,8 @@ def _factor_list(params: Mapping[str, Any], key: str, n: int) -> np.ndarray:
         isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v)) and float(v) > 0
         for v in arr)
     if not ok:
-        raise ConfigError(scaling_key_message("longrope", key, value, f"a list of {n} positive numbers (rotary dim / 2)"))
+        expected = f"a list of {n} positive numbers (rotary dim / 2)"
+        raise ConfigError(scaling_key_message("longrope", key, value, expected))
     return arr.astype(np.float64)
 
 

@@ -1,0 +1,146 @@
+"""The frequency state of a rotary layer, and reading RoPE settings from an HF config.
+
+Shared by both backends' ``RotaryEmbedding`` (pure Python + NumPy; no backend import).
+Shapes: Dh head dim, R rotary dim, F = R / 2 frequencies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.rope import check_rotary_dim, resolve_rope_base, rope_inv_freq
+from tokenpos.tables.rope_scaling import normalize_rope_scaling
+from tokenpos.tables.validation import check_float, check_int
+
+# ----------------------------------------------------------------------------------------------
+# Frequency state of a rotary layer (shared by both backends)
+# ----------------------------------------------------------------------------------------------
+
+
+class RopeFrequencies:
+    """Which inverse frequencies serve a call that needs positions ``[0, seq_len)``, as HF does.
+
+    - static types (default, linear, yarn, llama3): always the same (F,) array.
+    - ``longrope``: the long factors when ``seq_len > original_max_position_embeddings``, else short.
+    - ``dynamic``: HF's ``dynamic_rope_update``: recompute for ``seq_len`` when it grows beyond the
+      length the current frequencies were made for; reset to the original ones when a call needs
+      fewer than ``max_position_embeddings`` positions again. This is state, kept here in NumPy.
+
+    Attributes:
+        params: the normalised scaling dict; base: the resolved base; rotary_dim: R;
+        attention_factor: HF's cos/sin multiplier; original_inv_freq: (F,) float64 at construction.
+    """
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0, scaling: Any = None,
+                 max_position_embeddings: int = 2048, rotary_dim: int | None = None) -> None:
+        self.max_position_embeddings = check_int("max_seq_len", max_position_embeddings, minimum=1)
+        params = normalize_rope_scaling(scaling, max_position_embeddings=self.max_position_embeddings)
+        self.base = resolve_rope_base(base, params)
+        head_dim = check_int("head_dim", head_dim, minimum=2)
+        prf = params.pop("partial_rotary_factor", None)
+        if prf is not None:
+            prf = check_float("rope_scaling['partial_rotary_factor']", prf, low=0.0, high=1.0, low_inclusive=False)
+            from_prf = int(head_dim * prf)
+            if rotary_dim is not None and rotary_dim != from_prf:
+                raise ConfigError(f"rotary_dim={rotary_dim} conflicts with rope_scaling['partial_rotary_factor']={prf} "
+                                  f"(int({head_dim} * {prf}) = {from_prf}); give one of them")
+            rotary_dim = from_prf
+        self.rotary_dim = check_rotary_dim(head_dim, rotary_dim)
+        params.pop("rope_theta", None)
+        self.params = params
+        self.rope_type: str = params["rope_type"]
+        self.original_inv_freq, self.attention_factor = self._compute(None)
+        self._current = self.original_inv_freq
+        self.max_seq_len_cached = self.max_position_embeddings   # HF's name, used by "dynamic"
+        self._long: np.ndarray | None = None
+
+    def _compute(self, seq_len: int | None) -> tuple[np.ndarray, float]:
+        return rope_inv_freq(self.rotary_dim, base=self.base, scaling=self.params,
+                             max_position_embeddings=self.max_position_embeddings, seq_len=seq_len)
+
+    def select(self, seq_len: int) -> tuple[tuple[Any, ...], np.ndarray]:
+        """``(variant_key, inv_freq (F,))`` for a call whose largest position is ``seq_len - 1``.
+
+        The key names the variant (it goes into cos/sin cache keys); for "dynamic" it also updates
+        the state exactly as HF's ``dynamic_frequency_update`` does.
+        """
+        seq_len = int(seq_len)
+        if self.rope_type == "longrope":
+            if seq_len > int(self.params["original_max_position_embeddings"]):
+                return ("longrope", "long"), self.long_inv_freq()
+            return ("longrope", "short"), self.original_inv_freq
+        if self.rope_type == "dynamic":
+            cached = self.max_seq_len_cached
+            if seq_len > cached:                                   # growth
+                self._current = self._compute(seq_len)[0]
+                self.max_seq_len_cached = seq_len
+            if seq_len < self.max_position_embeddings < cached:    # reset
+                self._current = self.original_inv_freq
+                self.max_seq_len_cached = self.max_position_embeddings
+            return ("dynamic", self.max_seq_len_cached), self._current
+        return ("static",), self.original_inv_freq
+
+    def long_inv_freq(self) -> np.ndarray:
+        """longrope's long-context frequencies (F,), computed once (HF: ``seq_len = original + 1``)."""
+        if self._long is None:
+            self._long = self._compute(int(self.params["original_max_position_embeddings"]) + 1)[0]
+        return self._long
+
+    @property
+    def current_inv_freq(self) -> np.ndarray:
+        """The (F,) frequencies of the current state (dynamic: the last grown ones; else the original)."""
+        return self._current
+
+    def peek(self, seq_len: int) -> tuple[tuple[Any, ...], np.ndarray]:
+        """Like :meth:`select` but without changing any state (for tracing / inspection)."""
+        saved = (self._current, self.max_seq_len_cached)
+        try:
+            return self.select(seq_len)
+        finally:
+            self._current, self.max_seq_len_cached = saved
+
+
+def _config_get(config: Any, name: str) -> Any:
+    if isinstance(config, dict):
+        return config.get(name)
+    return getattr(config, name, None)
+
+
+def rope_kwargs_from_hf_config(config: Any) -> dict[str, Any]:
+    """RotaryEmbedding keyword arguments from an HF config object (or its ``config.json`` dict).
+
+    Reads ``rope_parameters`` (transformers 5) or ``rope_scaling`` + ``rope_theta`` (transformers 4),
+    ``head_dim`` (or hidden_size // num_attention_heads), ``max_position_embeddings``,
+    ``partial_rotary_factor`` and a top-level ``original_max_position_embeddings`` (Phi-3), which
+    wins over the dict's value, as in HF's ``standardize_rope_params``.
+
+    Returns:
+        ``{"head_dim", "base", "max_seq_len", "scaling", "rotary_dim"}``.
+    """
+    head_dim = _config_get(config, "head_dim")
+    if not head_dim:
+        hidden, heads = _config_get(config, "hidden_size"), _config_get(config, "num_attention_heads")
+        if not hidden or not heads:
+            raise ConfigError("the HF config has neither head_dim nor hidden_size and num_attention_heads; "
+                              "expected one of them")
+        head_dim = int(hidden) // int(heads)
+    params = _config_get(config, "rope_parameters") or _config_get(config, "rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"config.rope_parameters must be a dict, got {type(params).__name__}")
+    params = dict(params)
+    if params and all(isinstance(v, dict) or v is None for v in params.values()):
+        raise ConfigError(f"per-layer rope_parameters (keys {sorted(params)}) are not supported; pass one of the "
+                          f"nested dicts as scaling=")
+    base = params.pop("rope_theta", None) or _config_get(config, "rope_theta") or 10000.0
+    prf = params.pop("partial_rotary_factor", None) or _config_get(config, "partial_rotary_factor") or 1.0
+    max_len = _config_get(config, "max_position_embeddings") or 2048
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    original = _config_get(config, "original_max_position_embeddings")
+    if original is not None and rope_type in ("yarn", "longrope", "llama3"):
+        params["original_max_position_embeddings"] = int(original)
+    rotary_dim = int(int(head_dim) * float(prf))
+    return {"head_dim": int(head_dim), "base": float(base), "max_seq_len": int(max_len),
+            "scaling": params or None, "rotary_dim": rotary_dim}

@@ -1,0 +1,100 @@
+"""Scaled dot-product attention that runs with any positional scheme (torch backend; autograd backward).
+
+Shapes: B batch, H heads, Lq query length, Lk key length (Lq <= Lk), Dh head dim.
+q (B, H, Lq, Dh), k and v (B, H, Lk, Dh) -> out (B, H, Lq, Dh).
+
+Same contract as ``tokenpos.numpy.attention`` (see its docstring): ``positional.kind`` decides
+what happens ("rotary" rotates q and k, "bias" adds ``bias(Lq, Lk)``, "additive"/"none" nothing);
+with a KV cache (Lq < Lk) query i sits at key position ``Lk - Lq + i``, the causal mask follows
+that offset, and the cache holds keys before rotation (``rotate_keys=False`` if yours holds rotated
+keys). Rotary positions: queries at ``positions`` or ``start_pos + arange(Lq)`` (``start_pos=None``
+means ``Lk - Lq``), keys at ``key_positions`` or ending where the queries end.
+
+The logits, softmax and weighted sum run in float32 at least (float64 for float64 inputs); the
+output is cast to q's dtype. Fully masked rows give zeros. With ``positions=None`` every shape
+decision uses Python ints, so the function runs under ``torch.compile(fullgraph=True)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from tokenpos.tables.attention import attention_shape_message, key_start_message, resolve_query_start
+from tokenpos.tables.errors import ConfigError, PositionError
+
+
+def _kind(positional: Any) -> str:
+    return "none" if positional is None else str(getattr(positional, "kind", "none"))
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    ok = q.dim() == k.dim() == v.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2] \
+        and k.shape[2] == v.shape[2] and q.shape[3] == k.shape[3] and q.shape[2] <= k.shape[2]
+    if not ok:
+        raise ConfigError(attention_shape_message(tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+
+
+def _rotate(positional: Any, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: int | None,
+            key_positions: Any, rotate_keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    lq, lk = q.shape[2], k.shape[2]
+    q_start = resolve_query_start(start_pos, lq, lk)
+    if positions is not None and lq != lk and key_positions is None and rotate_keys:
+        raise ConfigError(key_start_message(None, lq, lk))
+    if not rotate_keys:
+        return positional.rotate(q, positions, start_pos=q_start), k
+    if positions is None and key_positions is None:
+        k_start = q_start - (lk - lq)
+        if k_start < 0:
+            raise PositionError(key_start_message(q_start, lq, lk))
+        need = q_start + lq
+        return (positional.rotate(q, start_pos=q_start, seq_len=need),
+                positional.rotate(k, start_pos=k_start, seq_len=need))
+    return positional.apply(q, k, positions, start_pos=q_start, key_positions=key_positions)
+
+
+def scaled_dot_product_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, positional: Any = None, causal: bool = True,
+        positions: Any = None, start_pos: int | None = None, key_positions: Any = None,
+        attn_mask: torch.Tensor | None = None, scale: float | None = None, rotate_keys: bool = True) -> torch.Tensor:
+    """Attention with any positional scheme: out (B, H, Lq, Dh), q's dtype.
+
+    Args:
+        q, k, v: (B, H, Lq, Dh), (B, H, Lk, Dh), (B, H, Lk, Dh), Lq <= Lk.
+        positional: a scheme object (its ``kind`` decides what happens) or None.
+        causal: query i sees keys j <= Lk - Lq + i.
+        positions, start_pos, key_positions, rotate_keys: rotary positions (module docstring).
+        attn_mask: optional, broadcastable to (B, H, Lq, Lk): bool (True = attend) or additive floats.
+        scale: logit scale, default 1 / sqrt(Dh).
+    """
+    _check_shapes(q, k, v)
+    out_dtype = q.dtype
+    compute = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))
+    kind = _kind(positional)
+    if kind == "rotary":
+        q, k = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    lq, lk, dh = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale                        # (B, H, Lq, Lk)
+    if kind == "bias":
+        logits = logits + positional.bias(lq, lk).to(compute)[None]
+    keep = None
+    if causal:
+        key_idx = torch.arange(lk, device=q.device)
+        keep = key_idx[None, :] <= (lk - lq + torch.arange(lq, device=q.device))[:, None]   # (Lq, Lk)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            keep = attn_mask if keep is None else keep & attn_mask
+        else:
+            logits = logits + attn_mask.to(compute)
+    if keep is not None:
+        logits = logits.masked_fill(~keep, float("-inf"))
+    row_max = logits.amax(dim=-1, keepdim=True).detach()
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.exp(logits - row_max)
+    total = e.sum(dim=-1, keepdim=True)
+    probs = e / torch.where(total > 0, total, torch.ones_like(total))            # (B, H, Lq, Lk)
+    return torch.matmul(probs, v).to(out_dtype)                                 # (B, H, Lq, Dh)

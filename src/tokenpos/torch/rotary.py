@@ -1,0 +1,261 @@
+"""RotaryEmbedding (RoPE) for the torch backend: rotates q and k; autograd gives the backward.
+
+Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim, R rotary dim,
+F = R / 2, P cached positions. q, k: (B, H, L, Dh); positions: (L,) or (B, L) integers.
+
+Precision: frequencies come from ``tokenpos.tables`` (float64); angles, cos and sin are computed in
+float64 (float32 on MPS, which has no float64), times the attention factor, and cast to the input
+dtype just before the multiply (as HF does). So bf16 inputs at position 1,000,000 still get angles
+accurate to float64, not bf16 (whose positions are multiples of 4096 there).
+
+Cache: ``cos_cached`` / ``sin_cached`` (P, R) non-persistent buffers for positions [0, P), rebuilt
+when its key changes (the key holds R, base, layout, attention factor, the frozen scaling and the
+frequency variant) and grown in eager mode when a call needs more rows. Calls with ``positions=None``
+slice it with Python ints; explicit position tensors are computed directly (same numbers). Under
+``torch.compile`` nothing is mutated: a call the cache does not cover is computed from the formula.
+Static scalings (default, linear, yarn, llama3) and longrope run under ``fullgraph=True``;
+``dynamic`` keeps HF's state in Python and reads ``max(positions)``, so it is eager-only with
+explicit positions (use ``positions=None`` / ``start_pos`` there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.rope import rope_cos_sin, rope_length_message, rope_positions_message, rope_shape_message
+from tokenpos.tables.rope_scaling import freeze_rope_scaling
+from tokenpos.tables.rope_state import RopeFrequencies, rope_kwargs_from_hf_config
+from tokenpos.tables.validation import check_int
+from tokenpos.torch._checks import check_position_tensor, is_compiling
+from tokenpos.torch._module import TokenposModule
+
+CACHE_GROWTH_LIMIT = 16
+
+
+def _calc_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """HF's ``rotate_half``: ``[x1, x2] -> [-x2, x1]`` on (..., R)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """``(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)`` on (..., R)."""
+    pairs = x.unflatten(-1, (-1, 2))                                   # (..., F, 2)
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+class RotaryEmbedding(TokenposModule):
+    """Rotary position embedding with every HF scaling (default, linear, dynamic, yarn, longrope, llama3).
+
+    Args:
+        head_dim: Dh.
+        base: rope_theta.
+        max_seq_len: rows precomputed in the cache; also HF's ``max_position_embeddings``.
+        scaling: None or an HF ``rope_scaling`` / ``rope_parameters`` dict (see ``tables.rope_inv_freq``).
+        interleaved: False = half-split pairs (HF / GPT-NeoX), True = adjacent pairs (Meta / GPT-J).
+        rotary_dim: R (partial rotary); None = Dh.
+        device: where the cache lives. dtype: accepted for a uniform signature; outputs follow the
+            input dtype and the tables stay float64.
+
+    Shape:
+        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (B, L) | None) -> (q', k').
+    """
+
+    kind = "rotary"
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0, max_seq_len: int = 2048, scaling: Any = None,
+                 interleaved: bool = False, rotary_dim: int | None = None, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__()
+        self.head_dim = check_int("head_dim", head_dim, minimum=2)
+        self.max_seq_len = check_int("max_seq_len", max_seq_len, minimum=1)
+        if not isinstance(interleaved, (bool, np.bool_)):
+            raise ConfigError(f"interleaved must be True or False, got {interleaved!r}")
+        self.interleaved = bool(interleaved)
+        self.freqs = RopeFrequencies(self.head_dim, base=base, scaling=scaling,
+                                     max_position_embeddings=self.max_seq_len, rotary_dim=rotary_dim)
+        self.base, self.rotary_dim = self.freqs.base, self.freqs.rotary_dim
+        self.scaling = dict(self.freqs.params)
+        self.attention_factor = self.freqs.attention_factor
+        self.rope_type = self.freqs.rope_type
+        calc = _calc_dtype(torch.empty(0, device=device).device)
+        self.inv_freq: torch.Tensor
+        self.long_inv_freq: torch.Tensor
+        self.cos_cached: torch.Tensor
+        self.sin_cached: torch.Tensor
+        self.register_buffer("inv_freq", torch.empty(0, device=device, dtype=calc), persistent=False)
+        self.register_buffer("long_inv_freq", torch.empty(0, device=device, dtype=calc), persistent=False)
+        self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim, device=device, dtype=calc),
+                             persistent=False)
+        self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim, device=device, dtype=calc),
+                             persistent=False)
+        self._cache_key: tuple[Any, ...] | None = None
+        self.reset_parameters()
+
+    @classmethod
+    def from_hf_config(cls, config: Any, **kwargs: Any) -> RotaryEmbedding:
+        """Build from an HF config (``rope_parameters`` of transformers 5 or ``rope_scaling`` of 4)."""
+        return cls(**{**rope_kwargs_from_hf_config(config), **kwargs})
+
+    # -- buffers ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """(Re)compute the frequencies and the cache from ``tokenpos.tables`` in float64."""
+        if self.inv_freq.is_meta:
+            return
+        dev, calc = self.inv_freq.device, _calc_dtype(self.inv_freq.device)
+        self.inv_freq = torch.from_numpy(self.freqs.original_inv_freq).to(dev, calc)
+        if self.rope_type == "longrope":
+            self.long_inv_freq = torch.from_numpy(self.freqs.long_inv_freq()).to(dev, calc)
+        variant, inv_np, _ = self._variant(self.max_seq_len, mutate=False)
+        self._build(variant, inv_np, self.max_seq_len)
+
+    def _build(self, variant: tuple[Any, ...], inv_freq: np.ndarray, n: int) -> None:
+        cos, sin = rope_cos_sin(np.arange(n), inv_freq, attention_factor=self.attention_factor,
+                                interleaved=self.interleaved)
+        dev, calc = self.inv_freq.device, _calc_dtype(self.inv_freq.device)
+        self.cos_cached = torch.from_numpy(cos).to(dev, calc)
+        self.sin_cached = torch.from_numpy(sin).to(dev, calc)
+        self._cache_key = self._key(variant)
+
+    def _variant(self, need: int, mutate: bool = True) -> tuple[tuple[Any, ...], np.ndarray, torch.Tensor]:
+        """(variant key, inv_freq (F,) float64 NumPy, the same as a tensor) for a call needing ``need`` rows."""
+        if self.rope_type == "longrope":
+            long = need > int(self.scaling["original_max_position_embeddings"])
+            if long:
+                return ("longrope", "long"), self.freqs.long_inv_freq(), self.long_inv_freq
+            return ("longrope", "short"), self.freqs.original_inv_freq, self.inv_freq
+        if self.rope_type == "dynamic":
+            key, inv = self.freqs.select(need) if mutate else self.freqs.peek(need)
+            return key, inv, torch.from_numpy(inv).to(self.inv_freq.device, self.inv_freq.dtype)
+        return ("static",), self.freqs.original_inv_freq, self.inv_freq
+
+    def _key(self, variant: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (self.rotary_dim, self.base, self.interleaved, self.attention_factor,
+                freeze_rope_scaling(self.scaling), variant)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        # .to(device) moves the tables; .half() / .to(dtype) must not cast them: recompute in float64
+        out = super()._apply(fn, recurse)
+        if not self.inv_freq.is_meta and self.inv_freq.dtype != _calc_dtype(self.inv_freq.device):
+            self.reset_parameters()
+        return out
+
+    # -- cos / sin -------------------------------------------------------------------------------
+    def _formula(self, pos: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ang = pos.to(inv_freq.dtype)[..., None] * inv_freq                 # (..., F)
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        if self.interleaved:
+            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+        else:
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        return cos * self.attention_factor, sin * self.attention_factor      # (..., R)
+
+    def cos_sin_range(self, start: int, length: int, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (L, R) in float64 for positions ``start + arange(length)`` (Python ints)."""
+        need = start + length
+        variant, inv_np, inv_t = self._variant(max(need, seq_len or 0))
+        if self._key(variant) == self._cache_key and need <= self.cos_cached.shape[0]:
+            return self.cos_cached[start:need], self.sin_cached[start:need]
+        if is_compiling() or need > CACHE_GROWTH_LIMIT * self.max_seq_len:   # no mutation: the formula
+            return self._formula(torch.arange(start, need, device=self.inv_freq.device), inv_t)
+        same_key = self._key(variant) == self._cache_key          # grow (doubling) or rebuild for a new key
+        self._build(variant, inv_np, max(need, 2 * self.cos_cached.shape[0] if same_key else 0, self.max_seq_len))
+        return self.cos_cached[start:need], self.sin_cached[start:need]
+
+    def cos_sin_positions(self, pos: torch.Tensor, need: torch.Tensor | int | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (..., R) in float64 for an int tensor of positions (...), from the formula.
+
+        ``need`` (default ``max(pos) + 1``) selects the longrope / dynamic variant.
+        """
+        if self.rope_type == "longrope":
+            need = pos.max() + 1 if need is None else need
+            orig = int(self.scaling["original_max_position_embeddings"])
+            inv_t = torch.where(torch.as_tensor(need, device=pos.device) > orig, self.long_inv_freq, self.inv_freq)
+        elif self.rope_type == "dynamic":
+            need = int(pos.max()) + 1 if need is None else int(need)
+            inv_t = self._variant(need)[2]
+        else:
+            inv_t = self.inv_freq
+        return self._formula(pos, inv_t)
+
+    # -- checks ----------------------------------------------------------------------------------
+    def _check(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[-1] != self.head_dim:
+            raise ConfigError(rope_shape_message(name, tuple(x.shape), self.head_dim))
+        return x
+
+    def _positions(self, positions: Any, batch: int, length: int) -> torch.Tensor:
+        pos = check_position_tensor(positions, device=self.inv_freq.device)
+        if tuple(pos.shape) not in ((length,), (batch, length)):
+            raise ConfigError(rope_positions_message(tuple(pos.shape), batch, length))
+        return pos
+
+    def _rotate_with(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if cos.dim() == 3:                                                  # (B, L, R) -> (B, 1, L, R)
+            cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        r = self.rotary_dim
+        xr = x[..., :r]
+        rot = rotate_pairs(xr) if self.interleaved else rotate_half(xr)
+        out = xr * cos + rot * sin
+        return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
+
+    # -- rotation --------------------------------------------------------------------------------
+    def rotate(self, x: torch.Tensor, positions: Any = None, *, start_pos: int = 0,
+               seq_len: int | None = None) -> torch.Tensor:
+        """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (B, L) (default start_pos + arange(L))."""
+        x = self._check("x", x)
+        if positions is None:
+            start_pos = check_int("start_pos", start_pos, minimum=0)
+            cos, sin = self.cos_sin_range(start_pos, x.shape[2], seq_len)
+        else:
+            cos, sin = self.cos_sin_positions(self._positions(positions, x.shape[0], x.shape[2]), seq_len)
+        return self._rotate_with(x, cos, sin)
+
+    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
+              key_positions: Any = None) -> Any:
+        """Rotate q and k (B, H, L, Dh) at positions (L,) | (B, L) (default start_pos + arange(L)).
+
+        ``key_positions`` (Lk,) | (B, Lk) rotates k at other positions (a KV cache); by default k
+        uses q's positions. One frequency variant serves both (chosen by the largest position).
+        Returns (q', k') with the input shapes and dtypes.
+
+        ``apply(fn)`` with a single callable is ``nn.Module.apply`` (``model.apply(init_fn)`` recurses
+        through every child, this one included), so that idiom keeps working.
+        """
+        if k is None and callable(q) and not isinstance(q, torch.Tensor):
+            return super().apply(q)
+        q, k = self._check("q", q), self._check("k", k)
+        if key_positions is None and (q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
+            raise ConfigError(rope_length_message(tuple(q.shape), tuple(k.shape)))
+        if positions is None and key_positions is None:
+            start_pos = check_int("start_pos", start_pos, minimum=0)
+            cos, sin = self.cos_sin_range(start_pos, q.shape[2])
+            return self._rotate_with(q, cos, sin), self._rotate_with(k, cos, sin)
+        if positions is None:
+            start_pos = check_int("start_pos", start_pos, minimum=0)
+            pos_q = torch.arange(start_pos, start_pos + q.shape[2], device=self.inv_freq.device)
+        else:
+            pos_q = self._positions(positions, q.shape[0], q.shape[2])
+        pos_k = pos_q if key_positions is None else self._positions(key_positions, k.shape[0], k.shape[2])
+        need = torch.maximum(pos_q.max(), pos_k.max()) + 1 if pos_q.numel() and pos_k.numel() else 0
+        cq, sq = self.cos_sin_positions(pos_q, need)
+        ck, sk = self.cos_sin_positions(pos_k, need)
+        return self._rotate_with(q, cq, sq), self._rotate_with(k, ck, sk)
+
+    forward = apply
+
+    def extra_repr(self) -> str:
+        layout = "interleaved" if self.interleaved else "half"
+        return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
+                f"max_seq_len={self.max_seq_len}, rope_type={self.rope_type!r}, layout={layout!r}")
