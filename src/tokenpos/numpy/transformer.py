@@ -83,7 +83,7 @@ class TransformerEmbedding(Module):
         self._rng = resolve_rng(seed, rng)
         self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=scale,
                                     padding_idx=padding_idx, dtype=dtype, rng=self._rng)
-        self.vocab_size, self.d_model, self.dtype = self.token.vocab_size, self.token.d_model, self.token.dtype
+        self.d_model, self.dtype = self.token.d_model, self.token.dtype
         cfg = PositionalConfig(
             d_model=self.d_model, max_seq_len=self.max_seq_len, base=base, sinusoidal_layout=sinusoidal_layout,
             num_heads=num_heads, head_dim=head_dim, rope_scaling=rope_scaling, rope_interleaved=rope_interleaved,
@@ -95,6 +95,11 @@ class TransformerEmbedding(Module):
             if self.num_token_types else None)
         self.norm: Any = build_norm(norm, self.d_model, norm_eps, self.dtype)
         self._cache: dict[str, Any] | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        """V, live: follows ``token.resize``."""
+        return self.token.vocab_size
 
     @property
     def padding_idx(self) -> int | None:
@@ -128,10 +133,10 @@ class TransformerEmbedding(Module):
         if additive:
             pos_rows = self.position(np.broadcast_to(pos, ids.shape))   # checks range first (learned)
         x = self.token(ids)                                            # (..., D)
+        if self.token_type is not None:                                # HF's order: token + type + position
+            x += self.token_type(tt)
         if additive:
             x += pos_rows
-        if self.token_type is not None:
-            x += self.token_type(tt)
         if self.norm is not None:
             x = self.norm(x)
         seed = None

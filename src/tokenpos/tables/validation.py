@@ -211,10 +211,10 @@ def check_state_dict(state: dict[str, Any], expected: dict[str, tuple[tuple[int,
         if key not in expected:
             continue
         shape, dtype = expected[key]
-        got_shape = tuple(int(s) for s in getattr(value, "shape", np.shape(value)))
+        got_shape = tuple(int(s) for s in (value.shape if hasattr(value, "shape") else np.shape(value)))
         if got_shape != tuple(shape):
             raise StateDictError(f"state_dict[{key!r}] for {layer} has shape {got_shape}, expected {tuple(shape)}")
-        got_dtype = dtype_name(getattr(value, "dtype", np.asarray(value).dtype))
+        got_dtype = dtype_name(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
         if got_dtype != dtype_name(dtype):
             raise StateDictError(
                 f"state_dict[{key!r}] for {layer} has dtype {got_dtype}, expected {dtype_name(dtype)}"

@@ -1,0 +1,52 @@
+"""tokenpos.torch: the PyTorch backend. ``nn.Module``s with the names, arguments, semantics and
+state_dict keys of ``tokenpos.numpy``, built on the same ``tokenpos.tables``.
+
+    >>> import torch, tokenpos.torch as tpt
+    >>> emb = tpt.TransformerEmbedding(50000, 768, 1024)
+    >>> emb(torch.tensor([[101, 2054, 2003, 102], [101, 7592, 1010, 102]])).shape
+    torch.Size([2, 4, 768])
+
+Id/position value checks run on CPU tensors always, on other devices only after
+``set_device_checks(True)``, and never inside ``torch.compile`` (see ``tokenpos.torch._checks``).
+"""
+
+from tokenpos.tables.errors import ConfigError, PositionError, StateDictError, TokenIdError
+from tokenpos.torch._checks import device_checks_enabled, set_device_checks
+from tokenpos.torch._dropout import dropout_keep_mask_torch
+from tokenpos.torch._module import TokenposModule
+from tokenpos.torch.alibi import ALiBi
+from tokenpos.torch.attention import scaled_dot_product_attention
+from tokenpos.torch.hf import from_hf
+from tokenpos.torch.learned import LearnedPositionalEmbedding, PositionalEmbedding
+from tokenpos.torch.norm import LayerNorm, RMSNorm
+from tokenpos.torch.rotary import RotaryEmbedding
+from tokenpos.torch.schemes import NoPositionalEncoding
+from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
+from tokenpos.torch.t5_bias import T5RelativePositionBias
+from tokenpos.torch.token import TokenEmbedding
+from tokenpos.torch.transformer import EmbeddingLayer, TransformerEmbedding
+
+__all__ = [
+    "ALiBi",
+    "ConfigError",
+    "EmbeddingLayer",
+    "LayerNorm",
+    "LearnedPositionalEmbedding",
+    "NoPositionalEncoding",
+    "PositionError",
+    "PositionalEmbedding",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "StateDictError",
+    "T5RelativePositionBias",
+    "TokenEmbedding",
+    "TokenIdError",
+    "TokenposModule",
+    "TransformerEmbedding",
+    "device_checks_enabled",
+    "dropout_keep_mask_torch",
+    "from_hf",
+    "scaled_dot_product_attention",
+    "set_device_checks",
+]

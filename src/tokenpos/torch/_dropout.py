@@ -1,0 +1,66 @@
+"""Counter-based dropout in torch ops, bit-identical to :mod:`tokenpos.tables.dropout`.
+
+The uint64 hash is evaluated in int64: addition, multiplication and xor wrap identically in two's
+complement, and a logical right shift is an arithmetic shift followed by a mask. Everything is a
+plain tensor op, so it also runs on GPUs and under ``torch.compile``; the seed may be a Python int
+or a 0-dim int64 tensor (drawn inside a compiled graph).
+
+    z    = splitmix64(seed_key ^ (offset + i) * GOLDEN)
+    keep = (z >>> 40) >= ceil(p * 2**24)
+
+Shapes: any ``shape``; the element with C-order flat index i uses counter ``offset + i``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tokenpos.tables.dropout import GOLDEN, MIX1, MIX2, SEED_MASK, dropout_threshold
+
+
+def _signed(u: Any) -> int:
+    """A uint64 constant as the int64 with the same bits."""
+    u = int(u)
+    return u - (1 << 64) if u >= (1 << 63) else u
+
+
+_GOLDEN, _MIX1, _MIX2 = _signed(GOLDEN), _signed(MIX1), _signed(MIX2)
+
+
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def seed_key_torch(seed: Any, device: Any = None) -> torch.Tensor:
+    """0-dim int64 tensor with the bits of ``tables.dropout.seed_key(seed)``."""
+    s = torch.as_tensor(seed, dtype=torch.int64, device=device) & SEED_MASK
+    return _mix(s + _GOLDEN)
+
+
+def dropout_keep_mask_torch(seed: Any, shape: tuple[int, ...], p: float, offset: int = 0,
+                            device: Any = None) -> torch.Tensor:
+    """Boolean keep mask of ``shape``, equal element for element to ``tables.dropout_keep_mask``."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    key = seed_key_torch(seed, device)
+    # ``+ (key & 0)`` makes the counter data-dependent: inductor (torch 2.13, CPU) otherwise folds
+    # ``arange * GOLDEN`` into an index expression that overflows and corrupts the heap.
+    idx = torch.arange(offset, offset + n, dtype=torch.int64, device=device) + (key & 0)
+    z = _mix(key ^ (idx * _GOLDEN))
+    return (_shr(z, 40) >= dropout_threshold(p)).reshape(shape)
+
+
+def dropout_torch(x: torch.Tensor, p: float, seed: Any) -> torch.Tensor:
+    """``where(keep, x / (1 - p), 0)`` with the counter-based mask; autograd keeps the mask."""
+    keep = dropout_keep_mask_torch(seed, tuple(x.shape), p, device=x.device)
+    return torch.where(keep, x * (1.0 / (1.0 - p)), torch.zeros((), dtype=x.dtype, device=x.device))

@@ -1,0 +1,50 @@
+"""Initialisation and random sources of the torch backend.
+
+Weights are drawn by :func:`tokenpos.tables.init.init_weight` (float64, NumPy) and cast, so one
+``seed=`` gives the same table in both backends. Without ``seed=``/``rng=`` a seed is drawn from torch's
+generator (the given ``torch.Generator``, else the default one), so ``torch.manual_seed`` makes a
+torch model reproducible, as torch users expect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from tokenpos.tables.dropout import SEED_MASK
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.init import init_weight, resolve_rng
+
+
+def torch_seed(generator: torch.Generator | None = None) -> int:
+    """A fresh 63-bit seed from ``generator`` (or torch's default generator)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ConfigError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    return int(torch.randint(0, SEED_MASK, (), generator=generator, dtype=torch.int64))
+
+
+def resolve_torch_rng(seed: Any = None, rng: np.random.Generator | None = None,
+                      generator: torch.Generator | None = None) -> np.random.Generator:
+    """The NumPy generator that draws the initial weights.
+
+    ``seed=`` / ``rng=`` as in the NumPy backend (same numbers); otherwise one seeded from torch.
+    """
+    if (seed is not None or rng is not None) and generator is not None:
+        raise ConfigError("pass seed=/rng= or generator=, not both")
+    if seed is None and rng is None:
+        return np.random.default_rng(torch_seed(generator))
+    return resolve_rng(seed, rng)
+
+
+@torch.no_grad()
+def fill_init_(weight: torch.Tensor, scheme: str, std: float, rng: np.random.Generator,
+               padding_idx: int | None = None) -> None:
+    """Overwrite ``weight`` (rows, cols) in place with ``init_weight`` (float64, cast at the end)."""
+    if weight.is_meta:
+        return
+    w = init_weight((int(weight.shape[0]), int(weight.shape[1])), scheme, std=std, rng=rng)
+    if padding_idx is not None:
+        w[padding_idx] = 0.0
+    weight.copy_(torch.from_numpy(w))

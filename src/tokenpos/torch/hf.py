@@ -1,0 +1,107 @@
+"""``from_hf(model)``: the input embedding block of a Hugging Face model as a TransformerEmbedding.
+
+Supported families (by ``model.config.model_type``):
+
+| family | types | block reproduced |
+| --- | --- | --- |
+| BERT | bert | word + token type + position (start_pos + arange(L)), LayerNorm, dropout |
+| RoBERTa | roberta, xlm-roberta, camembert | the same, positions derived from padding (+ start_pos) |
+| GPT-2 | gpt2 | wte + wpe (start_pos + arange(L)), dropout |
+
+``start_pos`` plays the role of HF's ``past_key_values_length`` / past seen tokens. Weights are
+copied with their dtype and device. In eval mode the output equals HF's block exactly; in training
+mode dropout uses tokenpos's counter-based mask, not torch's ``nn.Dropout`` stream.
+Transformers is never imported here: the model is read through its config and modules.
+
+Shapes: V vocab, D hidden size, P max_position_embeddings, T type_vocab_size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tokenpos.tables.errors import ConfigError
+from tokenpos.torch.transformer import TransformerEmbedding
+
+BERT_TYPES = ("bert",)
+ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
+GPT2_TYPES = ("gpt2",)
+SUPPORTED = BERT_TYPES + ROBERTA_TYPES + GPT2_TYPES
+
+
+def _unsupported(what: str) -> ConfigError:
+    return ConfigError(f"from_hf supports the BERT ({', '.join(BERT_TYPES)}), RoBERTa "
+                       f"({', '.join(ROBERTA_TYPES)}) and GPT-2 ({', '.join(GPT2_TYPES)}) families; got {what}")
+
+
+def _base(model: Any) -> Any:
+    """The bare model (BertModel, GPT2Model, ...) inside a task model (BertForX, GPT2LMHeadModel)."""
+    base = getattr(model, "base_model", model)
+    return model if base is None else base
+
+
+def from_hf(model: Any, *, freeze: bool = False) -> TransformerEmbedding:
+    """A TransformerEmbedding reproducing ``model``'s input embedding block.
+
+    Args:
+        model: a Hugging Face model of a supported family (bare or with a head).
+        freeze: make every copied table non-trainable.
+
+    Returns:
+        A module whose ``forward(ids (B, L), positions=None, *, start_pos=0, token_type_ids=None)``
+        equals ``model.embeddings(input_ids, token_type_ids, position_ids, past_key_values_length=start_pos)``
+        (BERT/RoBERTa) or ``wte(ids) + wpe(start_pos + arange(L))`` (GPT-2). Same training mode as ``model``.
+
+    Raises:
+        ConfigError: a model outside the supported families (the message names them), or a
+            configuration the block cannot reproduce (relative position embeddings).
+    """
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED:
+        got = (f"model_type {model_type!r} ({type(model).__name__})" if config is not None
+               else f"a {type(model).__name__} without a .config")
+        raise _unsupported(got)
+    kind = getattr(config, "position_embedding_type", "absolute") or "absolute"
+    if kind != "absolute":
+        raise ConfigError(f"from_hf reproduces absolute position embeddings only; got "
+                          f"position_embedding_type={kind!r}")
+    base = _base(model)
+    if model_type in GPT2_TYPES:
+        layer = _from_gpt2(base, config)
+    else:
+        layer = _from_bert_like(base.embeddings, config, padding=model_type in ROBERTA_TYPES)
+    if freeze:
+        layer.requires_grad_(False)
+    return layer.train(bool(getattr(model, "training", False)))
+
+
+def _copy(layer: TransformerEmbedding, tensors: dict[str, torch.Tensor]) -> TransformerEmbedding:
+    layer.load_state_dict({k: v.detach() for k, v in tensors.items()})
+    return layer
+
+
+def _from_bert_like(emb: Any, config: Any, *, padding: bool) -> TransformerEmbedding:
+    word, pos, tt, ln = emb.word_embeddings, emb.position_embeddings, emb.token_type_embeddings, emb.LayerNorm
+    pad = getattr(emb, "padding_idx", None) if padding else word.padding_idx
+    if padding and pad is None:
+        raise ConfigError("a RoBERTa-family model needs config.pad_token_id to derive positions; got None")
+    w = word.weight
+    layer = TransformerEmbedding(
+        w.shape[0], w.shape[1], pos.weight.shape[0], positional="learned", padding_idx=pad, init="zeros",
+        num_token_types=tt.weight.shape[0], norm="layernorm", norm_eps=ln.eps,
+        dropout=float(getattr(config, "hidden_dropout_prob", 0.0) or 0.0),
+        position_ids="padding" if padding else "default", device=w.device, dtype=w.dtype, seed=0)
+    state = {"token.weight": w, "position.weight": pos.weight, "token_type.weight": tt.weight,
+             "norm.weight": ln.weight, "norm.bias": ln.bias}
+    return _copy(layer, state)
+
+
+def _from_gpt2(base: Any, config: Any) -> TransformerEmbedding:
+    wte, wpe = base.wte.weight, base.wpe.weight
+    layer = TransformerEmbedding(
+        wte.shape[0], wte.shape[1], wpe.shape[0], positional="learned", init="zeros",
+        dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0), device=wte.device, dtype=wte.dtype, seed=0)
+    return _copy(layer, {"token.weight": wte, "position.weight": wpe})

@@ -1,0 +1,151 @@
+"""TokenEmbedding: the (V, D) lookup table and the tied output projection, as an ``nn.Module``.
+
+Shapes: V vocab, D d_model, ids of any shape (...), h (..., D), logits (..., V).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.init import INIT_SCHEMES, init_weight
+from tokenpos.tables.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
+from tokenpos.torch._checks import as_index, check_token_ids, resolve_dtype
+from tokenpos.torch._init import fill_init_, resolve_torch_rng
+from tokenpos.torch._module import TokenposModule
+
+RESIZE_INITS = ("mean", "normal", "trunc_normal", "xavier_uniform", "standard_normal", "zeros")
+
+
+class TokenEmbedding(TokenposModule):
+    """Token ids -> vectors, optionally scaled by sqrt(d_model). The torch twin of the NumPy layer.
+
+    Args:
+        vocab_size: V > 0.
+        d_model: D > 0.
+        init: "normal" (N(0, std)), "trunc_normal" (+-2 std), "xavier_uniform", "standard_normal", "zeros".
+        std: the std of the normal schemes.
+        scale: multiply the output by sqrt(D) (Vaswani et al.).
+        padding_idx: that row starts at zero and never receives gradient from lookups.
+        sparse: row-sparse ``weight.grad`` (as ``nn.Embedding(sparse=True)``).
+        device, dtype: factory kwargs (dtype: float16, bfloat16, float32, float64; None = default).
+        seed / rng: initialise exactly as the NumPy backend does; otherwise a seed is drawn from
+            ``generator`` (or torch's default generator, so ``torch.manual_seed`` reproduces it).
+
+    Shape:
+        forward: ids (...) int -> (..., D). attend: h (..., D) -> logits (..., V).
+
+    state_dict: ``weight`` (V, D).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, *, init: str = "normal", std: float = 0.02,
+                 scale: bool = False, padding_idx: int | None = None, sparse: bool = False,
+                 device: Any = None, dtype: Any = None, seed: int | None = None,
+                 rng: np.random.Generator | None = None, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.vocab_size = check_positive_int("vocab_size", vocab_size)
+        self.d_model = check_positive_int("d_model", d_model)
+        self.padding_idx = check_padding_idx(padding_idx, self.vocab_size)
+        self.scale = bool(scale)
+        self.sparse = bool(sparse)
+        self.init, self.std = check_choice("init", init, INIT_SCHEMES), std
+        self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model, device=device,
+                                               dtype=resolve_dtype(dtype)))
+        self.reset_parameters(seed=seed, rng=rng, generator=generator)
+
+    @property
+    def multiplier(self) -> float:
+        """sqrt(D) when ``scale`` else 1.0."""
+        return math.sqrt(self.d_model) if self.scale else 1.0
+
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None,
+                         generator: torch.Generator | None = None) -> None:
+        """Re-draw the table from its init scheme; the padding row is zeroed."""
+        fill_init_(self.weight, self.init, self.std, resolve_torch_rng(seed, rng, generator), self.padding_idx)
+
+    @classmethod
+    def from_pretrained(cls, weights: Any, *, freeze: bool = True, padding_idx: int | None = None,
+                        scale: bool = False, sparse: bool = False, device: Any = None,
+                        dtype: Any = None) -> TokenEmbedding:
+        """Wrap an existing (V, D) tensor or array (copied). ``freeze=True`` makes it non-trainable."""
+        w = weights.detach() if isinstance(weights, torch.Tensor) else torch.as_tensor(np.asarray(weights))
+        if w.ndim != 2:
+            raise ConfigError(f"weights must be a 2-D (vocab_size, d_model) array, got shape {tuple(w.shape)}")
+        dtype = resolve_dtype(w.dtype if dtype is None else dtype)
+        layer = cls(w.shape[0], w.shape[1], init="zeros", padding_idx=padding_idx, scale=scale, sparse=sparse,
+                    device=device if device is not None else w.device, dtype=dtype, seed=0)
+        with torch.no_grad():
+            layer.weight.copy_(w)
+        layer.weight.requires_grad_(not freeze)
+        return layer
+
+    # -- lookup ------------------------------------------------------------------------------
+    def forward(self, ids: Any) -> torch.Tensor:
+        """ids (...) -> (..., D). Bad ids raise TokenIdError naming the value and the range."""
+        return self.lookup(check_token_ids(ids, self.vocab_size, self.weight.device))
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """The lookup without validation (ids already checked): (...) -> (..., D)."""
+        out = F.embedding(as_index(ids), self.weight, self.padding_idx, sparse=self.sparse)     # (..., D)
+        return out * self.multiplier if self.scale else out
+
+    # -- tied output projection --------------------------------------------------------------
+    def attend(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits against the same table: h (..., D) -> (..., V) = h @ W.T (flax's ``attend``).
+
+        Like a tied ``nn.Linear``, every row (the padding row included) receives gradient here.
+        """
+        check_feature_dim("h", tuple(h.shape), self.d_model)
+        return F.linear(h, self.weight)
+
+    # -- resizing ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def resize(self, new_vocab_size: int, *, pad_to_multiple_of: int | None = None, init: str = "mean",
+               allow_shrink: bool = False, seed: int | None = None, rng: np.random.Generator | None = None,
+               generator: torch.Generator | None = None) -> TokenEmbedding:
+        """Grow (or, with ``allow_shrink=True``, cut) the vocabulary in place; returns self.
+
+        New rows are the mean of the old rows (``init="mean"``, computed in float64, as HF does for
+        added tokens) or drawn from an init scheme. ``pad_to_multiple_of`` rounds the new size up.
+        ``weight`` becomes a new Parameter (same requires_grad): rebuild optimisers that held the old one.
+        """
+        new_v = check_positive_int("new_vocab_size", new_vocab_size)
+        if pad_to_multiple_of is not None:
+            m = check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
+            new_v = -(-new_v // m) * m
+        check_choice("init", init, RESIZE_INITS)
+        if new_v < self.vocab_size and not allow_shrink:
+            raise ConfigError(f"resize would shrink vocab_size from {self.vocab_size} to {new_v}; "
+                              f"pass allow_shrink=True to drop rows")
+        if self.padding_idx is not None and self.padding_idx >= new_v:
+            raise ConfigError(f"padding_idx {self.padding_idx} would fall outside the new vocab [0, {new_v})")
+        old = self.weight
+        keep = min(new_v, self.vocab_size)
+        new = torch.empty(new_v, self.d_model, device=old.device, dtype=old.dtype)
+        new[:keep] = old[:keep]
+        if new_v > keep:
+            if init == "mean":
+                new[keep:] = old.to(torch.float64).mean(dim=0)
+            else:
+                rows = init_weight((new_v - keep, self.d_model), init, std=self.std,
+                                   rng=resolve_torch_rng(seed, rng, generator))
+                new[keep:] = torch.from_numpy(rows)
+        self.weight = nn.Parameter(new, requires_grad=old.requires_grad)
+        self.vocab_size = new_v
+        return self
+
+    def extra_repr(self) -> str:
+        s = f"{self.vocab_size}, {self.d_model}"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        if self.scale:
+            s += ", scale=True"
+        if self.sparse:
+            s += ", sparse=True"
+        return s + f", dtype={self.weight.dtype}"

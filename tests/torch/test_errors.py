@@ -1,0 +1,173 @@
+"""Bad input raises the same exception type with the same text in both backends (CPU tensors)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import tokenpos.numpy as tpn
+import tokenpos.torch as tpt
+from tokenpos.tables.errors import ConfigError, PositionError, StateDictError, TokenIdError
+
+
+def same_error(np_fn: Callable[[], Any], torch_fn: Callable[[], Any], cls: type[Exception]) -> str:
+    with pytest.raises(cls) as np_exc:
+        np_fn()
+    with pytest.raises(cls) as t_exc:
+        torch_fn()
+    assert type(t_exc.value) is type(np_exc.value)
+    assert str(t_exc.value) == str(np_exc.value)
+    return str(t_exc.value)
+
+
+def pair(name: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    return getattr(tpn, name)(*args, **kwargs, seed=0), getattr(tpt, name)(*args, **kwargs, seed=0)
+
+
+BAD_IDS = [
+    np.array([[1, 2], [3, 50]]),                  # too large
+    np.array([4, -1, 2]),                        # negative: refused, never wrapped
+    np.array([[1, 2], [-3, 99]]),                # first bad in C order
+    np.array([1.0, 2.0], dtype=np.float32),      # float
+    np.array([True, False]),                     # bool
+]
+
+
+@pytest.mark.parametrize("ids", BAD_IDS, ids=["high", "negative", "first", "float", "bool"])
+def test_token_ids(ids: np.ndarray) -> None:
+    np_layer, t_layer = pair("TokenEmbedding", 50, 4)
+    msg = same_error(lambda: np_layer(ids), lambda: t_layer(torch.from_numpy(ids)), TokenIdError)
+    assert "50" in msg
+    te_np, te_t = pair("TransformerEmbedding", 50, 4, 8)
+    same_error(lambda: te_np(ids), lambda: te_t(torch.from_numpy(ids)), TokenIdError)
+    assert isinstance(ValueError(), Exception) and issubclass(TokenIdError, IndexError)
+
+
+def test_token_id_message_text() -> None:
+    _, t_layer = pair("TokenEmbedding", 50257, 4)
+    with pytest.raises(TokenIdError, match=r"token id 50257 at index \(1, 3\) is out of range \[0, 50257\)"):
+        t_layer(torch.tensor([[0, 1, 2, 3], [4, 5, 6, 50257]]))
+
+
+@pytest.mark.parametrize("pos", [np.array([[1, 8]]), np.array([3, -2]), np.array([0.5])], ids=["high", "neg", "float"])
+def test_learned_positions(pos: np.ndarray) -> None:
+    np_layer, t_layer = pair("LearnedPositionalEmbedding", 8, 4)
+    same_error(lambda: np_layer(pos), lambda: t_layer(torch.from_numpy(pos)), PositionError)
+
+
+def test_seq_len_too_long_and_negative() -> None:
+    np_layer, t_layer = pair("LearnedPositionalEmbedding", 8, 4)
+    same_error(lambda: np_layer(9), lambda: t_layer(9), PositionError)
+    same_error(lambda: np_layer(-1), lambda: t_layer(-1), ConfigError)
+    s_np, s_t = tpn.SinusoidalPositionalEncoding(8, 4), tpt.SinusoidalPositionalEncoding(8, 4)
+    same_error(lambda: s_np(np.array([-1])), lambda: s_t(torch.tensor([-1])), PositionError)
+
+
+IDS = np.array([[1, 2, 3], [4, 5, 6]])
+
+TE_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], type[Exception]]] = {
+    "ids_3d": ({}, {"ids": IDS[None]}, ConfigError),
+    "positions_shape": ({}, {"positions": np.array([0, 1])}, ConfigError),
+    "positions_negative": ({}, {"positions": np.array([0, -1, 2])}, PositionError),
+    "positions_beyond_max": ({}, {"positions": np.array([0, 1, 8])}, PositionError),
+    "start_pos_beyond_max": ({}, {"start_pos": 6}, PositionError),
+    "start_pos_negative": ({}, {"start_pos": -1}, ConfigError),
+    "start_pos_float": ({}, {"start_pos": 1.5}, ConfigError),
+    "token_type_out_of_range": ({"num_token_types": 2}, {"token_type_ids": IDS % 3}, TokenIdError),
+    "token_type_shape": ({"num_token_types": 2}, {"token_type_ids": np.zeros(3, np.int64)}, ConfigError),
+    "token_type_without_table": ({}, {"token_type_ids": np.zeros_like(IDS)}, ConfigError),
+    "roberta_start_pos_beyond": ({"padding_idx": 0, "position_ids": "padding"}, {"start_pos": 5}, PositionError),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TE_CASES))
+def test_transformer_embedding_inputs(case: str) -> None:
+    ctor, call, cls = TE_CASES[case]
+    np_layer, t_layer = pair("TransformerEmbedding", 10, 4, 8, **ctor)
+    call = {"ids": IDS, **call}
+    t_call = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in call.items()}
+    ids, t_ids = call.pop("ids"), t_call.pop("ids")
+    positions, t_positions = call.pop("positions", None), t_call.pop("positions", None)
+    same_error(lambda: np_layer(ids, positions, **call), lambda: t_layer(t_ids, t_positions, **t_call), cls)
+
+
+CTOR_CASES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("TokenEmbedding", (0, 4), {}),
+    ("TokenEmbedding", (10, 4), {"padding_idx": 10}),
+    ("TokenEmbedding", (10, 4), {"padding_idx": -1}),
+    ("TokenEmbedding", (10, 4), {"init": "orthogonal"}),
+    ("LearnedPositionalEmbedding", (8, 0), {}),
+    ("SinusoidalPositionalEncoding", (8, 4), {"base": 1.0}),
+    ("SinusoidalPositionalEncoding", (8, 4), {"layout": "spiral"}),
+    ("TransformerEmbedding", (10, 4), {"positional": "fourier"}),
+    ("TransformerEmbedding", (10, 4), {"dropout": 1.0}),
+    ("TransformerEmbedding", (10, 4), {"norm": "batchnorm"}),
+    ("TransformerEmbedding", (10, 4), {"position_ids": "padding"}),
+    ("TransformerEmbedding", (10, 4), {"num_token_types": -1}),
+    ("LayerNorm", (4,), {"eps": 0.0}),
+]
+
+
+@pytest.mark.parametrize("name,args,kwargs", CTOR_CASES)
+def test_constructor_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    same_error(lambda: getattr(tpn, name)(*args, **kwargs), lambda: getattr(tpt, name)(*args, **kwargs),
+               ConfigError)
+
+
+def test_positional_choices_are_listed() -> None:
+    with pytest.raises(ValueError, match="'learned'.*'none'.*'sinusoidal'"):
+        tpt.TransformerEmbedding(10, 4, positional="fourier")
+
+
+def test_state_dict_errors_match() -> None:
+    np_layer, t_layer = pair("TransformerEmbedding", 10, 4, 8)
+    missing = {"token.weight": np.zeros((10, 4), np.float32)}
+    same_error(lambda: np_layer.load_state_dict(missing), lambda: t_layer.load_state_dict(missing), StateDictError)
+    shape = {"token.weight": np.zeros((11, 4), np.float32), "position.weight": np.zeros((8, 4), np.float32)}
+    same_error(lambda: np_layer.load_state_dict(shape), lambda: t_layer.load_state_dict(shape), StateDictError)
+    before = t_layer.token.weight.detach().clone()
+    with pytest.raises(StateDictError):
+        t_layer.load_state_dict(shape)
+    assert torch.equal(t_layer.token.weight, before)        # nothing written
+
+
+def test_attend_and_resize_errors() -> None:
+    np_layer, t_layer = pair("TokenEmbedding", 10, 4)
+    h = np.zeros((2, 5), np.float32)
+    same_error(lambda: np_layer.attend(h), lambda: t_layer.attend(torch.from_numpy(h)), ConfigError)
+    same_error(lambda: np_layer.resize(5), lambda: t_layer.resize(5), ConfigError)
+    p_np, p_t = pair("TokenEmbedding", 10, 4, padding_idx=8)
+    same_error(lambda: p_np.resize(5, allow_shrink=True), lambda: p_t.resize(5, allow_shrink=True), ConfigError)
+
+
+def test_failed_call_changes_nothing() -> None:
+    _, t_layer = pair("TransformerEmbedding", 10, 4, 8, dropout=0.1)
+    state = {k: v.clone() for k, v in t_layer.state_dict().items()}
+    gen_state = torch.random.get_rng_state()
+    with pytest.raises(TokenIdError):
+        t_layer(torch.tensor([[1, 2, 10]]))
+    assert torch.equal(torch.random.get_rng_state(), gen_state)   # no dropout seed drawn
+    assert all(torch.equal(v, t_layer.state_dict()[k]) for k, v in state.items())
+
+
+def test_device_checks_flag() -> None:
+    assert tpt.device_checks_enabled() is False
+    with pytest.raises(TypeError):
+        tpt.set_device_checks(1)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_checks_are_opt_in() -> None:
+    layer = tpt.TokenEmbedding(10, 4, device="cuda", seed=0)
+    tpt.set_device_checks(True)
+    try:
+        with pytest.raises(TokenIdError, match="token id 10 at index"):
+            layer(torch.tensor([1, 10], device="cuda"))
+    finally:
+        tpt.set_device_checks(False)
+    with pytest.raises(TokenIdError, match="must be integers"):   # dtype checks are always on
+        layer(torch.tensor([1.0], device="cuda"))
