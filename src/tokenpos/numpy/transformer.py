@@ -17,26 +17,15 @@ from tokenpos.numpy.norm import build_norm
 from tokenpos.numpy.schemes import POSITIONAL_BUILDERS
 from tokenpos.numpy.token import TokenEmbedding
 from tokenpos.tables.dropout import draw_seed, dropout_keep_mask
+from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import resolve_rng
 from tokenpos.tables.positional_config import PositionalConfig
 from tokenpos.tables.positions import default_positions, positions_from_padding
 from tokenpos.tables.validation import (
-    check_choice,
-    check_int,
     check_positions,
-    check_positive_int,
-    check_probability,
     check_token_ids,
 )
-
-POSITION_IDS = ("default", "padding")
-
-
-def resolve_positional_kind(positional: Any) -> str:
-    """None means "none"; anything not registered is a ConfigError listing the valid kinds."""
-    kind = "none" if positional is None else positional
-    return check_choice("positional", kind, sorted(POSITIONAL_BUILDERS))
 
 
 class TransformerEmbedding(Module):
@@ -73,13 +62,11 @@ class TransformerEmbedding(Module):
                  norm_eps: float = 1e-5, position_ids: str = "default", dtype: Any = np.float32,
                  seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         super().__init__()
-        self.positional = resolve_positional_kind(positional)
-        self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
-        self.dropout = check_probability("dropout", dropout)
-        self.num_token_types = check_int("num_token_types", num_token_types, minimum=0)
-        self.position_ids = check_choice("position_ids", position_ids, POSITION_IDS)
-        if self.position_ids == "padding" and padding_idx is None:
-            raise ConfigError("position_ids='padding' (RoBERTa) needs padding_idx; got None")
+        args = check_embedding_args(positional=positional, max_seq_len=max_seq_len, dropout=dropout,
+                                    num_token_types=num_token_types, position_ids=position_ids,
+                                    padding_idx=padding_idx)
+        self.positional, self.max_seq_len, self.dropout = args.positional, args.max_seq_len, args.dropout
+        self.num_token_types, self.position_ids = args.num_token_types, args.position_ids
         self._rng = resolve_rng(seed, rng)
         self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=scale,
                                     padding_idx=padding_idx, dtype=dtype, rng=self._rng)

@@ -3,8 +3,7 @@
     x = W[ids] * s + T[token_type_ids] + P(positions)      (P only for additive schemes)
     y = dropout(norm(x))
 
-(Hugging Face's summation order, so ``from_hf`` reproduces BERT/RoBERTa bit for bit; the NumPy
-backend adds P before T, which differs by float rounding only.)
+(Hugging Face's summation order, in both backends, so ``from_hf`` reproduces BERT/RoBERTa bit for bit.)
 
 Shapes: B batch, L length, D d_model; ids (B, L) -> (B, L, D) and ids (L,) -> (L, D).
 """
@@ -18,13 +17,11 @@ import numpy as np
 import torch
 
 from tokenpos.tables.dropout import SEED_MASK
+from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.positional_config import PositionalConfig
 from tokenpos.tables.validation import (
-    check_choice,
     check_int,
-    check_positive_int,
-    check_probability,
 )
 from tokenpos.torch._checks import check_position_tensor, check_token_ids, is_compiling, resolve_dtype
 from tokenpos.torch._dropout import dropout_torch
@@ -34,14 +31,6 @@ from tokenpos.torch.learned import LearnedPositionalEmbedding
 from tokenpos.torch.norm import build_norm
 from tokenpos.torch.schemes import POSITIONAL_BUILDERS
 from tokenpos.torch.token import TokenEmbedding
-
-POSITION_IDS = ("default", "padding")
-
-
-def resolve_positional_kind(positional: Any) -> str:
-    """None means "none"; anything not registered is a ConfigError listing the valid kinds."""
-    kind = "none" if positional is None else positional
-    return check_choice("positional", kind, sorted(POSITIONAL_BUILDERS))
 
 
 def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int = 0) -> torch.Tensor:
@@ -80,13 +69,11 @@ class TransformerEmbedding(TokenposModule):
                  seed: int | None = None, rng: np.random.Generator | None = None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
-        self.positional = resolve_positional_kind(positional)
-        self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
-        self.dropout = check_probability("dropout", dropout)
-        self.num_token_types = check_int("num_token_types", num_token_types, minimum=0)
-        self.position_ids = check_choice("position_ids", position_ids, POSITION_IDS)
-        if self.position_ids == "padding" and padding_idx is None:
-            raise ConfigError("position_ids='padding' (RoBERTa) needs padding_idx; got None")
+        args = check_embedding_args(positional=positional, max_seq_len=max_seq_len, dropout=dropout,
+                                    num_token_types=num_token_types, position_ids=position_ids,
+                                    padding_idx=padding_idx)
+        self.positional, self.max_seq_len, self.dropout = args.positional, args.max_seq_len, args.dropout
+        self.num_token_types, self.position_ids = args.num_token_types, args.position_ids
         dtype = resolve_dtype(dtype)
         self.generator = generator
         self._fixed_dropout_seed: int | None = None      # tests: pin the dropout seed of every call
