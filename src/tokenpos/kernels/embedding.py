@@ -24,11 +24,17 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
+from tokenpos.kernels import _pool
+from tokenpos.kernels._launch import launch
+from tokenpos.kernels._prefetch import prefetch_row, prefetch_row_l2
 from tokenpos.kernels._rng import dropout_params, keep_bits
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_positions, check_probability, check_token_ids
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+PREFETCH_AHEAD = 2        # gathered rows prefetched ahead into L1 (0 turns it off)
+PREFETCH_FAR = 0          # ... and this far ahead into L2 (0 turns it off)
+FORWARD_TILE_BYTES = 1 << 17   # output bytes per parallel forward task
 
 
 # ----------------------------------------------------------------------------------------------
@@ -37,32 +43,67 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @njit(parallel=True, cache=True)
-def _forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, out):  # pragma: no cover
+def _forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, ahead, far, tile,
+                  out):  # pragma: no cover
+    """One pass: out[n] = dropout(weight[ids[n]] * scale + pos_table[pos_ids[n % Lp]]).
+
+    Work is split in tasks of ``tile`` consecutive output rows (sequential writes; a position-
+    block-major order that kept positional rows in L2 measured slower).
+    """
     N = ids.shape[0]
     D = weight.shape[1]
     Lp = pos_ids.shape[0]
     zero = scale - scale                                     # a zero of the weight dtype
-    for n in prange(N):
-        w = weight[ids[n]]                                   # (D,)
-        o = out[n]                                           # (D,)
-        base = offset + np.uint64(n * D)
-        if has_pos:
-            pe = pos_table[pos_ids[n % Lp]]                  # (D,)
-            if thr != 0:
-                for d in range(D):
-                    v = w[d] * scale + pe[d]
-                    o[d] = v * inv if keep_bits(key, base + np.uint64(d)) >= thr else zero
+    for task in prange((N + tile - 1) // tile):
+        n0 = task * tile
+        n1 = min(N, n0 + tile)
+        for n in range(n0, n1):
+            if ahead > 0 and n + ahead < n1:                 # hide the latency of the next rows
+                prefetch_row(weight[ids[n + ahead]])
+            if far > 0 and n + far < n1:                     # ... and start the later ones early
+                prefetch_row_l2(weight[ids[n + far]])
+            w = weight[ids[n]]                               # (D,)
+            o = out[n]                                       # (D,)
+            base = offset + np.uint64(n * D)
+            if has_pos:
+                pe = pos_table[pos_ids[n % Lp]]              # (D,)
+                if thr != 0:
+                    for d in range(D):
+                        v = w[d] * scale + pe[d]
+                        o[d] = v * inv if keep_bits(key, base + np.uint64(d)) >= thr else zero
+                else:
+                    for d in range(D):
+                        o[d] = w[d] * scale + pe[d]
             else:
-                for d in range(D):
-                    o[d] = w[d] * scale + pe[d]
-        else:
-            if thr != 0:
-                for d in range(D):
-                    v = w[d] * scale
-                    o[d] = v * inv if keep_bits(key, base + np.uint64(d)) >= thr else zero
-            else:
-                for d in range(D):
-                    o[d] = w[d] * scale
+                if thr != 0:
+                    for d in range(D):
+                        v = w[d] * scale
+                        o[d] = v * inv if keep_bits(key, base + np.uint64(d)) >= thr else zero
+                else:
+                    for d in range(D):
+                        o[d] = w[d] * scale
+
+
+@njit(cache=True)
+def _unique_inverse_sorted(ids, padding_idx):  # pragma: no cover
+    """As :func:`_unique_inverse`, by sorting the N ids instead of marking a table of max(ids) slots."""
+    N = ids.shape[0]
+    order = np.argsort(ids, kind="mergesort")
+    inverse = np.empty(N, np.int64)
+    uniq = np.empty(N, np.int64)
+    U = 0
+    prev = -1
+    for j in range(N):
+        v = ids[order[j]]
+        if v == padding_idx:
+            inverse[order[j]] = -1
+            continue
+        if v != prev:
+            uniq[U] = v
+            U += 1
+            prev = v
+        inverse[order[j]] = U - 1
+    return uniq[:U].copy(), inverse
 
 
 @njit(cache=True)
@@ -73,6 +114,8 @@ def _unique_inverse(ids, padding_idx):  # pragma: no cover
     for n in range(N):
         if ids[n] + 1 > V:
             V = ids[n] + 1
+    if V > 4 * N + 4096:
+        return _unique_inverse_sorted(ids, padding_idx)   # few ids in a big table: O(N log N), no O(V) scratch
     slot = np.full(V, -1, np.int64)
     for n in range(N):
         slot[ids[n]] = 0
@@ -93,41 +136,58 @@ def _unique_inverse(ids, padding_idx):  # pragma: no cover
     return uniq, inverse
 
 
-@njit(parallel=True, cache=True)
-def _backward_core(grad, inverse, pos_ids, has_pos, key, thr, offset, block, tok_acc, pos_acc):  # pragma: no cover
-    """Scatter-add (masked) gradient rows into float64 accumulators.
+@njit(cache=True)
+def _group(keys, nkeys, period):  # pragma: no cover
+    """Counting sort of rows by key: rows of key s are ``order[starts[s]:starts[s+1]]``.
 
-    Parallel over column blocks: each task owns columns [d0, d1) of both accumulators, so the
-    scatter needs no atomics and a hot id (Zipf) does not unbalance the threads.
+    Row n has key ``keys[n % period]`` (period = len(keys) unless positions broadcast); keys < 0
+    (padding) are left out.
     """
-    N, D = grad.shape
-    Lp = pos_ids.shape[0]
-    nblk = (D + block - 1) // block
-    for b in prange(nblk):
-        d0 = b * block
-        d1 = min(D, d0 + block)
-        for n in range(N):
-            u = inverse[n]
+    N = keys.shape[0] if period == 0 else period
+    starts = np.zeros(nkeys + 1, np.int64)
+    for n in range(N):
+        kk = keys[n % keys.shape[0]]
+        if kk >= 0:
+            starts[kk + 1] += 1
+    for s in range(nkeys):
+        starts[s + 1] += starts[s]
+    fill = starts[:-1].copy()
+    order = np.empty(starts[nkeys], np.int64)
+    for n in range(N):
+        kk = keys[n % keys.shape[0]]
+        if kk >= 0:
+            order[fill[kk]] = n
+            fill[kk] += 1
+    return starts, order
+
+
+@njit(parallel=True, cache=True)
+def _segment_sum_core(grad, order, starts, key, thr, offset, factor, ahead, out):  # pragma: no cover
+    """out[s] = factor * sum over rows n in segment s of the masked grad[n] (float64 sums).
+
+    Parallel over segments (dynamic chunks keep a hot Zipf id from stalling a thread); each sum
+    lives in a float64 buffer of one row (L1-resident), and each output row is written once.
+    """
+    S = starts.shape[0] - 1
+    D = grad.shape[1]
+    M = order.shape[0]
+    for s in prange(S):
+        acc = np.zeros(D, np.float64)
+        for j in range(starts[s], starts[s + 1]):
+            if ahead > 0 and j + ahead < M:
+                prefetch_row(grad[order[j + ahead]])
+            n = order[j]
             g = grad[n]
-            base = offset + np.uint64(n * D)
-            if u >= 0:
-                t = tok_acc[u]
-                if thr != 0:
-                    for d in range(d0, d1):
-                        if keep_bits(key, base + np.uint64(d)) >= thr:
-                            t[d] += g[d]
-                else:
-                    for d in range(d0, d1):
-                        t[d] += g[d]
-            if has_pos:
-                pa = pos_acc[pos_ids[n % Lp]]
-                if thr != 0:
-                    for d in range(d0, d1):
-                        if keep_bits(key, base + np.uint64(d)) >= thr:
-                            pa[d] += g[d]
-                else:
-                    for d in range(d0, d1):
-                        pa[d] += g[d]
+            if thr != 0:
+                base = offset + np.uint64(n * D)
+                for d in range(D):
+                    acc[d] += g[d] if keep_bits(key, base + np.uint64(d)) >= thr else 0.0
+            else:
+                for d in range(D):
+                    acc[d] += g[d]
+        o = out[s]
+        for d in range(D):
+            o[d] = acc[d] * factor
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,7 +260,8 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
         seed: the 63-bit dropout seed; element (n, d) of the flattened output uses counter
             ``dropout_offset + n*D + d``.
         out: optional preallocated C-contiguous (..., D) array of the weight dtype (a zero-copy
-            ``.numpy()`` view of a torch tensor works); it is returned.
+            ``.numpy()`` view of a torch tensor works); it is returned. Without it the result
+            comes from a cache of dead same-size outputs (:mod:`._pool`), like ``np.empty``.
 
     Returns:
         (..., D) array of the weight dtype.
@@ -209,7 +270,7 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     D = w.shape[1]
     shape = idx.shape + (D,)
     if out is None:
-        out = np.empty(shape, dtype=w.dtype)
+        out = _pool.empty(shape, w.dtype)
     elif (not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != w.dtype
           or not out.flags.c_contiguous or not out.flags.writeable):
         raise ConfigError(f"out must be a writeable C-contiguous {w.dtype} array of shape {shape}, got "
@@ -223,14 +284,17 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     has_pos = pt is not None
     if not has_pos:
         pt, pid = w[:1], np.zeros(1, np.int64)
-    _forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
-                  np.uint64(int(dropout_offset)), out.reshape(N, D))
+    tile = max(1, FORWARD_TILE_BYTES // max(1, D * w.itemsize))
+    with launch(-(-N // tile), 2 * N * D * w.itemsize, max_chunk=2):
+        _forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
+                      np.uint64(int(dropout_offset)), PREFETCH_AHEAD, PREFETCH_FAR, tile,
+                      out.reshape(N, D))
     return out
 
 
 def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p: float = 0.0, seed: int = 0,
                        dropout_offset: int = 0, padding_idx: int | None = None, pos_ids: Any = None,
-                       num_positions: int | None = None, block: int = 64
+                       num_positions: int | None = None
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Row-sparse gradient of :func:`embedding_forward` (the mask is recomputed from ``seed``).
 
@@ -241,7 +305,6 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
         padding_idx: that id receives no gradient (left out of the unique ids).
         pos_ids, num_positions: the forward's positions and the table size P; give both to get
             the positional gradient.
-        block: columns per parallel task (a multiple of 16 keeps cache lines whole).
 
     Returns:
         ``(unique_ids (U,) int64 sorted, rows (U, D), pos_grad (P, D) or None)`` where
@@ -266,16 +329,19 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
     pid = _flat_pos_ids(pos_ids, idx.shape, int(num_positions)) if has_pos else np.zeros(1, np.int64)
     pad = -1 if padding_idx is None else int(padding_idx)
     uniq, inverse = _unique_inverse(flat_ids, pad) if N else (np.zeros(0, np.int64), flat_ids)
-    tok_acc = np.zeros((uniq.shape[0], D), np.float64)
-    pos_acc = np.zeros((int(num_positions) if has_pos else 1, D), np.float64)
     key, thr, inv = dropout_params(seed, p)
-    if N and D:
-        _backward_core(g2, inverse, pid, has_pos, key, thr, np.uint64(int(dropout_offset)),
-                       max(1, int(block)), tok_acc, pos_acc)
-    tok_acc *= float(scale) * inv
-    rows = tok_acc.astype(g.dtype)
+    off = np.uint64(int(dropout_offset))
+    rows = np.empty((uniq.shape[0], D), g.dtype)
+    if rows.size:
+        starts, order = _group(inverse, uniq.shape[0], 0)
+        with launch(uniq.shape[0], N * D * g2.itemsize, max_chunk=16):
+            _segment_sum_core(g2, order, starts, key, thr, off, float(scale) * inv, PREFETCH_AHEAD, rows)
     pos_grad = None
     if has_pos:
-        pos_acc *= inv
-        pos_grad = pos_acc.astype(g.dtype)
+        P = int(num_positions)
+        pos_grad = np.zeros((P, D), g.dtype)
+        if N and D:
+            starts, order = _group(pid, P, N)
+            with launch(P, N * D * g2.itemsize, max_chunk=4):
+                _segment_sum_core(g2, order, starts, key, thr, off, inv, PREFETCH_AHEAD, pos_grad)
     return uniq, rows, pos_grad

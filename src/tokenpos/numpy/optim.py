@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos._config import kernels_enabled
+from tokenpos.kernels.optim import sparse_adam_update, sparse_sgd_update
 from tokenpos.numpy.module import Parameter
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice, check_float
@@ -73,6 +75,12 @@ class Optimizer:
         return g
 
 
+def _use_kernel(p: Parameter) -> bool:
+    """The fused row-sparse kernels take C-contiguous 2-D float32/float64 tables."""
+    return (kernels_enabled() and p.data.ndim == 2 and p.data.dtype in (np.float32, np.float64)
+            and p.data.flags.c_contiguous)
+
+
 class SGD(Optimizer):
     """``v = momentum * v + g`` (torch's form, no dampening); ``p -= lr * v``; coupled L2 weight decay."""
 
@@ -84,6 +92,12 @@ class SGD(Optimizer):
 
     def _update(self, p, state, grad, ids, rows):  # type: ignore[no-untyped-def]
         lr, mom, wd = self.lr, self.momentum, self.weight_decay
+        if ids is not None and _use_kernel(p):
+            if mom and "momentum" not in state:
+                state["momentum"] = np.zeros(p.data.shape, p.data.dtype)
+            sparse_sgd_update(p.data, ids, rows, lr=lr, momentum=mom, weight_decay=wd,
+                              momentum_buffer=state.get("momentum"), mode=self.sparse_mode)
+            return
         if ids is not None and (self.sparse_mode == "lazy" or (mom == 0.0 and wd == 0.0)):
             g = rows + wd * p.data[ids] if wd else rows
             if mom:
@@ -132,6 +146,10 @@ class Adam(Optimizer):
         m, v = state["m"], state["v"]
         bc1, bc2_sqrt = 1.0 - b1**t, np.sqrt(1.0 - b2**t)
         step_size = lr / bc1
+        if ids is not None and _use_kernel(p) and m.dtype == p.dtype:
+            sparse_adam_update(p.data, m, v, ids, rows, step=t, lr=lr, beta1=b1, beta2=b2, eps=self.eps,
+                               weight_decay=wd, decoupled=self.decoupled, mode=self.sparse_mode)
+            return
         lazy = ids is not None and self.sparse_mode == "lazy"
         if lazy:
             w = p.data[ids]

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos._config import kernels_enabled
+from tokenpos.kernels.embedding import embedding_backward, embedding_forward
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import init_weight, resolve_rng
@@ -22,6 +24,7 @@ from tokenpos.tables.validation import (
     check_token_ids,
 )
 
+_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 RESIZE_INITS = ("mean", "normal", "trunc_normal", "xavier_uniform", "standard_normal", "zeros")
 
 
@@ -86,9 +89,12 @@ class TokenEmbedding(Module):
     def forward(self, ids: Any) -> np.ndarray:
         """ids (...) -> (..., D). Bad ids raise TokenIdError naming the value and the range."""
         ids = check_token_ids(ids, self.vocab_size)
-        out = self.weight.data[ids]                                   # (..., D)
-        if self.scale:
-            out *= self.dtype.type(self.multiplier)
+        if kernels_enabled() and self.dtype in _FUSED_DTYPES:
+            out = embedding_forward(self.weight.data, ids, scale=self.multiplier)
+        else:
+            out = self.weight.data[ids]                               # (..., D)
+            if self.scale:
+                out *= self.dtype.type(self.multiplier)
         self._cache = (ids.reshape(-1), ids.shape)
         return out
 
@@ -98,6 +104,11 @@ class TokenEmbedding(Module):
         grad = np.asarray(grad_output)
         if grad.shape != shape + (self.d_model,):
             raise ValueError(f"grad_output must have shape {shape + (self.d_model,)}, got {grad.shape}")
+        if kernels_enabled() and grad.dtype in _FUSED_DTYPES and self.weight.requires_grad:
+            uniq, rows, _ = embedding_backward(grad.reshape(-1, self.d_model), flat_ids, scale=self.multiplier,
+                                               padding_idx=self.padding_idx)
+            self.weight.accumulate_rows(uniq, rows, coalesced=True)
+            return
         self.accumulate_lookup_grad(flat_ids, grad.reshape(-1, self.d_model) * self.multiplier)
 
     def accumulate_lookup_grad(self, flat_ids: np.ndarray, rows: np.ndarray) -> None:

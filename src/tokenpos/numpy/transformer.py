@@ -12,9 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos._config import kernels_enabled
+from tokenpos.kernels.embedding import embedding_backward, embedding_forward
+from tokenpos.numpy.learned import LearnedPositionalEmbedding
 from tokenpos.numpy.module import Module
 from tokenpos.numpy.norm import build_norm
 from tokenpos.numpy.schemes import POSITIONAL_BUILDERS
+from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.numpy.token import TokenEmbedding
 from tokenpos.tables.dropout import draw_seed, dropout_keep_mask
 from tokenpos.tables.embedding_args import check_embedding_args
@@ -26,6 +30,8 @@ from tokenpos.tables.validation import (
     check_positions,
     check_token_ids,
 )
+
+_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 class TransformerEmbedding(Module):
@@ -117,6 +123,17 @@ class TransformerEmbedding(Module):
         elif token_type_ids is not None:
             raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
         additive = self.position.kind == "additive"
+        if isinstance(self.position, LearnedPositionalEmbedding):
+            check_positions(np.broadcast_to(pos, ids.shape), self.max_seq_len)   # before any state changes
+        seed = draw_seed(self._rng) if self.training and self.dropout > 0.0 else None
+        pos_table = self._fusable_pos_table(pos) if additive else None
+        if kernels_enabled() and self.norm is None and self.token_type is None and self.dtype in _FUSED_DTYPES \
+                and (pos_table is not None or not additive):
+            x = embedding_forward(self.token.weight.data, ids, scale=self.token.multiplier, pos_table=pos_table,
+                                  pos_ids=pos if pos_table is not None else None,
+                                  dropout_p=self.dropout if seed is not None else 0.0, seed=seed or 0)
+            self._cache = {"shape": x.shape, "seed": seed, "additive": additive, "fused": (ids, pos)}
+            return x
         if additive:
             pos_rows = self.position(np.broadcast_to(pos, ids.shape))   # checks range first (learned)
         x = self.token(ids)                                            # (..., D)
@@ -126,13 +143,20 @@ class TransformerEmbedding(Module):
             x += pos_rows
         if self.norm is not None:
             x = self.norm(x)
-        seed = None
-        if self.training and self.dropout > 0.0:
-            seed = draw_seed(self._rng)
+        if seed is not None:
             keep = dropout_keep_mask(seed, x.shape, self.dropout)
             x = np.where(keep, x * self.dtype.type(1.0 / (1.0 - self.dropout)), self.dtype.type(0.0))
-        self._cache = {"shape": x.shape, "seed": seed, "additive": additive}
+        self._cache = {"shape": x.shape, "seed": seed, "additive": additive, "fused": None}
         return x.astype(self.dtype, copy=False)
+
+    def _fusable_pos_table(self, pos: np.ndarray) -> np.ndarray | None:
+        """The (P, D) table the fused kernel can index with ``pos``, or None (use the plain path)."""
+        if isinstance(self.position, LearnedPositionalEmbedding):
+            return self.position.weight.data
+        if isinstance(self.position, SinusoidalPositionalEncoding) and (pos.size == 0 or
+                                                                          int(pos.max()) < self.max_seq_len):
+            return self.position.table
+        return None
 
     def backward(self, grad_output: np.ndarray) -> None:
         """Gradients flow to the token table (row-sparse), learned positions, token types and norm."""
@@ -140,6 +164,10 @@ class TransformerEmbedding(Module):
         g = np.asarray(grad_output)
         if g.shape != cache["shape"]:
             raise ValueError(f"grad_output must have shape {cache['shape']}, got {g.shape}")
+        if cache["fused"] is not None:
+            fused_ids, fused_pos = cache["fused"]
+            self._fused_backward(g, fused_ids, fused_pos, cache["seed"])
+            return
         if cache["seed"] is not None:
             keep = dropout_keep_mask(cache["seed"], g.shape, self.dropout)
             g = np.where(keep, g * (1.0 / (1.0 - self.dropout)), 0.0).astype(g.dtype)
@@ -150,6 +178,17 @@ class TransformerEmbedding(Module):
             self.position.backward(g)
         if self.token_type is not None:
             self.token_type.backward(g)
+
+    def _fused_backward(self, g: np.ndarray, ids: np.ndarray, pos: np.ndarray, seed: int | None) -> None:
+        """The fused kernel's backward: row-sparse token rows and the dense learned-position gradient."""
+        learned = isinstance(self.position, LearnedPositionalEmbedding)
+        uniq, rows, pos_grad = embedding_backward(
+            g, ids, scale=self.token.multiplier, dropout_p=self.dropout if seed is not None else 0.0,
+            seed=seed or 0, padding_idx=self.token.padding_idx, pos_ids=pos if learned else None,
+            num_positions=self.max_seq_len if learned else None)
+        self.token.weight.accumulate_rows(uniq, rows, coalesced=True)
+        if learned and pos_grad is not None:
+            self.position.weight.accumulate(pos_grad)
 
     def extra_repr(self) -> str:
         s = f"{self.vocab_size}, {self.d_model}, max_seq_len={self.max_seq_len}, positional={self.positional!r}"

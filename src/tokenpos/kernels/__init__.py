@@ -1,0 +1,48 @@
+"""Fused CPU kernels (numba, ``cache=True``, parallel over rows), each with a plain-NumPy twin.
+
+Importing this package imports numba but compiles nothing; each kernel compiles (or loads from
+numba's on-disk cache in ``__pycache__``) on its first call with a given dtype combination.
+
+Public kernels (all take and return NumPy arrays; torch callers pass zero-copy ``.numpy()`` views,
+including for ``out=``):
+
+Embedding (:mod:`.embedding`), N ids of any shape (...), D model dim, P positions:
+
+- ``embedding_forward(weight (V, D), ids (...), *, scale=1.0, pos_table=None (P, D),
+  pos_ids=None ((...) or a trailing part), dropout_p=0.0, seed=0, dropout_offset=0, out=None)
+  -> (..., D)``: gather * scale + positional row, then counter-based dropout, in one pass.
+- ``embedding_backward(grad_out (..., D), ids (...), *, scale=1.0, dropout_p=0.0, seed=0,
+  dropout_offset=0, padding_idx=None, pos_ids=None, num_positions=None)
+  -> (unique_ids (U,), rows (U, D), pos_grad (P, D) | None)``: row-sparse token gradient.
+
+RoPE (:mod:`.rope`), q (B, H, L, Dh), k (B, Hk, L, Dh), cos/sin (L, R/2) or (B, L, R/2):
+
+- ``rope_apply(q, k, cos, sin, *, layout="half"|"interleaved", out_q=None, out_k=None) -> (q, k)``
+- ``rope_apply_backward(grad_q, grad_k, cos, sin, *, layout, out_q=None, out_k=None) -> (gq, gk)``
+
+Row-sparse optimisers (:mod:`.optim`), in place, ``mode="exact"|"lazy"``:
+
+- ``sparse_adam_update(param, exp_avg, exp_avg_sq, indices, rows, *, step, lr, beta1=0.9,
+  beta2=0.999, eps=1e-8, weight_decay=0.0, decoupled=False, mode="lazy")``
+- ``sparse_sgd_update(param, indices, rows, *, lr, momentum=0.0, dampening=0.0, nesterov=False,
+  weight_decay=0.0, momentum_buffer=None, first_step=False, mode="lazy")``
+
+Every kernel ``f`` has a twin ``f_ref`` in :mod:`.reference` with the same signature; the
+optimisers' twins are dense (``adam_dense_ref``, ``sgd_dense_ref``) and lazy (``*_lazy_ref``).
+Dropout masks equal :func:`tokenpos.tables.dropout.dropout_keep_mask` bit for bit.
+"""
+
+from __future__ import annotations
+
+from tokenpos.kernels.embedding import embedding_backward, embedding_forward
+from tokenpos.kernels.optim import sparse_adam_update, sparse_sgd_update
+from tokenpos.kernels.rope import rope_apply, rope_apply_backward
+
+__all__ = [
+    "embedding_backward",
+    "embedding_forward",
+    "rope_apply",
+    "rope_apply_backward",
+    "sparse_adam_update",
+    "sparse_sgd_update",
+]

@@ -1,0 +1,225 @@
+"""Fused row-sparse optimiser updates (SGD with momentum, Adam, AdamW), in place.
+
+Shapes: V rows (vocab), D row width, U unique row indices. The gradient comes row-sparse, as from
+:func:`tokenpos.kernels.embedding_backward`: ``indices`` (U,) unique, strictly increasing int64 and
+``rows`` (U, D). Adam's element math is in the parameter dtype (float32 for float32 tables, as
+torch's fused Adam; scalars such as ``lr / (1 - beta1**t)`` are formed in float64 first). SGD's is
+float64, rounded once to the parameter dtype.
+
+Two modes:
+
+- ``"exact"``: identical (to float rounding) to the dense torch optimiser given the dense gradient
+  that is ``rows`` at ``indices`` and zero elsewhere. Every row's moments decay and every row with
+  a nonzero moment moves, so this is a dense pass over (V, D) (parameter + state), but no dense
+  gradient is ever built. (Plain SGD without momentum or weight decay only touches ``indices``, as
+  the dense update is zero elsewhere.)
+- ``"lazy"``: only the rows in ``indices`` are read and written (like ``torch.optim.SparseAdam``).
+  Bias correction uses the global ``step`` (one counter per parameter, as SparseAdam), not a
+  per-row count. Weight decay (L2 or decoupled) applies to the updated rows only.
+
+Adam follows ``torch.optim.Adam`` / ``AdamW`` (amsgrad off): with ``decoupled=False`` weight decay
+is L2 (``g += wd * p``); with ``decoupled=True`` (AdamW) ``p -= lr * wd * p`` first.
+SGD follows ``torch.optim.SGD``; its momentum buffer is ``g`` itself on the first step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from tokenpos.kernels._launch import launch
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.validation import check_choice
+
+MODES = ("exact", "lazy")
+
+
+# ----------------------------------------------------------------------------------------------
+# compiled cores: one row update each, driven by a lazy (rows listed) or exact (all rows) loop
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(inline="always", cache=True)
+def _adam_row(p, m, v, g, has_g, step_size, inv_bc2_sqrt, b1, b2, c1, c2, eps, l2, decay):  # pragma: no cover
+    """One row of Adam in the scalars' dtype (the parameter dtype); c1 = 1 - b1, c2 = 1 - b2."""
+    zero = eps - eps
+    for d in range(p.shape[0]):
+        pv = p[d]
+        gd = (g[d] if has_g else zero) + l2 * pv
+        md = b1 * m[d] + c1 * gd
+        vd = b2 * v[d] + c2 * gd * gd
+        m[d] = md
+        v[d] = vd
+        p[d] = pv * decay - step_size * md / (math.sqrt(vd) * inv_bc2_sqrt + eps)
+
+
+@njit(parallel=True, cache=True)
+def _adam_lazy_core(param, exp_avg, exp_avg_sq, indices, rows, step_size, inv_bc2_sqrt, b1, b2, c1, c2,
+                    eps, l2, decay):  # pragma: no cover
+    for j in prange(indices.shape[0]):
+        r = indices[j]
+        _adam_row(param[r], exp_avg[r], exp_avg_sq[r], rows[j], True, step_size, inv_bc2_sqrt, b1, b2,
+                  c1, c2, eps, l2, decay)
+
+
+@njit(parallel=True, cache=True)
+def _adam_exact_core(param, exp_avg, exp_avg_sq, indices, rows, step_size, inv_bc2_sqrt, b1, b2, c1, c2,
+                     eps, l2, decay, chunk):  # pragma: no cover
+    V = param.shape[0]
+    U = indices.shape[0]
+    nchunk = (V + chunk - 1) // chunk
+    for c in prange(nchunk):
+        r0 = c * chunk
+        r1 = min(V, r0 + chunk)
+        j = np.searchsorted(indices, r0)                     # first listed row >= r0
+        for r in range(r0, r1):
+            if j < U and indices[j] == r:
+                _adam_row(param[r], exp_avg[r], exp_avg_sq[r], rows[j], True, step_size, inv_bc2_sqrt,
+                          b1, b2, c1, c2, eps, l2, decay)
+                j += 1
+            else:
+                _adam_row(param[r], exp_avg[r], exp_avg_sq[r], rows[0], False, step_size, inv_bc2_sqrt,
+                          b1, b2, c1, c2, eps, l2, decay)
+
+
+@njit(inline="always", cache=True)
+def _sgd_row(p, buf, g, has_g, lr, mom, damp, nesterov, wd, first):  # pragma: no cover
+    for d in range(p.shape[0]):
+        pd = np.float64(p[d])
+        gd = (np.float64(g[d]) if has_g else 0.0) + wd * pd
+        if mom != 0.0:
+            if first:
+                bd = gd
+            else:
+                bd = mom * np.float64(buf[d]) + (1.0 - damp) * gd
+            buf[d] = bd
+            gd = gd + mom * bd if nesterov else bd
+        p[d] = pd - lr * gd
+
+
+@njit(parallel=True, cache=True)
+def _sgd_lazy_core(param, buf, indices, rows, lr, mom, damp, nesterov, wd, first):  # pragma: no cover
+    for j in prange(indices.shape[0]):
+        r = indices[j]
+        _sgd_row(param[r], buf[r if mom != 0.0 else 0], rows[j], True, lr, mom, damp, nesterov, wd, first)
+
+
+@njit(parallel=True, cache=True)
+def _sgd_exact_core(param, buf, indices, rows, lr, mom, damp, nesterov, wd, first, chunk):  # pragma: no cover
+    V = param.shape[0]
+    U = indices.shape[0]
+    nchunk = (V + chunk - 1) // chunk
+    for c in prange(nchunk):
+        r0 = c * chunk
+        r1 = min(V, r0 + chunk)
+        j = np.searchsorted(indices, r0)
+        for r in range(r0, r1):
+            has = j < U and indices[j] == r
+            _sgd_row(param[r], buf[r if mom != 0.0 else 0], rows[j if has else 0], has, lr, mom, damp, nesterov, wd, first)
+            if has:
+                j += 1
+
+
+# ----------------------------------------------------------------------------------------------
+# wrappers
+# ----------------------------------------------------------------------------------------------
+
+
+def _state(name: str, arr: Any, param: np.ndarray) -> np.ndarray:
+    if (not isinstance(arr, np.ndarray) or arr.shape != param.shape or arr.dtype != param.dtype
+            or not arr.flags.c_contiguous or not arr.flags.writeable):
+        raise ConfigError(f"{name} must be a writeable C-contiguous {param.dtype} array of shape {param.shape}")
+    return arr
+
+
+def prepare_sparse(param: Any, indices: Any, rows: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Check (param, indices, rows); returns contiguous int64 indices and rows of the param dtype."""
+    if (not isinstance(param, np.ndarray) or param.ndim != 2 or param.dtype not in (np.float32, np.float64)
+            or not param.flags.c_contiguous or not param.flags.writeable):
+        raise ConfigError("param must be a writeable C-contiguous float32/float64 array of shape (V, D)")
+    idx = np.ascontiguousarray(np.asarray(indices).reshape(-1), dtype=np.int64)
+    r = np.ascontiguousarray(rows, dtype=param.dtype)
+    if r.shape != (idx.shape[0], param.shape[1]):
+        raise ConfigError(f"rows must have shape ({idx.shape[0]}, {param.shape[1]}), got {r.shape}")
+    if idx.size and (idx[0] < 0 or idx[-1] >= param.shape[0] or np.any(idx[1:] <= idx[:-1])):
+        raise ConfigError(f"indices must be strictly increasing and in [0, {param.shape[0]})")
+    return idx, r
+
+
+def _chunk(V: int) -> int:
+    return max(16, min(1024, -(-V // 64)))
+
+
+def sparse_adam_update(param: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray, indices: Any,
+                       rows: Any, *, step: int, lr: float, beta1: float = 0.9, beta2: float = 0.999,
+                       eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = False,
+                       mode: str = "lazy") -> None:
+    """Adam / AdamW step from a row-sparse gradient, in place.
+
+    Args:
+        param, exp_avg, exp_avg_sq: (V, D) C-contiguous arrays of one float dtype (state starts at 0).
+        indices: (U,) strictly increasing row ids; rows: (U, D) gradient rows.
+        step: this step's number, 1 for the first call (the caller increments it).
+        decoupled: False = Adam with L2 weight decay, True = AdamW.
+        mode: "exact" (equals dense Adam with zero rows elsewhere) or "lazy" (listed rows only).
+    """
+    check_choice("mode", mode, MODES)
+    idx, r = prepare_sparse(param, indices, rows)
+    m = _state("exp_avg", exp_avg, param)
+    v = _state("exp_avg_sq", exp_avg_sq, param)
+    if int(step) < 1:
+        raise ConfigError(f"step must be >= 1, got {step}")
+    step_size = lr / (1.0 - beta1 ** int(step))
+    inv_bc2_sqrt = 1.0 / math.sqrt(1.0 - beta2 ** int(step))
+    l2 = 0.0 if decoupled else float(weight_decay)
+    decay = 1.0 - lr * weight_decay if decoupled else 1.0
+    if r.shape[0] == 0:
+        r = np.zeros((1, param.shape[1]), param.dtype)
+    typ = param.dtype.type                 # element math in the parameter dtype, as torch's fused Adam
+    args = tuple(typ(x) for x in (step_size, inv_bc2_sqrt, beta1, beta2, 1.0 - beta1, 1.0 - beta2, eps, l2,
+                                  decay))
+    D, isz = param.shape[1], param.itemsize
+    if mode == "lazy":
+        if idx.size:
+            with launch(idx.size, 7 * idx.size * D * isz):
+                _adam_lazy_core(param, m, v, idx, r, *args)
+    elif param.size:
+        chunk = _chunk(param.shape[0])
+        with launch(-(-param.shape[0] // chunk), 6 * param.size * isz, max_chunk=1):
+            _adam_exact_core(param, m, v, idx, r, *args, chunk)
+
+
+def sparse_sgd_update(param: np.ndarray, indices: Any, rows: Any, *, lr: float, momentum: float = 0.0,
+                      dampening: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+                      momentum_buffer: np.ndarray | None = None, first_step: bool = False,
+                      mode: str = "lazy") -> None:
+    """SGD (optional momentum, L2 weight decay) from a row-sparse gradient, in place.
+
+    Args:
+        param: (V, D); momentum_buffer: (V, D) of the same dtype when ``momentum != 0``.
+        first_step: the buffer is set to the gradient instead of decayed (torch's first step).
+        mode: "exact" or "lazy" (see the module docstring).
+    """
+    check_choice("mode", mode, MODES)
+    idx, r = prepare_sparse(param, indices, rows)
+    mom = float(momentum)
+    if mom != 0.0:
+        buf = _state("momentum_buffer", momentum_buffer, param)
+    else:
+        buf = param[:1]
+    if r.shape[0] == 0:
+        r = np.zeros((1, param.shape[1]), param.dtype)
+    args = (float(lr), mom, float(dampening), bool(nesterov), float(weight_decay), bool(first_step))
+    dense_needed = mom != 0.0 or float(weight_decay) != 0.0
+    D, isz = param.shape[1], param.itemsize
+    if mode == "lazy" or not dense_needed:
+        if idx.size:
+            with launch(idx.size, 5 * idx.size * D * isz):
+                _sgd_lazy_core(param, buf, idx, r, *args)
+    elif param.size:
+        chunk = _chunk(param.shape[0])
+        with launch(-(-param.shape[0] // chunk), 4 * param.size * isz, max_chunk=1):
+            _sgd_exact_core(param, buf, idx, r, *args, chunk)

@@ -1,0 +1,189 @@
+"""Plain-NumPy reference twins of every kernel: the tests' oracle and the ``set_kernels(False)`` path.
+
+Each function has the same signature and semantics as its kernel (same argument checks, same
+dropout counters via :func:`tokenpos.tables.dropout.dropout_keep_mask`), written as the obvious
+array expression. Forwards use the same arithmetic order as the kernels, so they agree bit for bit;
+backward sums and optimiser updates agree to float rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenpos.kernels.embedding import _float_array, _flat_pos_ids, prepare_forward
+from tokenpos.kernels.optim import prepare_sparse
+from tokenpos.kernels.rope import prepare_rope
+from tokenpos.tables.dropout import dropout_keep_mask
+from tokenpos.tables.validation import check_probability, check_token_ids
+
+# ----------------------------------------------------------------------------------------------
+# embedding
+# ----------------------------------------------------------------------------------------------
+
+
+def embedding_forward_ref(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: Any = None,
+                          pos_ids: Any = None, dropout_p: float = 0.0, seed: int = 0,
+                          dropout_offset: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    """Twin of :func:`tokenpos.kernels.embedding_forward`; (...) ids -> (..., D)."""
+    w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p)
+    typ = w.dtype.type
+    y = w[idx] * typ(scale)                                             # (..., D)
+    if pt is not None:
+        n = idx.size
+        full = pid[np.arange(n) % pid.size].reshape(idx.shape)          # (...)
+        y = y + pt[full]
+    if p > 0.0:
+        keep = dropout_keep_mask(seed, y.shape, p, offset=dropout_offset)
+        y = np.where(keep, y * typ(1.0 / (1.0 - p)), typ(0))
+    y = y.astype(w.dtype, copy=False)
+    if out is not None:
+        out[...] = y
+        return out
+    return y
+
+
+def embedding_backward_ref(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p: float = 0.0,
+                           seed: int = 0, dropout_offset: int = 0, padding_idx: int | None = None,
+                           pos_ids: Any = None, num_positions: int | None = None):
+    """Twin of :func:`tokenpos.kernels.embedding_backward`, computed in float64 with ``np.add.at``."""
+    g = _float_array("grad_out", grad_out, np.ndim(grad_out))
+    idx = check_token_ids(ids, np.iinfo(np.int64).max)
+    p = check_probability("dropout_p", dropout_p)
+    D = g.shape[-1]
+    g64 = g.astype(np.float64).reshape(-1, D)                           # (N, D)
+    if p > 0.0:
+        keep = dropout_keep_mask(seed, g64.shape, p, offset=dropout_offset)
+        g64 = np.where(keep, g64, 0.0) * (1.0 / (1.0 - p))
+    flat = idx.reshape(-1)
+    uniq = np.unique(flat)
+    if padding_idx is not None:
+        uniq = uniq[uniq != padding_idx]
+    rows = np.zeros((uniq.size, D))
+    sel = np.isin(flat, uniq)
+    np.add.at(rows, np.searchsorted(uniq, flat[sel]), g64[sel])
+    rows *= float(scale)
+    pos_grad = None
+    if pos_ids is not None:
+        pid = _flat_pos_ids(pos_ids, idx.shape, int(num_positions))
+        full = pid[np.arange(flat.size) % pid.size]
+        pos_grad = np.zeros((int(num_positions), D))
+        np.add.at(pos_grad, full, g64)
+        pos_grad = pos_grad.astype(g.dtype)
+    return uniq.astype(np.int64), rows.astype(g.dtype), pos_grad
+
+
+# ----------------------------------------------------------------------------------------------
+# RoPE
+# ----------------------------------------------------------------------------------------------
+
+
+def _rope_ref_one(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, layout: str, sign: float) -> np.ndarray:
+    R2 = cos.shape[-1]
+    R = 2 * R2
+    ct = np.result_type(x.dtype, cos.dtype)
+    c = cos.astype(ct)[:, None]                                         # (Bc, 1, L, R/2)
+    s = sin.astype(ct)[:, None] * ct.type(sign)
+    xr = x[..., :R].astype(ct)
+    if layout == "half":
+        x1, x2 = xr[..., :R2], xr[..., R2:]
+        rot = np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = np.empty_like(xr)
+        rot[..., 0::2] = x1 * c - x2 * s
+        rot[..., 1::2] = x2 * c + x1 * s
+    out = x.copy()
+    out[..., :R] = rot.astype(x.dtype)
+    return out
+
+
+def rope_apply_ref(q: Any, k: Any, cos: Any, sin: Any, *, layout: str = "half", out_q: Any = None,
+                   out_k: Any = None):
+    """Twin of :func:`tokenpos.kernels.rope_apply`; returns ``(q_rot, k_rot or None)``."""
+    q, k, c, s, layout = prepare_rope(q, k, cos, sin, layout)
+    return _rope_ref_one(q, c, s, layout, 1.0), (None if k is None else _rope_ref_one(k, c, s, layout, 1.0))
+
+
+def rope_apply_backward_ref(grad_q: Any, grad_k: Any, cos: Any, sin: Any, *, layout: str = "half",
+                            out_q: Any = None, out_k: Any = None):
+    """Twin of :func:`tokenpos.kernels.rope_apply_backward` (the transpose rotation)."""
+    g, gk, c, s, layout = prepare_rope(grad_q, grad_k, cos, sin, layout)
+    return _rope_ref_one(g, c, s, layout, -1.0), (None if gk is None else _rope_ref_one(gk, c, s, layout, -1.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# optimisers (dense references; "exact" mode must equal these with a dense gradient)
+# ----------------------------------------------------------------------------------------------
+
+
+def dense_grad(shape: tuple[int, int], indices: Any, rows: Any) -> np.ndarray:
+    """The dense (V, D) gradient that is ``rows`` at ``indices`` and zero elsewhere."""
+    g = np.zeros(shape, dtype=np.asarray(rows).dtype)
+    g[np.asarray(indices)] = rows
+    return g
+
+
+def adam_dense_ref(param: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray, grad: np.ndarray, *,
+                   step: int, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                   weight_decay: float = 0.0, decoupled: bool = False) -> None:
+    """torch.optim.Adam / AdamW (non-amsgrad) on a dense gradient, in place, computed in float64."""
+    p = param.astype(np.float64)
+    g = grad.astype(np.float64)
+    if weight_decay:
+        if decoupled:
+            p = p * (1.0 - lr * weight_decay)
+        else:
+            g = g + weight_decay * p
+    m = beta1 * exp_avg.astype(np.float64) + (1.0 - beta1) * g
+    v = beta2 * exp_avg_sq.astype(np.float64) + (1.0 - beta2) * g * g
+    bc1 = 1.0 - beta1 ** step
+    bc2 = 1.0 - beta2 ** step
+    p = p - (lr / bc1) * m / (np.sqrt(v) / np.sqrt(bc2) + eps)
+    param[...] = p
+    exp_avg[...] = m
+    exp_avg_sq[...] = v
+
+
+def adam_lazy_ref(param: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray, indices: Any, rows: Any,
+                  *, step: int, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                  weight_decay: float = 0.0, decoupled: bool = False) -> None:
+    """Lazy Adam: the dense formula applied to the given rows only (global step for bias correction)."""
+    idx, r = prepare_sparse(param, indices, rows)
+    sub = [a[idx] for a in (param, exp_avg, exp_avg_sq)]
+    adam_dense_ref(*sub, r, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                   weight_decay=weight_decay, decoupled=decoupled)
+    param[idx], exp_avg[idx], exp_avg_sq[idx] = sub
+
+
+def sgd_dense_ref(param: np.ndarray, grad: np.ndarray, *, lr: float, momentum: float = 0.0,
+                  dampening: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+                  momentum_buffer: np.ndarray | None = None, first_step: bool = False) -> None:
+    """torch.optim.SGD on a dense gradient, in place (float64 math). ``first_step``: buffer = grad."""
+    p = param.astype(np.float64)
+    g = grad.astype(np.float64)
+    if weight_decay:
+        g = g + weight_decay * p
+    if momentum:
+        if first_step:
+            buf = g.copy()
+        else:
+            buf = momentum * momentum_buffer.astype(np.float64) + (1.0 - dampening) * g
+        momentum_buffer[...] = buf
+        g = g + momentum * buf if nesterov else buf
+    param[...] = p - lr * g
+
+
+def sgd_lazy_ref(param: np.ndarray, indices: Any, rows: Any, *, lr: float, momentum: float = 0.0,
+                 dampening: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+                 momentum_buffer: np.ndarray | None = None, first_step: bool = False) -> None:
+    """Lazy SGD: the dense formula on the given rows only."""
+    idx, r = prepare_sparse(param, indices, rows)
+    p = param[idx]
+    buf = momentum_buffer[idx] if momentum else None
+    sgd_dense_ref(p, r, lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
+                  weight_decay=weight_decay, momentum_buffer=buf, first_step=first_step)
+    param[idx] = p
+    if momentum:
+        momentum_buffer[idx] = buf

@@ -1,0 +1,169 @@
+"""Rotary position embedding (RoPE) applied to q and k in one pass, and its backward.
+
+Shapes: B batch, H query heads, Hk key heads (GQA: Hk may differ from H), L length, Dh head dim,
+R rotary dim (even, <= Dh). Inputs are (B, H, L, Dh) and (B, Hk, L, Dh). ``cos``/``sin`` are the
+caller's tables of shape (L, R/2) (every batch row at the same positions) or (B, L, R/2) (per-row
+positions), float32 or float64, computed in high precision by the caller (``tables.rope``).
+
+Layouts (only the first R dims rotate; dims R..Dh-1 pass through unchanged):
+
+- ``"half"`` (HF / GPT-NeoX ``rotate_half``): x1 = x[:R/2], x2 = x[R/2:R]
+      out[:R/2] = x1*cos - x2*sin,   out[R/2:R] = x2*cos + x1*sin
+- ``"interleaved"`` (GPT-J / Meta): pairs (2i, 2i+1)
+      out[2i] = x[2i]*cos_i - x[2i+1]*sin_i,   out[2i+1] = x[2i+1]*cos_i + x[2i]*sin_i
+
+Arithmetic is in ``result_type(x, cos)`` (float64 tables with float32 inputs compute in float64 and
+round once on store). The rotation is orthogonal, so the backward is the same pass with ``-sin``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from tokenpos.kernels import _pool
+from tokenpos.kernels._launch import launch
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.validation import check_choice
+
+LAYOUTS = ("half", "interleaved")
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+ROPE_TASK_BYTES = 1 << 16      # rows per parallel task (x row bytes)
+
+
+@njit(parallel=True, cache=True)
+def _rope_core(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k, rows_per_task):  # pragma: no cover
+    """q (B*H*L, Dh), k (B*Hk*L, Dh), cos/sin (Bc*L, R/2); parallel over tasks of consecutive rows.
+
+    Row r of q belongs to batch b = r // (H*L) at position l = r % L and uses table row
+    ``b * L + l`` when tables are per batch row (Bc > 1), else ``l``. Indexing is direct (no
+    per-row array views: rows are only Dh elements long).
+    """
+    Rq = q.shape[0]
+    Rk = k.shape[0]
+    Dh = q.shape[1]
+    R2 = cos.shape[1]
+    R = 2 * R2
+    per_batch = cos.shape[0] > L
+    tq = (Rq + rows_per_task - 1) // rows_per_task
+    tk = (Rk + rows_per_task - 1) // rows_per_task
+    for t in prange(tq + tk):
+        if t < tq:
+            x = q
+            o = out_q
+            HL = H * L
+            r0 = t * rows_per_task
+            r1 = min(Rq, r0 + rows_per_task)
+        else:
+            x = k
+            o = out_k
+            HL = Hk * L
+            r0 = (t - tq) * rows_per_task
+            r1 = min(Rk, r0 + rows_per_task)
+        for r in range(r0, r1):
+            l = r % L
+            c = (r // HL) * L + l if per_batch else l
+            if interleaved:
+                for i in range(R2):
+                    x0 = x[r, 2 * i]
+                    x1 = x[r, 2 * i + 1]
+                    ci = cos[c, i]
+                    si = sin[c, i] * sign
+                    o[r, 2 * i] = x0 * ci - x1 * si
+                    o[r, 2 * i + 1] = x1 * ci + x0 * si
+            else:
+                for i in range(R2):
+                    x1 = x[r, i]
+                    x2 = x[r, i + R2]
+                    ci = cos[c, i]
+                    si = sin[c, i] * sign
+                    o[r, i] = x1 * ci - x2 * si
+                    o[r, i + R2] = x2 * ci + x1 * si
+            if copy_tail:
+                for d in range(R, Dh):
+                    o[r, d] = x[r, d]
+
+
+def _as_heads(name: str, x: Any) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype not in _FLOATS:
+        raise ConfigError(f"{name} must be float32 or float64, got dtype {arr.dtype}")
+    if arr.ndim != 4:
+        raise ConfigError(f"{name} must have shape (B, H, L, head_dim), got {arr.shape}")
+    return np.ascontiguousarray(arr)
+
+
+def prepare_rope(q: Any, k: Any, cos: Any, sin: Any, layout: str):
+    """Validate; returns (q, k or None, cos (Bc, L, R/2), sin (Bc, L, R/2), layout)."""
+    check_choice("layout", layout, LAYOUTS)
+    q = _as_heads("q", q)
+    B, _, L, Dh = q.shape
+    if k is not None:
+        k = _as_heads("k", k)
+        if k.dtype != q.dtype or k.shape[0] != B or k.shape[2:] != (L, Dh):
+            raise ConfigError(f"k must be {q.dtype} of shape ({B}, Hk, {L}, {Dh}), got {k.dtype} {k.shape}")
+    c = np.asarray(cos)
+    s = np.asarray(sin)
+    if c.dtype not in _FLOATS or s.dtype != c.dtype or c.shape != s.shape:
+        raise ConfigError(f"cos and sin must be float32/float64 arrays of one dtype and shape, "
+                          f"got {c.dtype} {c.shape} and {s.dtype} {s.shape}")
+    if c.ndim == 2:
+        c, s = c[None], s[None]
+    if c.ndim != 3 or c.shape[0] not in (1, B) or c.shape[1] != L or 2 * c.shape[2] > Dh:
+        raise ConfigError(f"cos/sin must have shape ({L}, R/2) or ({B}, {L}, R/2) with R <= head_dim={Dh}, "
+                          f"got {np.asarray(cos).shape}")
+    return q, k, np.ascontiguousarray(c), np.ascontiguousarray(s), layout
+
+
+def _out(name: str, out: Any, like: np.ndarray) -> np.ndarray:
+    if out is None:
+        return _pool.empty(like.shape, like.dtype)
+    if (not isinstance(out, np.ndarray) or out.shape != like.shape or out.dtype != like.dtype
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ConfigError(f"{name} must be a writeable C-contiguous {like.dtype} array of shape {like.shape}")
+    return out
+
+
+def _run(q, k, cos, sin, layout, sign, out_q, out_k):
+    q, k, c, s, layout = prepare_rope(q, k, cos, sin, layout)
+    oq = _out("out_q", out_q, q)
+    ok = None if k is None else _out("out_k", out_k, k)
+    kk, okk = (k, ok) if k is not None else (q[:, :0], oq[:, :0])
+    # in place (out is the input) needs no pass-through copy of dims R..Dh-1
+    copy_tail = not (np.shares_memory(oq, q) and (k is None or np.shares_memory(okk, kk)))
+    if q.size or kk.size:
+        B, H, L, Dh = q.shape
+        rows = q.shape[0] * q.shape[1] * L + kk.shape[0] * kk.shape[1] * L
+        per_task = max(1, ROPE_TASK_BYTES // max(1, Dh * q.itemsize))
+        with launch(-(-rows // per_task), 2 * (q.nbytes + kk.nbytes), max_chunk=2):
+            _rope_core(q.reshape(-1, Dh), kk.reshape(-1, Dh), H, kk.shape[1], L,
+                       c.reshape(-1, c.shape[-1]), s.reshape(-1, s.shape[-1]),
+                       q.dtype.type(sign) if c.dtype == q.dtype else float(sign),
+                       layout == "interleaved", copy_tail, oq.reshape(-1, Dh), okk.reshape(-1, Dh), per_task)
+    return oq, ok
+
+
+def rope_apply(q: Any, k: Any, cos: Any, sin: Any, *, layout: str = "half", out_q: np.ndarray | None = None,
+               out_k: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rotate q (B, H, L, Dh) and k (B, Hk, L, Dh) in one parallel pass.
+
+    Args:
+        q, k: float32/float64 arrays (k may be None). Non-contiguous inputs are copied first.
+        cos, sin: (L, R/2) or (B, L, R/2) tables; R = 2 * cos.shape[-1] is the rotary dim.
+        layout: "half" or "interleaved" (see the module docstring).
+        out_q, out_k: optional preallocated C-contiguous outputs (may be q and k themselves for an
+            in-place rotation, or zero-copy ``.numpy()`` views of torch tensors).
+
+    Returns:
+        ``(q_rot, k_rot)`` of the input shapes and dtype (``k_rot`` is None when k is None).
+    """
+    return _run(q, k, cos, sin, layout, 1.0, out_q, out_k)
+
+
+def rope_apply_backward(grad_q: Any, grad_k: Any, cos: Any, sin: Any, *, layout: str = "half",
+                        out_q: np.ndarray | None = None, out_k: np.ndarray | None = None
+                        ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Gradient of :func:`rope_apply` w.r.t. q and k: the inverse (transpose) rotation of the grads."""
+    return _run(grad_q, grad_k, cos, sin, layout, -1.0, out_q, out_k)

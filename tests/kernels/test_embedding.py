@@ -1,0 +1,194 @@
+"""embedding_forward / embedding_backward against their NumPy twins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import assert_close
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenpos.kernels import embedding_backward, embedding_forward
+from tokenpos.kernels.reference import embedding_backward_ref, embedding_forward_ref
+from tokenpos.tables.errors import ConfigError, PositionError, TokenIdError
+
+SETTINGS = settings(max_examples=30, deadline=None)
+
+
+@st.composite
+def cases(draw):
+    V = draw(st.integers(1, 40))
+    D = draw(st.integers(1, 70))
+    B = draw(st.integers(1, 4))
+    L = draw(st.integers(1, 9))
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    p = draw(st.sampled_from([0.0, 0.1, 0.5]))
+    pos_mode = draw(st.sampled_from(["none", "broadcast", "full"]))
+    P = L + draw(st.integers(0, 3))
+    scale = draw(st.sampled_from([1.0, 0.5, float(np.sqrt(D))]))
+    seed = draw(st.integers(0, 2**63 - 1))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    ids = rng.integers(0, V, (B, L))                      # duplicates are likely with small V
+    if B > 1 and draw(st.booleans()):
+        ids[1] = ids[0]
+    padding_idx = draw(st.one_of(st.none(), st.just(int(ids[0, 0]))))
+    weight = rng.standard_normal((V, D)).astype(dtype)
+    pos_table = pos_ids = None
+    if pos_mode != "none":
+        pos_table = rng.standard_normal((P, D))         # float64: cast to the weight dtype
+        pos_ids = rng.integers(0, P, (L,)) if pos_mode == "broadcast" else rng.integers(0, P, (B, L))
+    grad = rng.standard_normal((B, L, D)).astype(dtype)
+    return dict(weight=weight, ids=ids, scale=scale, pos_table=pos_table, pos_ids=pos_ids, p=p,
+                seed=seed, grad=grad, padding_idx=padding_idx, P=P)
+
+
+@SETTINGS
+@given(cases())
+def test_forward_bit_exact(c) -> None:
+    kw = dict(scale=c["scale"], pos_table=c["pos_table"], pos_ids=c["pos_ids"], dropout_p=c["p"], seed=c["seed"])
+    got = embedding_forward(c["weight"], c["ids"], **kw)
+    want = embedding_forward_ref(c["weight"], c["ids"], **kw)
+    assert got.dtype == c["weight"].dtype and got.shape == c["ids"].shape + (c["weight"].shape[1],)
+    assert np.array_equal(got, want)
+
+
+@SETTINGS
+@given(cases())
+def test_backward_matches_reference(c) -> None:
+    has_pos = c["pos_ids"] is not None
+    kw = dict(scale=c["scale"], dropout_p=c["p"], seed=c["seed"], padding_idx=c["padding_idx"],
+              pos_ids=c["pos_ids"], num_positions=c["P"] if has_pos else None)
+    u, rows, pg = embedding_backward(c["grad"], c["ids"], **kw)
+    ru, rrows, rpg = embedding_backward_ref(c["grad"], c["ids"], **kw)
+    assert np.array_equal(u, ru) and u.dtype == np.int64
+    assert np.all(np.diff(u) > 0)
+    if c["padding_idx"] is not None:
+        assert c["padding_idx"] not in u
+    n = c["ids"].size
+    assert_close(rows, rrows, scale=np.sqrt(n) * c["scale"] * 2)
+    if has_pos:
+        assert_close(pg, rpg, scale=np.sqrt(n) * 2)
+    else:
+        assert pg is None
+
+
+def test_backward_is_the_adjoint_of_forward(rng) -> None:
+    """<forward(w), g> == <w, backward(g)> for the token table (dense), in float64."""
+    V, D, B, L, P = 13, 24, 3, 6, 8
+    w = rng.standard_normal((V, D))
+    ids = rng.integers(0, V, (B, L))
+    g = rng.standard_normal((B, L, D))
+    kw = dict(scale=1.7, dropout_p=0.3, seed=5)
+    y = embedding_forward(w, ids, **kw)
+    u, rows, _ = embedding_backward(g, ids, **kw)
+    dense = np.zeros_like(w)
+    dense[u] = rows
+    assert np.isclose(np.sum(y * g), np.sum(w * dense), rtol=1e-12)
+    # positional part: y is linear in the pos table too
+    pt = rng.standard_normal((P, D))
+    pos = rng.integers(0, P, (L,))
+    y2 = embedding_forward(np.zeros_like(w), ids, pos_table=pt, pos_ids=pos, **kw)
+    _, _, pg = embedding_backward(g, ids, pos_ids=pos, num_positions=P, **kw)
+    assert np.isclose(np.sum(y2 * g), np.sum(pt * pg), rtol=1e-12)
+
+
+def test_forward_writes_into_out(rng) -> None:
+    w = rng.standard_normal((10, 16)).astype(np.float32)
+    ids = rng.integers(0, 10, (2, 5))
+    out = np.full((2, 5, 16), np.nan, np.float32)
+    res = embedding_forward(w, ids, scale=2.0, out=out)
+    assert res is out
+    assert np.array_equal(out, w[ids] * np.float32(2.0))
+
+
+def test_large_row_counts_and_threads(rng) -> None:
+    """Enough rows for several parallel chunks and the prefetch path, with broadcast positions."""
+    V, D, B, L = 300, 40, 7, 129
+    w = rng.standard_normal((V, D)).astype(np.float32)
+    pt = rng.standard_normal((L, D)).astype(np.float32)
+    ids = rng.integers(0, V, (B, L))
+    pos = np.arange(L)
+    for p in (0.0, 0.1):
+        kw = dict(scale=3.0, pos_table=pt, pos_ids=pos, dropout_p=p, seed=11)
+        assert np.array_equal(embedding_forward(w, ids, **kw), embedding_forward_ref(w, ids, **kw))
+
+
+def test_empty_ids() -> None:
+    w = np.ones((4, 3), np.float32)
+    assert embedding_forward(w, np.zeros((0,), np.int64)).shape == (0, 3)
+    u, rows, _ = embedding_backward(np.zeros((0, 3), np.float32), np.zeros((0,), np.int64))
+    assert u.shape == (0,) and rows.shape == (0, 3)
+
+
+def test_errors() -> None:
+    w = np.ones((4, 3), np.float32)
+    with pytest.raises(TokenIdError, match="token id 4 at index"):
+        embedding_forward(w, np.array([0, 4]))
+    with pytest.raises(TokenIdError):
+        embedding_forward(w, np.array([-1]))
+    with pytest.raises(TokenIdError):
+        embedding_forward(w, np.array([0.0]))
+    with pytest.raises(PositionError):
+        embedding_forward(w, np.array([0, 1]), pos_table=np.ones((2, 3)), pos_ids=np.array([0, 2]))
+    with pytest.raises(ConfigError):
+        embedding_forward(w, np.array([0, 1]), pos_table=np.ones((2, 3)))
+    with pytest.raises(ConfigError):
+        embedding_forward(w, np.array([0]), dropout_p=1.0)
+    with pytest.raises(ConfigError):
+        embedding_forward(w, np.array([0]), out=np.empty((1, 3), np.float64))
+    with pytest.raises(ConfigError):
+        embedding_forward(w.astype(np.int32), np.array([0]))
+
+
+@pytest.mark.parametrize("tile_rows", [1, 7, 64])
+@pytest.mark.parametrize("ahead", [0, 3])
+def test_forward_tiling_does_not_change_results(tile_rows: int, ahead: int, rng, monkeypatch) -> None:
+    """Position-block-major tasks with partial blocks, and prefetch distances, give the same output."""
+    import tokenpos.kernels.embedding as E
+
+    V, D, B, L = 50, 24, 5, 30
+    monkeypatch.setattr(E, "FORWARD_TILE_BYTES", tile_rows * D * 4)
+    monkeypatch.setattr(E, "PREFETCH_AHEAD", ahead)
+    w = rng.standard_normal((V, D)).astype(np.float32)
+    pt = rng.standard_normal((L + 2, D)).astype(np.float32)
+    ids = rng.integers(0, V, (B, L))
+    for pos in (np.arange(L) + 2, rng.integers(0, L + 2, (B, L))):
+        for p in (0.0, 0.5):
+            kw = dict(scale=2.0, pos_table=pt, pos_ids=pos, dropout_p=p, seed=4)
+            assert np.array_equal(embedding_forward(w, ids, **kw), embedding_forward_ref(w, ids, **kw))
+
+
+def test_output_pool_reuses_only_dead_buffers(rng) -> None:
+    """Pooled outputs are reused only once nothing refers to them (views and torch tensors count)."""
+    from tokenpos.kernels import _pool
+
+    def ptr(x: np.ndarray) -> int:
+        return x.__array_interface__["data"][0]
+
+    w = rng.standard_normal((20, 1024)).astype(np.float32)
+    ids = rng.integers(0, 20, (4, 300))                     # 4.9 MB: above the pool threshold
+    _pool.set_pooling(False)                                # start from an empty pool
+    _pool.set_pooling(True)
+    a = embedding_forward(w, ids)
+    b = embedding_forward(w, ids)
+    assert not np.shares_memory(a, b)                       # a is alive: b got another buffer
+    a_ptr, view = ptr(a), a[1:]
+    del a
+    c = embedding_forward(w, ids * 0)
+    assert not np.shares_memory(c, view) and not np.shares_memory(c, b)   # a view keeps a's buffer
+    del view, c
+    d = embedding_forward(w, ids)
+    assert ptr(d) == a_ptr                                  # a's buffer is dead now: reused
+    assert np.array_equal(d, w[ids]) and np.array_equal(b, w[ids])
+    torch = pytest.importorskip("torch")
+    del d
+    t = torch.from_numpy(embedding_forward(w, ids))         # the tensor keeps the buffer alive
+    e = embedding_forward(w, ids * 0)
+    assert not np.shares_memory(t.numpy(), e)
+    assert torch.equal(t, torch.from_numpy(w[ids]))
+    _pool.set_pooling(False)
+    try:
+        f = embedding_forward(w, ids)
+        assert f.flags.owndata                              # plain np.empty when pooling is off
+    finally:
+        _pool.set_pooling(True)
