@@ -1,0 +1,105 @@
+"""Character-level corpus for the length-extrapolation experiment.
+
+The default corpus exists offline on any machine with Python: the text of ``pydoc_data.topics``
+(the help topics of the standard library, about 465k characters). The first 90% of the characters
+train, the last 10% evaluate. The vocabulary is the sorted set of characters of the whole text.
+
+Shapes: N number of characters; B batch, L window length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenpos.tables.errors import ConfigError
+
+DEFAULT_CORPUS_NAME = "pydoc_data.topics"
+
+
+def default_corpus_text() -> str:
+    """The standard library's pydoc topics, joined in sorted key order (deterministic)."""
+    from pydoc_data import topics
+
+    return "\n\n".join(topics.topics[key] for key in sorted(topics.topics))
+
+
+@dataclass(frozen=True)
+class CharCorpus:
+    """A text split into train / eval id arrays over a character vocabulary.
+
+    Attributes:
+        name: where the text came from (a path or ``pydoc_data.topics``).
+        chars: the vocabulary, ``chars[i]`` is the character of id i; V = len(chars).
+        train: (N_train,) int64 ids, the first ``train_fraction`` of the text.
+        eval: (N_eval,) int64 ids, the rest.
+    """
+
+    name: str
+    chars: str
+    train: np.ndarray
+    eval: np.ndarray
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+
+def load_corpus(path: str | Path | None = None, *, train_fraction: float = 0.9) -> CharCorpus:
+    """Read ``path`` (UTF-8) or the default corpus and split it at ``train_fraction``.
+
+    Raises:
+        ConfigError: a bad fraction or a text too short to split.
+        OSError: the file cannot be read.
+    """
+    if not 0.0 < train_fraction < 1.0:
+        raise ConfigError(f"train_fraction must be in (0, 1), got {train_fraction!r}")
+    if path is None:
+        text, name = default_corpus_text(), DEFAULT_CORPUS_NAME
+    else:
+        text, name = Path(path).read_text(encoding="utf-8"), str(path)
+    if len(text) < 20:
+        raise ConfigError(f"corpus {name} has {len(text)} characters; expected at least 20")
+    chars = "".join(sorted(set(text)))
+    lookup = {c: i for i, c in enumerate(chars)}
+    ids = np.fromiter((lookup[c] for c in text), dtype=np.int64, count=len(text))   # (N,)
+    cut = int(len(ids) * train_fraction)
+    return CharCorpus(name=name, chars=chars, train=ids[:cut], eval=ids[cut:])
+
+
+def eval_windows(ids: np.ndarray, window: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Non-overlapping windows covering the first ``total`` predicted tokens of ``ids``.
+
+    Window w takes inputs ``ids[w*window : (w+1)*window]`` and predicts the next character at each
+    position. ``total`` must be a multiple of ``window`` and ``len(ids) >= total + 1``.
+
+    Returns:
+        inputs, targets: (total // window, window) int64 each.
+    """
+    if total % window or len(ids) < total + 1:
+        raise ConfigError(f"cannot cut {total} tokens into windows of {window} from {len(ids)} ids")
+    inputs = ids[:total].reshape(-1, window)            # (W, window)
+    targets = ids[1:total + 1].reshape(-1, window)      # (W, window)
+    return inputs, targets
+
+
+def eval_token_count(num_eval_ids: int, longest_window: int, cap: int | None = None) -> int:
+    """Tokens evaluated at every length: the largest multiple of ``longest_window`` that fits.
+
+    Every window length used is a divisor of ``longest_window``, so every length sees exactly the same
+    predicted tokens. ``cap`` bounds the count (time is then bounded and equal across lengths); it is
+    raised to one longest window if smaller.
+
+    Raises:
+        ConfigError: the eval split is shorter than one longest window.
+    """
+    usable = num_eval_ids - 1
+    if cap is not None:
+        usable = min(usable, max(int(cap), longest_window))
+    total = (usable // longest_window) * longest_window
+    if total <= 0:
+        raise ConfigError(f"the eval split has {num_eval_ids} characters; a window of {longest_window} needs "
+                          f"at least {longest_window + 1}")
+    return total

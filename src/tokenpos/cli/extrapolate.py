@@ -1,0 +1,152 @@
+"""``tokenpos extrapolate``: train short, test long (Press et al., ICLR 2022) on a laptop CPU."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tokenpos.cli._ui import console, positive_int
+
+HELP = "train short, test long: train a tiny LM per positional scheme at L, evaluate at 2L, 4L, 8L"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from tokenpos.analysis.extrapolate.experiment import ROPE_SCALINGS, SCHEMES
+
+    p = subparsers.add_parser(
+        "extrapolate", help=HELP, description=HELP + ". One tiny causal character LM (pre-LN, tied output) is "
+        "trained per scheme with identical settings; RoPE is also evaluated with inference-time scaling "
+        "(linear, dynamic NTK, YaRN at factor k) without retraining.",
+        epilog="R(k) = tail NLL at kL / tail NLL at L, where the tail is the last L/2 positions of each "
+               "non-overlapping window. Default corpus: the standard library's pydoc_data.topics (90% train, "
+               "10% eval). Example: tokenpos extrapolate --seed 0 --json out.json --plot out.png",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for init and data order (default 0)")
+    p.add_argument("--json", metavar="PATH", help="write {train_len, results: [...]} here")
+    p.add_argument("--plot", metavar="FILE", help="write the figure here (.png, .svg, .pdf)")
+    p.add_argument("--quick", action="store_true", help="about a minute: fewer steps, smaller eval set")
+    p.add_argument("--corpus", metavar="PATH", help="a UTF-8 text file instead of pydoc_data.topics")
+    p.add_argument("--train-len", type=positive_int, metavar="L", help="training length (default 64)")
+    p.add_argument("--multiples", metavar="K,K", help="eval lengths as multiples of L (default 1,2,4,8)")
+    p.add_argument("--schemes", metavar="A,B", help=f"subset of {','.join(SCHEMES)} (default: all)")
+    p.add_argument("--rope-scalings", metavar="A,B",
+                   help=f"subset of {','.join(ROPE_SCALINGS)}, or 'none' (default: all)")
+    p.add_argument("--steps", type=positive_int, metavar="N", help="training steps per scheme")
+    p.add_argument("--batch-size", type=positive_int, metavar="B", help="windows per step (default 32)")
+    p.add_argument("--lr", type=float, metavar="LR", help="peak AdamW learning rate (default 4e-3)")
+    p.add_argument("--d-model", type=positive_int, metavar="D", help="model width (default 128)")
+    p.add_argument("--num-layers", type=positive_int, metavar="N", help="transformer blocks (default 2)")
+    p.add_argument("--num-heads", type=positive_int, metavar="H", help="attention heads (default 4)")
+    p.add_argument("--eval-tokens", type=positive_int, metavar="N",
+                   help="cap on predicted tokens per eval length (default: the whole eval split)")
+    p.add_argument("--threads", type=positive_int, metavar="N", help="torch threads (default 2)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    return p
+
+
+def _names(text: str | None, flag: str) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise ValueError(f"{flag} needs at least one name, got {text!r}")
+    return names
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """The ExtrapolationConfig for parsed arguments (``--quick`` first, explicit flags override)."""
+    from tokenpos.analysis.extrapolate.experiment import ExtrapolationConfig
+
+    base = ExtrapolationConfig.quick() if args.quick else ExtrapolationConfig()
+    overrides: dict[str, Any] = {"seed": args.seed}
+    for flag, key in (("corpus", "corpus"), ("train_len", "train_len"), ("steps", "steps"),
+                      ("batch_size", "batch_size"), ("lr", "lr"), ("d_model", "d_model"),
+                      ("num_layers", "num_layers"), ("num_heads", "num_heads"), ("eval_tokens", "eval_tokens"),
+                      ("threads", "threads")):
+        if getattr(args, flag) is not None:
+            overrides[key] = getattr(args, flag)
+    if args.schemes is not None:
+        overrides["schemes"] = _names(args.schemes, "--schemes")
+    if args.rope_scalings is not None:
+        names = _names(args.rope_scalings, "--rope-scalings")
+        overrides["rope_scalings"] = () if names == ("none",) else names
+    if args.multiples is not None:
+        try:
+            overrides["multiples"] = tuple(sorted({int(k) for k in _names(args.multiples, "--multiples") or ()}))
+        except ValueError:
+            raise ValueError(f"--multiples expects integers like 1,2,4,8; got {args.multiples!r}") from None
+    from dataclasses import replace
+
+    return replace(base, **overrides).validate()
+
+
+class _Bars:
+    """rich progress bars on stderr: one per step name, with the training loss and an ETA."""
+
+    def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]:<12}"), TimeElapsedColumn(), TextColumn("ETA"),
+                                 TimeRemainingColumn(), console=console(stderr=True))
+        self.tasks: dict[str, Any] = {}
+
+    def __call__(self, step: str, done: int, total: int, **info: Any) -> None:
+        text = f"loss {info['loss']:.3f}" if "loss" in info else ""
+        if step not in self.tasks:
+            self.tasks[step] = self.progress.add_task(step, total=max(total, 1), info=text)
+        self.progress.update(self.tasks[step], completed=done, total=max(total, 1), info=text)
+
+
+def _print_result(result: Any) -> None:
+    from rich.table import Table
+
+    from tokenpos.analysis.extrapolate.results import table
+
+    data = result.to_dict()
+    L = data["train_len"]
+    headers, rows = table(data)
+    con = console()
+    tab = Table(title=f"Train short, test long: trained at L = {L}, per-window perplexity and "
+                      f"R(k) = tail NLL at kL / at L (tail = last {max(1, L // 2)} positions)")
+    for i, h in enumerate(headers):
+        tab.add_column(h, justify="left" if i == 0 or h == "note" else "right")
+    for cells in rows:
+        tab.add_row(*cells)
+    con.print(tab)
+    runs = ", ".join(f"{r['scheme']} {r['final_train_loss']:.3f}" for r in data["runs"])
+    con.print(f"final train loss (nats/char): {runs}", markup=False)
+    con.print(f"corpus {data['corpus']} ({data['train_chars']} train / {data['eval_chars']} eval chars, "
+              f"V = {data['vocab_size']}), {data['eval_tokens_per_length']} predicted tokens per length, "
+              f"{data['runs'][0]['parameters']} parameters ({data['runs'][0]['scheme']}), "
+              f"{data['threads']} threads, seed {data['config']['seed']}, wall time {data['seconds']:.0f} s",
+              markup=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
+    from tokenpos.analysis.extrapolate.experiment import run_extrapolation
+
+    config = build_config(args)
+    bars = None if args.no_progress else _Bars()
+    with bars.progress if bars is not None else nullcontext():
+        result = run_extrapolation(config, progress=bars)
+    _print_result(result)
+    con = console()
+    if args.json:
+        from tokenpos.analysis.extrapolate.results import write_json
+
+        con.print(f"wrote {write_json(result, args.json)}", markup=False)
+    if args.plot:
+        from tokenpos.analysis.extrapolate.plot import plot_extrapolation
+
+        con.print(f"wrote {plot_extrapolation(result, args.plot)}", markup=False)
+    return 0

@@ -1,0 +1,37 @@
+"""The ``tokenpos extrapolate`` sub-command end to end, on a tiny configuration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+
+ARGS = ["--train-len", "8", "--multiples", "1,2", "--d-model", "16", "--num-layers", "1", "--num-heads", "2",
+        "--steps", "3", "--batch-size", "2", "--eval-tokens", "64", "--threads", "1", "--no-progress"]
+
+
+def _main(argv):
+    from tokenpos.cli import main
+
+    return main(argv)
+
+
+def test_cli_writes_json_plot_and_table(tmp_path, capsys):
+    out, fig = tmp_path / "out.json", tmp_path / "fig.png"
+    assert _main(["extrapolate", "--seed", "3", *ARGS, "--schemes", "learned,rope", "--rope-scalings", "yarn",
+                  "--json", str(out), "--plot", str(fig)]) == 0
+    text = capsys.readouterr().out
+    assert "rope+yarn" in text and "n/a (cannot represent positions >= L)" in text
+    doc = json.loads(out.read_text())
+    assert doc["train_len"] == 8 and doc["config"]["seed"] == 3
+    assert [r["scheme"] for r in doc["results"]] == ["learned"] * 2 + ["rope"] * 2 + ["rope+yarn"] * 2
+    assert fig.stat().st_size > 1000
+
+
+def test_cli_bad_scheme_is_one_line_error(capsys):
+    assert _main(["extrapolate", *ARGS, "--schemes", "xpos"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown schemes ['xpos']" in err and "Traceback" not in err
