@@ -94,3 +94,81 @@ def test_sparse_optimiser_steps_fused_equal_reference(kernels_switch, make_opt):
             opt.step()
         finals.append(tok.weight.data.copy())
     np.testing.assert_allclose(finals[0], finals[1], **TOL["kernels.optim"])
+
+
+# ----------------------------------------------------------------------------------------------
+# RotaryEmbedding: apply / backward / rotate, kernel vs plain NumPy
+# ----------------------------------------------------------------------------------------------
+
+ROPE_POSITIONS = {
+    "default": {},
+    "start_pos": {"start_pos": 5},
+    "beyond_cache": {"start_pos": 300},                                   # far: the formula, not cached
+    "1d": {"positions": np.array([0, 3, 9, 2, 40])},                      # 40: the cache grows
+    "2d": {"positions": np.array([[0, 3, 9, 2, 4], [1, 1, 1, 7, 15]])},
+    "key_positions": {"positions": np.array([4, 5, 6, 7, 8]), "key_positions": np.arange(9)},
+}
+
+
+def _run_rope(kernels: bool, interleaved: bool, rotary_dim, dtype, kwargs, scaling=None):
+    tokenpos.set_kernels(kernels)
+    rope = tpn.RotaryEmbedding(16, max_seq_len=16, interleaved=interleaved, rotary_dim=rotary_dim, scaling=scaling)
+    rng = np.random.default_rng(0)
+    lk = 9 if "key_positions" in kwargs else 5
+    q = rng.standard_normal((2, 4, 5, 16)).astype(dtype)
+    k = rng.standard_normal((2, 2, lk, 16)).astype(dtype)                # GQA
+    q2, k2 = rope.apply(q, k, **kwargs)
+    dq, dk = rope.backward(np.cos(q2), rng.standard_normal(k2.shape).astype(dtype))
+    x = rope.rotate(q, kwargs.get("positions"), start_pos=kwargs.get("start_pos", 0))
+    return q2, k2, dq, dk, x
+
+
+@pytest.mark.parametrize("where", sorted(ROPE_POSITIONS))
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rotary_dim", [None, 6])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rotary_fused_equals_reference(kernels_switch, monkeypatch, where, interleaved, rotary_dim, dtype):
+    import tokenpos.numpy.rotary as rotary_module
+
+    calls = []
+    for name in ("rope_apply", "rope_apply_backward"):
+        fn = getattr(rotary_module, name)
+        monkeypatch.setattr(rotary_module, name, lambda *a, _fn=fn, _n=name, **kw: calls.append(_n) or _fn(*a, **kw))
+    got = _run_rope(True, interleaved, rotary_dim, dtype, ROPE_POSITIONS[where])
+    assert "rope_apply" in calls and "rope_apply_backward" in calls
+    n = len(calls)
+    ref = _run_rope(False, interleaved, rotary_dim, dtype, ROPE_POSITIONS[where])
+    assert len(calls) == n                                               # kernels off: the plain path
+    tol = TOL["kernels.float32"] if dtype == np.float32 else TOL["kernels.float64"]
+    for name, a, b in zip(("q'", "k'", "dq", "dk", "rotate"), got, ref, strict=True):
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, **tol, err_msg=name)
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+                                     {"rope_type": "dynamic", "factor": 2.0}])
+def test_rotary_fused_scalings(kernels_switch, scaling):
+    for where in ("default", "1d", "2d"):
+        got = _run_rope(True, False, None, np.float64, ROPE_POSITIONS[where], scaling)
+        ref = _run_rope(False, False, None, np.float64, ROPE_POSITIONS[where], scaling)
+        for a, b in zip(got, ref, strict=True):
+            np.testing.assert_allclose(a, b, **TOL["kernels.float64"])
+
+
+def test_rotary_backward_after_switching_kernels_off_and_fp16(kernels_switch):
+    rng = np.random.default_rng(1)
+    q, k = rng.standard_normal((2, 2, 3, 8)), rng.standard_normal((2, 1, 3, 8))
+    g = rng.standard_normal(q.shape)
+    rope = tpn.RotaryEmbedding(8, interleaved=True, rotary_dim=4)
+    rope.apply(q, k, np.array([[1, 2, 3], [7, 0, 5]]))                     # kernel forward ...
+    kernels_switch(False)
+    dq, dk = rope.backward(g, np.ones_like(k))                             # ... plain backward from its tables
+    rope.apply(q, k, np.array([[1, 2, 3], [7, 0, 5]]))
+    rq, rk = rope.backward(g, np.ones_like(k))
+    np.testing.assert_allclose(dq, rq, **TOL["kernels.float64"])
+    np.testing.assert_allclose(dk, rk, **TOL["kernels.float64"])
+    kernels_switch(True)
+    h = q.astype(np.float16)                                               # fp16: the plain path
+    out = tpn.RotaryEmbedding(8).apply(h, h)[0]
+    kernels_switch(False)
+    np.testing.assert_array_equal(out, tpn.RotaryEmbedding(8).apply(h, h)[0])

@@ -33,7 +33,7 @@ from tokenpos.tables.validation import check_positions, check_probability, check
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 PREFETCH_AHEAD = 2        # gathered rows prefetched ahead into L1 (0 turns it off)
-PREFETCH_FAR = 0          # ... and this far ahead into L2 (0 turns it off)
+PREFETCH_FAR = 16         # ... and this far ahead into L2 (0 turns it off)
 FORWARD_TILE_BYTES = 1 << 17   # output bytes per parallel forward task
 
 
@@ -47,21 +47,23 @@ def _forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv
                   out):  # pragma: no cover
     """One pass: out[n] = dropout(weight[ids[n]] * scale + pos_table[pos_ids[n % Lp]]).
 
-    Work is split in tasks of ``tile`` consecutive output rows (sequential writes; a position-
-    block-major order that kept positional rows in L2 measured slower).
+    Work is split in tasks of ``tile`` consecutive output rows (sequential writes). Measured and
+    rejected: a position-block-major order (keeps positional rows in L2) and an id-sorted order
+    (walks the table upwards but scatters the writes); both were slower on the reference machine.
     """
     N = ids.shape[0]
     D = weight.shape[1]
     Lp = pos_ids.shape[0]
     zero = scale - scale                                     # a zero of the weight dtype
     for task in prange((N + tile - 1) // tile):
-        n0 = task * tile
-        n1 = min(N, n0 + tile)
-        for n in range(n0, n1):
-            if ahead > 0 and n + ahead < n1:                 # hide the latency of the next rows
-                prefetch_row(weight[ids[n + ahead]])
-            if far > 0 and n + far < n1:                     # ... and start the later ones early
-                prefetch_row_l2(weight[ids[n + far]])
+        t0 = task * tile
+        t1 = min(N, t0 + tile)
+        for t in range(t0, t1):
+            if ahead > 0 and t + ahead < t1:                 # hide the latency of the next rows
+                prefetch_row(weight[ids[t + ahead]])
+            if far > 0 and t + far < t1:                     # ... and start the later ones early
+                prefetch_row_l2(weight[ids[t + far]])
+            n = t
             w = weight[ids[n]]                               # (D,)
             o = out[n]                                       # (D,)
             base = offset + np.uint64(n * D)
@@ -85,51 +87,33 @@ def _forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv
 
 
 @njit(cache=True)
-def _unique_inverse_sorted(ids, padding_idx):  # pragma: no cover
-    """As :func:`_unique_inverse`, by sorting the N ids instead of marking a table of max(ids) slots."""
-    N = ids.shape[0]
-    order = np.argsort(ids, kind="mergesort")
-    inverse = np.empty(N, np.int64)
-    uniq = np.empty(N, np.int64)
-    U = 0
-    prev = -1
-    for j in range(N):
-        v = ids[order[j]]
-        if v == padding_idx:
-            inverse[order[j]] = -1
-            continue
-        if v != prev:
-            uniq[U] = v
-            U += 1
-            prev = v
-        inverse[order[j]] = U - 1
-    return uniq[:U].copy(), inverse
-
-
-@njit(cache=True)
 def _unique_inverse(ids, padding_idx):  # pragma: no cover
-    """Sorted unique ids (padding_idx left out) and, per id, its slot in them (-1 for padding)."""
+    """Sorted unique ids (padding_idx left out) and, per id, its slot in them (-1 for padding).
+
+    O(N + V) with one (V,) int32 mark table: no sort.
+    """
     N = ids.shape[0]
     V = 0
     for n in range(N):
-        if ids[n] + 1 > V:
-            V = ids[n] + 1
-    if V > 4 * N + 4096:
-        return _unique_inverse_sorted(ids, padding_idx)   # few ids in a big table: O(N log N), no O(V) scratch
-    slot = np.full(V, -1, np.int64)
+        V = max(V, ids[n] + 1)
+    slot = np.zeros(V, np.int32)
     for n in range(N):
-        slot[ids[n]] = 0
+        slot[ids[n]] = 1
     if 0 <= padding_idx < V:
-        slot[padding_idx] = -1
+        slot[padding_idx] = 0
     U = 0
     for v in range(V):
-        if slot[v] == 0:
-            slot[v] = U
+        if slot[v]:
             U += 1
     uniq = np.empty(U, np.int64)
+    u = 0
     for v in range(V):
-        if slot[v] >= 0:
-            uniq[slot[v]] = v
+        if slot[v]:
+            uniq[u] = v
+            slot[v] = u
+            u += 1
+        else:
+            slot[v] = -1
     inverse = np.empty(N, np.int64)
     for n in range(N):
         inverse[n] = slot[ids[n]]
@@ -162,7 +146,7 @@ def _group(keys, nkeys, period):  # pragma: no cover
 
 
 @njit(parallel=True, cache=True)
-def _segment_sum_core(grad, order, starts, key, thr, offset, factor, ahead, out):  # pragma: no cover
+def _segment_sum_core(grad, order, starts, key, thr, offset, factor, ahead, far, out):  # pragma: no cover
     """out[s] = factor * sum over rows n in segment s of the masked grad[n] (float64 sums).
 
     Parallel over segments (dynamic chunks keep a hot Zipf id from stalling a thread); each sum
@@ -176,6 +160,8 @@ def _segment_sum_core(grad, order, starts, key, thr, offset, factor, ahead, out)
         for j in range(starts[s], starts[s + 1]):
             if ahead > 0 and j + ahead < M:
                 prefetch_row(grad[order[j + ahead]])
+            if far > 0 and j + far < M:
+                prefetch_row_l2(grad[order[j + far]])
             n = order[j]
             g = grad[n]
             if thr != 0:
@@ -335,7 +321,8 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
     if rows.size:
         starts, order = _group(inverse, uniq.shape[0], 0)
         with launch(uniq.shape[0], N * D * g2.itemsize, max_chunk=16):
-            _segment_sum_core(g2, order, starts, key, thr, off, float(scale) * inv, PREFETCH_AHEAD, rows)
+            _segment_sum_core(g2, order, starts, key, thr, off, float(scale) * inv, PREFETCH_AHEAD,
+                              PREFETCH_FAR, rows)
     pos_grad = None
     if has_pos:
         P = int(num_positions)
@@ -343,5 +330,6 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
         if N and D:
             starts, order = _group(pid, P, N)
             with launch(P, N * D * g2.itemsize, max_chunk=4):
-                _segment_sum_core(g2, order, starts, key, thr, off, inv, PREFETCH_AHEAD, pos_grad)
+                _segment_sum_core(g2, order, starts, key, thr, off, inv, PREFETCH_AHEAD, PREFETCH_FAR,
+                                  pos_grad)
     return uniq, rows, pos_grad

@@ -30,7 +30,7 @@ from tokenpos.tables.validation import check_choice
 
 LAYOUTS = ("half", "interleaved")
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-ROPE_TASK_BYTES = 1 << 16      # rows per parallel task (x row bytes)
+ROPE_TASK_BYTES = 1 << 18      # bytes of rows per parallel task
 
 
 @njit(parallel=True, cache=True)
@@ -62,9 +62,10 @@ def _rope_core(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, ou
             HL = Hk * L
             r0 = (t - tq) * rows_per_task
             r1 = min(Rk, r0 + rows_per_task)
+        l = r0 % L                                           # position of row r0; no division per row
+        cb = (r0 // HL) * L if per_batch else 0              # its batch's first table row
         for r in range(r0, r1):
-            l = r % L
-            c = (r // HL) * L + l if per_batch else l
+            c = cb + l
             if interleaved:
                 for i in range(R2):
                     x0 = x[r, 2 * i]
@@ -84,6 +85,11 @@ def _rope_core(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, ou
             if copy_tail:
                 for d in range(R, Dh):
                     o[r, d] = x[r, d]
+            l += 1
+            if l == L:                                       # next (batch, head) slab
+                l = 0
+                if per_batch and (r + 1) % HL == 0:
+                    cb += L
 
 
 def _as_heads(name: str, x: Any) -> np.ndarray:

@@ -6,6 +6,11 @@ P cached positions. q, k: (B, H, L, Dh); positions: (L,) or (B, L) integers.
 cos/sin come from positions in float64 (``tokenpos.tables.rope``), times the scaling's attention
 factor, and are cast to the input dtype before the multiply (as HF does). The cos/sin cache holds
 rows for positions [0, P) and grows on demand; its key holds everything the rows depend on.
+
+Kernel: with ``tokenpos.kernels_enabled()`` and float32 / float64 inputs, the rotation and its
+backward run the fused numba pass (``tokenpos.kernels.rope_apply``) on the same tables cast to the
+input dtype, cut to one entry per pair, (L, R/2) or (B, L, R/2), and kept per dtype until the
+cache is rebuilt. Results equal the plain path's up to float rounding.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos._config import kernels_enabled
+from tokenpos.kernels.rope import rope_apply, rope_apply_backward
 from tokenpos.numpy.module import Module
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope import (
+    expand_to_layout,
     rope_cos_sin,
     rope_length_message,
     rope_positions_message,
@@ -31,16 +39,22 @@ from tokenpos.tables.validation import check_int, check_positions
 
 # Positions up to this many times max_seq_len grow the cache; larger ones are computed directly.
 CACHE_GROWTH_LIMIT = 16
+_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @dataclass(frozen=True)
 class RotaryCache:
-    """What ``apply_backward`` needs: cos/sin (input dtype) for q and for k, each (L, R) or (B, 1, L, R)."""
+    """What ``apply_backward`` needs: cos/sin (input dtype) for q and for k.
+
+    Plain path (``layout`` None): each (L, R) or (B, 1, L, R). Kernel path (``layout`` "half" or
+    "interleaved"): the kernel's tables, each (L, R/2) or (B, L, R/2).
+    """
 
     cos_q: np.ndarray
     sin_q: np.ndarray
     cos_k: np.ndarray
     sin_k: np.ndarray
+    layout: str | None = None
 
 
 class RotaryEmbedding(Module):
@@ -77,6 +91,8 @@ class RotaryEmbedding(Module):
         self._cache_key: tuple[Any, ...] | None = None
         self._cos = self._sin = np.zeros((0, self.rotary_dim))     # (P, R) float64
         self._last: RotaryCache | None = None
+        self._halves_of: np.ndarray | None = None                   # the cache the kernel tables were cut from
+        self._halves: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
     def from_hf_config(cls, config: Any, **kwargs: Any) -> RotaryEmbedding:
@@ -99,21 +115,62 @@ class RotaryEmbedding(Module):
         ``seq_len`` picks the frequency variant (dynamic / longrope); default ``max(positions) + 1``.
         """
         pos = check_positions(positions)
-        need = int(pos.max()) + 1 if pos.size else 0
+        inv_freq = self._cover(int(pos.max()) + 1 if pos.size else 0, seq_len)
+        if inv_freq is not None:                                    # far out: compute, do not cache
+            return rope_cos_sin(pos, inv_freq, attention_factor=self.attention_factor, interleaved=self.interleaved)
+        return self._cos[pos], self._sin[pos]
+
+    def _cover(self, need: int, seq_len: int | None) -> np.ndarray | None:
+        """Pick the variant for rows [0, need) and make the cache hold them (rebuilt or grown).
+
+        Returns None when it does, else the inverse frequencies (positions too far out to cache).
+        """
         variant, inv_freq = self.freqs.select(max(need, seq_len or 0))
         key = self._key(variant)
         if key != self._cache_key:                                  # anything changed: rebuild
             self._cache_key, self._cos, self._sin = key, *self._table(inv_freq, self.max_seq_len)
         if need > self._cos.shape[0]:
-            if need > CACHE_GROWTH_LIMIT * self.max_seq_len:        # far out: compute, do not cache
-                return rope_cos_sin(pos, inv_freq, attention_factor=self.attention_factor,
-                                    interleaved=self.interleaved)
+            if need > CACHE_GROWTH_LIMIT * self.max_seq_len:
+                return inv_freq
             self._cos, self._sin = self._table(inv_freq, max(need, 2 * self._cos.shape[0]))
-        return self._cos[pos], self._sin[pos]
+        return None
 
     def _table(self, inv_freq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         return rope_cos_sin(np.arange(n), inv_freq, attention_factor=self.attention_factor,
                             interleaved=self.interleaved)
+
+    # -- the fused kernel's tables ---------------------------------------------------------------
+    @property
+    def layout(self) -> str:
+        """"interleaved" or "half"."""
+        return "interleaved" if self.interleaved else "half"
+
+    def _half(self, table: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """(..., R) in the layout -> the kernel's (..., R/2) (one entry per pair), C-contiguous, ``dtype``."""
+        h = table[..., 0::2] if self.interleaved else table[..., : self.rotary_dim // 2]
+        return np.ascontiguousarray(h, dtype=dtype)
+
+    def _kernel_tables(self, pos: np.ndarray, start: int | None, seq_len: int | None,
+                       dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin for int positions (...) as the kernel wants them, (..., R/2) in ``dtype``, by the
+        rules of :meth:`cos_sin`. ``start`` set means ``pos`` is ``start + arange(L)`` (rows are sliced).
+        """
+        inv_freq = self._cover(int(pos.max()) + 1 if pos.size else 0, seq_len)
+        if inv_freq is not None:
+            cos, sin = rope_cos_sin(pos, inv_freq, attention_factor=self.attention_factor,
+                                    interleaved=self.interleaved)
+            return self._half(cos, dtype), self._half(sin, dtype)
+        if self._halves_of is not self._cos:                        # the cache changed: cut it again
+            self._halves_of, self._halves = self._cos, {}
+        hit = self._halves.get(dtype)
+        if hit is None:
+            hit = self._halves[dtype] = (self._half(self._cos, dtype), self._half(self._sin, dtype))
+        if start is not None:
+            return hit[0][start:start + pos.shape[0]], hit[1][start:start + pos.shape[0]]
+        return hit[0][pos], hit[1][pos]
+
+    def _fusable(self, *xs: np.ndarray) -> bool:
+        return kernels_enabled() and xs[0].dtype in _FUSED_DTYPES and all(x.dtype == xs[0].dtype for x in xs)
 
     # -- checks ----------------------------------------------------------------------------------
     def _check(self, name: str, x: Any) -> np.ndarray:
@@ -141,6 +198,9 @@ class RotaryEmbedding(Module):
         """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (B, L) (default start_pos + arange(L))."""
         x = self._check("x", x)
         pos = self._positions(positions, start_pos, x.shape[0], x.shape[2])
+        if self._fusable(x):
+            tables = self._kernel_tables(pos, start_pos if positions is None else None, seq_len, x.dtype)
+            return rope_apply(x, None, *tables, layout=self.layout)[0]
         cos, sin = self.cos_sin(pos, seq_len)
         return rope_rotate(x, self._broadcast(cos, x.dtype), self._broadcast(sin, x.dtype),
                            interleaved=self.interleaved)
@@ -162,17 +222,44 @@ class RotaryEmbedding(Module):
         else:
             pos_k = self._positions(key_positions, 0, k.shape[0], k.shape[2])
         seq_len = max(int(pos_q.max(initial=-1)), int(pos_k.max(initial=-1))) + 1
+        if self._fusable(q, k):
+            return self._apply_fused(q, k, pos_q, pos_k, start_pos if positions is None else None,
+                                     key_positions is None, seq_len)
         cos_q, sin_q = (self._broadcast(c, q.dtype) for c in self.cos_sin(pos_q, seq_len))
         cos_k, sin_k = (self._broadcast(c, k.dtype) for c in self.cos_sin(pos_k, seq_len))
         q_out = rope_rotate(q, cos_q, sin_q, interleaved=self.interleaved)
         k_out = rope_rotate(k, cos_k, sin_k, interleaved=self.interleaved)
         return q_out, k_out, RotaryCache(cos_q, sin_q, cos_k, sin_k)
 
+    def _apply_fused(self, q: np.ndarray, k: np.ndarray, pos_q: np.ndarray, pos_k: np.ndarray, start: int | None,
+                     shared: bool, seq_len: int) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """:meth:`apply_forward` through the kernel: one pass over q and k when they share positions."""
+        tq = self._kernel_tables(pos_q, start, seq_len, q.dtype)
+        if shared:
+            q_out, k_out = rope_apply(q, k, *tq, layout=self.layout)
+            return q_out, k_out, RotaryCache(*tq, *tq, layout=self.layout)  # type: ignore[return-value]
+        tk = self._kernel_tables(pos_k, None, seq_len, k.dtype)
+        q_out = rope_apply(q, None, *tq, layout=self.layout)[0]
+        k_out = rope_apply(k, None, *tk, layout=self.layout)[0]
+        return q_out, k_out, RotaryCache(*tq, *tk, layout=self.layout)
+
     def apply_backward(self, grad_q: Any, grad_k: Any, cache: RotaryCache) -> tuple[np.ndarray, np.ndarray]:
         """Gradients w.r.t. q and k from those w.r.t. q' and k': rotation by -angle (times the factor)."""
-        dq = rope_rotate_backward(np.asarray(grad_q), cache.cos_q, cache.sin_q, interleaved=self.interleaved)
-        dk = rope_rotate_backward(np.asarray(grad_k), cache.cos_k, cache.sin_k, interleaved=self.interleaved)
-        return dq, dk
+        gq, gk = np.asarray(grad_q), np.asarray(grad_k)
+        if cache.layout is None:
+            return (rope_rotate_backward(gq, cache.cos_q, cache.sin_q, interleaved=self.interleaved),
+                    rope_rotate_backward(gk, cache.cos_k, cache.sin_k, interleaved=self.interleaved))
+        if self._fusable(gq, gk):
+            if cache.cos_k is cache.cos_q and gq.shape[0] == gk.shape[0] and gq.shape[2] == gk.shape[2]:
+                dq, dk = rope_apply_backward(gq, gk, cache.cos_q, cache.sin_q, layout=cache.layout)
+                return dq, dk  # type: ignore[return-value]
+            return (rope_apply_backward(gq, None, cache.cos_q, cache.sin_q, layout=cache.layout)[0],
+                    rope_apply_backward(gk, None, cache.cos_k, cache.sin_k, layout=cache.layout)[0])
+        # kernels switched off since the forward, or other grad dtypes: the plain path on full tables
+        full = [self._broadcast(expand_to_layout(t, interleaved=self.interleaved), t.dtype)
+                for t in (cache.cos_q, cache.sin_q, cache.cos_k, cache.sin_k)]
+        return (rope_rotate_backward(gq, full[0], full[1], interleaved=self.interleaved),
+                rope_rotate_backward(gk, full[2], full[3], interleaved=self.interleaved))
 
     def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
               key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:

@@ -16,6 +16,12 @@ slice it with Python ints; explicit position tensors are computed directly (same
 Static scalings (default, linear, yarn, llama3) and longrope run under ``fullgraph=True``;
 ``dynamic`` keeps HF's state in Python and reads ``max(positions)``, so it is eager-only with
 explicit positions (use ``positions=None`` / ``start_pos`` there).
+
+Kernel: on CPU float32 / float64 inputs in eager mode (and ``tokenpos.kernels_enabled()``), ``apply``
+and ``rotate`` run the fused numba pass (``tokenpos.kernels.rope_apply``, its backward through an
+autograd Function) with the same tables cast to the input dtype, cut to one entry per pair
+(L, R/2) or (B, L, R/2) and kept per dtype until the cache is rebuilt; explicit positions the
+cache covers are gathered from it. The plain path above serves everything else.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from tokenpos.tables.rope import rope_cos_sin, rope_length_message, rope_positio
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.rope_state import RopeFrequencies, rope_kwargs_from_hf_config
 from tokenpos.tables.validation import check_int
+from tokenpos.torch import _fused
 from tokenpos.torch._checks import check_position_tensor, is_compiling
 from tokenpos.torch._module import TokenposModule
 
@@ -98,6 +105,9 @@ class RotaryEmbedding(TokenposModule):
         self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim, device=device, dtype=calc),
                              persistent=False)
         self._cache_key: tuple[Any, ...] | None = None
+        self._halves_of: torch.Tensor | None = None                  # the cache the kernel tables were cut from
+        self._halves: dict[torch.dtype, tuple[np.ndarray, np.ndarray]] = {}
+        self._last_range: tuple[Any, ...] | None = None
         self.reset_parameters()
 
     @classmethod
@@ -159,16 +169,28 @@ class RotaryEmbedding(TokenposModule):
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         return cos * self.attention_factor, sin * self.attention_factor      # (..., R)
 
+    def _cover(self, need: int, seq_len: int | None = None) -> torch.Tensor | None:
+        """Pick the variant for a call needing rows [0, need) and make the cache hold them.
+
+        Returns None when the cache covers them (grown or rebuilt as needed), else the inverse
+        frequencies to compute the rows from the formula (under torch.compile, or far positions).
+        """
+        variant, inv_np, inv_t = self._variant(max(need, seq_len or 0))
+        same_key = self._key(variant) == self._cache_key
+        if same_key and need <= self.cos_cached.shape[0]:
+            return None
+        if is_compiling() or need > CACHE_GROWTH_LIMIT * self.max_seq_len:   # no mutation: the formula
+            return inv_t
+        # grow (doubling) or rebuild for a new key
+        self._build(variant, inv_np, max(need, 2 * self.cos_cached.shape[0] if same_key else 0, self.max_seq_len))
+        return None
+
     def cos_sin_range(self, start: int, length: int, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (L, R) in float64 for positions ``start + arange(length)`` (Python ints)."""
         need = start + length
-        variant, inv_np, inv_t = self._variant(max(need, seq_len or 0))
-        if self._key(variant) == self._cache_key and need <= self.cos_cached.shape[0]:
-            return self.cos_cached[start:need], self.sin_cached[start:need]
-        if is_compiling() or need > CACHE_GROWTH_LIMIT * self.max_seq_len:   # no mutation: the formula
+        inv_t = self._cover(need, seq_len)
+        if inv_t is not None:
             return self._formula(torch.arange(start, need, device=self.inv_freq.device), inv_t)
-        same_key = self._key(variant) == self._cache_key          # grow (doubling) or rebuild for a new key
-        self._build(variant, inv_np, max(need, 2 * self.cos_cached.shape[0] if same_key else 0, self.max_seq_len))
         return self.cos_cached[start:need], self.sin_cached[start:need]
 
     def cos_sin_positions(self, pos: torch.Tensor, need: torch.Tensor | int | None = None
@@ -187,6 +209,62 @@ class RotaryEmbedding(TokenposModule):
         else:
             inv_t = self.inv_freq
         return self._formula(pos, inv_t)
+
+    # -- the fused kernel's tables (CPU float32 / float64, eager) ---------------------------------
+    def _half(self, t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+        """(..., R) in the layout -> the kernel's (..., R/2) (one entry per pair), C-contiguous, ``dtype``."""
+        h = t[..., 0::2] if self.interleaved else t[..., : self.rotary_dim // 2]
+        return h.to(dtype).contiguous().numpy()
+
+    def _kernel_cache(self, dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """The cache as (P, R/2) cos and sin arrays in ``dtype``, kept until the cache is rebuilt."""
+        if self._halves_of is not self.cos_cached:
+            self._halves_of, self._halves = self.cos_cached, {}
+        hit = self._halves.get(dtype)
+        if hit is None:
+            hit = self._halves[dtype] = (self._half(self.cos_cached, dtype), self._half(self.sin_cached, dtype))
+        return hit
+
+    def _kernel_tables(self, pos: torch.Tensor | None, start: int, length: int, need: int | None,
+                       dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin as the kernel wants them, (L, R/2) or (B, L, R/2) in ``dtype`` (as the plain path
+        casts them), with the plain path's rules: ``pos=None`` means ``start + arange(length)`` and may
+        grow the cache (``need`` is then the seq_len hint); explicit positions only read it (``need``
+        picks the variant), else come from the formula.
+        """
+        if pos is None:
+            inv_t = self._cover(start + length, need)
+            if inv_t is None:
+                last = self._last_range                   # (cache, dtype, start, length, tables): a repeat call
+                if last is not None and last[0] is self.cos_cached and last[1:4] == (dtype, start, length):
+                    return last[4]                        # type: ignore[no-any-return]
+                cos, sin = self._kernel_cache(dtype)
+                tables = cos[start:start + length], sin[start:start + length]
+                self._last_range = (self.cos_cached, dtype, start, length, tables)
+                return tables
+            pos = torch.arange(start, start + length, device=self.inv_freq.device)
+        else:
+            top = int(pos.max()) + 1 if pos.numel() else 0
+            variant, _, inv_t = self._variant(top if need is None else need)
+            if self._key(variant) == self._cache_key and top <= self.cos_cached.shape[0]:
+                cos, sin = self._kernel_cache(dtype)
+                idx = pos.numpy()
+                return cos[idx], sin[idx]
+        cos_t, sin_t = self._formula(pos, inv_t)
+        return self._half(cos_t, dtype), self._half(sin_t, dtype)
+
+    def _fusable(self, *xs: torch.Tensor) -> bool:
+        return _fused.fusable(*xs) and self.inv_freq.is_cpu
+
+    @staticmethod
+    def _start(start_pos: Any) -> int:
+        """``check_int("start_pos", ...)`` with a shortcut for the common plain int (same result)."""
+        return start_pos if type(start_pos) is int and start_pos >= 0 else check_int("start_pos", start_pos, minimum=0)
+
+    @property
+    def layout(self) -> str:
+        """"interleaved" or "half"."""
+        return "interleaved" if self.interleaved else "half"
 
     # -- checks ----------------------------------------------------------------------------------
     def _check(self, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -215,6 +293,11 @@ class RotaryEmbedding(TokenposModule):
                seq_len: int | None = None) -> torch.Tensor:
         """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (B, L) (default start_pos + arange(L))."""
         x = self._check("x", x)
+        if self._fusable(x):
+            pos = None if positions is None else self._positions(positions, x.shape[0], x.shape[2])
+            start = 0 if pos is not None else self._start(start_pos)
+            return _fused.rope(x, None, self._kernel_tables(pos, start, x.shape[2], seq_len, x.dtype), None,
+                               self.layout)
         if positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
             cos, sin = self.cos_sin_range(start_pos, x.shape[2], seq_len)
@@ -238,6 +321,8 @@ class RotaryEmbedding(TokenposModule):
         q, k = self._check("q", q), self._check("k", k)
         if key_positions is None and (q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
             raise ConfigError(rope_length_message(tuple(q.shape), tuple(k.shape)))
+        if self._fusable(q, k):
+            return self._apply_fused(q, k, positions, start_pos, key_positions)
         if positions is None and key_positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
             cos, sin = self.cos_sin_range(start_pos, q.shape[2])
@@ -255,7 +340,25 @@ class RotaryEmbedding(TokenposModule):
 
     forward = apply
 
+    def _apply_fused(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: int,
+                     key_positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`apply` through the fused kernel (same positions, variants and cache rules)."""
+        L = q.shape[2]
+        if positions is None and key_positions is None:
+            start_pos = self._start(start_pos)
+            tables = self._kernel_tables(None, start_pos, L, None, q.dtype)
+            return _fused.rope(q, k, tables, None, self.layout)  # type: ignore[no-any-return]
+        if positions is None:
+            start_pos = check_int("start_pos", start_pos, minimum=0)
+            pos_q = torch.arange(start_pos, start_pos + L, device=self.inv_freq.device)
+        else:
+            pos_q = self._positions(positions, q.shape[0], L)
+        pos_k = pos_q if key_positions is None else self._positions(key_positions, k.shape[0], k.shape[2])
+        need = max(int(pos_q.max()), int(pos_k.max())) + 1 if pos_q.numel() and pos_k.numel() else 0
+        tables_q = self._kernel_tables(pos_q, 0, 0, need, q.dtype)
+        tables_k = None if key_positions is None else self._kernel_tables(pos_k, 0, 0, need, k.dtype)
+        return _fused.rope(q, k, tables_q, tables_k, self.layout)  # type: ignore[no-any-return]
+
     def extra_repr(self) -> str:
-        layout = "interleaved" if self.interleaved else "half"
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
-                f"max_seq_len={self.max_seq_len}, rope_type={self.rope_type!r}, layout={layout!r}")
+                f"max_seq_len={self.max_seq_len}, rope_type={self.rope_type!r}, layout={self.layout!r}")

@@ -16,6 +16,7 @@ from torch import nn
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import INIT_SCHEMES, init_weight
 from tokenpos.tables.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
+from tokenpos.torch import _fused
 from tokenpos.torch._checks import as_index, check_token_ids, resolve_dtype
 from tokenpos.torch._init import fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
@@ -88,10 +89,21 @@ class TokenEmbedding(TokenposModule):
     # -- lookup ------------------------------------------------------------------------------
     def forward(self, ids: Any) -> torch.Tensor:
         """ids (...) -> (..., D). Bad ids raise TokenIdError naming the value and the range."""
+        w = self.weight
+        if not self.sparse and _fused.fusable(w) and w.is_contiguous():
+            if _fused.checked_ids(ids, self.vocab_size) is not None:         # CPU int ids, checked on their view
+                return _fused.embedding(w, ids, scale=self.multiplier, padding_idx=self.padding_idx)
         return self.lookup(check_token_ids(ids, self.vocab_size, self.weight.device))
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        """The lookup without validation (ids already checked): (...) -> (..., D)."""
+        """The lookup without validation (ids already checked): (...) -> (..., D).
+
+        CPU float32/float64 tables use the fused gather-and-scale kernel (dense gradient, as here);
+        ``sparse=True``, other devices and dtypes, and ``torch.compile`` use ``F.embedding``.
+        """
+        w = self.weight
+        if not self.sparse and _fused.fusable(w) and ids.is_cpu and w.is_contiguous():
+            return _fused.embedding(w, ids, scale=self.multiplier, padding_idx=self.padding_idx)
         out = F.embedding(as_index(ids), self.weight, self.padding_idx, sparse=self.sparse)     # (..., D)
         return out * self.multiplier if self.scale else out
 

@@ -23,6 +23,7 @@ from tokenpos.tables.positional_config import PositionalConfig
 from tokenpos.tables.validation import (
     check_int,
 )
+from tokenpos.torch import _fused
 from tokenpos.torch._checks import check_position_tensor, check_token_ids, is_compiling, resolve_dtype
 from tokenpos.torch._dropout import dropout_torch
 from tokenpos.torch._init import resolve_torch_rng
@@ -30,6 +31,7 @@ from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.learned import LearnedPositionalEmbedding
 from tokenpos.torch.norm import build_norm
 from tokenpos.torch.schemes import POSITIONAL_BUILDERS
+from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.torch.token import TokenEmbedding
 
 
@@ -77,6 +79,7 @@ class TransformerEmbedding(TokenposModule):
         dtype = resolve_dtype(dtype)
         self.generator = generator
         self._fixed_dropout_seed: int | None = None      # tests: pin the dropout seed of every call
+        self._arange = np.arange(0, dtype=np.int64)         # default positions for the fused path, grown on demand
         init_rng = resolve_torch_rng(seed, rng, generator)
         self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=scale, padding_idx=padding_idx,
                                     device=device, dtype=dtype, rng=init_rng)
@@ -147,6 +150,10 @@ class TransformerEmbedding(TokenposModule):
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
                 token_type_ids: Any = None) -> torch.Tensor:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any work."""
+        if positions is None and token_type_ids is None:
+            fused = self._fused_default_call(ids, start_pos)
+            if fused is not None:
+                return fused
         ids = check_token_ids(ids, self.vocab_size, self.token.weight.device)
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
@@ -159,8 +166,13 @@ class TransformerEmbedding(TokenposModule):
     def embed(self, ids: torch.Tensor, pos: torch.Tensor, tt: torch.Tensor | None) -> torch.Tensor:
         """The computation on checked inputs: ids (..., L), pos (L,) or (..., L), tt (..., L) | None.
 
-        The single place a fused kernel replaces.
+        The single place a fused kernel replaces (:meth:`_fused_embed`); :meth:`forward` takes the
+        same kernel earlier for its most common call (default positions, no token types) to skip
+        torch-side steps that cost more than the kernel's own checks on a large batch.
         """
+        fused = self._fused_embed(ids, pos)
+        if fused is not None:
+            return fused
         x = self.token.lookup(ids)                                           # (..., L, D)
         if self.token_type is not None:
             x = x + (self.token_type.weight[0] if tt is None else self.token_type.lookup(tt))
@@ -171,6 +183,78 @@ class TransformerEmbedding(TokenposModule):
         if self.training and self.dropout > 0.0:
             x = dropout_torch(x, self.dropout, self._dropout_seed(x.device))
         return x
+
+    # -- the fused kernel (CPU float32 / float64, eager; tokenpos.kernels_enabled()) -------------
+    def _fused_table(self) -> tuple[bool, torch.Tensor | None]:
+        """(whether the fused kernel applies to this layer now, the (P, D) table it adds or None).
+
+        It applies (see ``_fused.fusable``) to contiguous CPU float32/float64 tables outside
+        ``torch.compile``, without norm, token types or a sparse token table, with learned or
+        sinusoidal positions (their table in the token dtype) or a scheme that adds nothing here
+        (rope, alibi, t5, none).
+        """
+        token, position = self.token, self.position                  # (each module lookup is a Python call)
+        w = token.weight
+        if (not _fused.fusable(w) or self.norm is not None or self.token_type is not None or token.sparse
+                or not w.is_contiguous()):
+            return False, None
+        if position.kind != "additive":
+            return True, None
+        table: torch.Tensor
+        if isinstance(position, LearnedPositionalEmbedding):
+            table = position.weight
+        elif isinstance(position, SinusoidalPositionalEncoding):
+            table = position.table
+        else:
+            return False, None
+        return table.dtype == w.dtype and table.is_cpu and table.is_contiguous(), table
+
+    def _fused_embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
+        """``dropout(W[ids] * s + P[pos])`` in one kernel pass on checked inputs, or None where the
+        kernel does not apply (sinusoidal positions beyond the precomputed table included)."""
+        ok, table = self._fused_table()
+        if not ok or not ids.is_cpu or not pos.is_cpu:
+            return None
+        if (table is not None and isinstance(self.position, SinusoidalPositionalEncoding) and pos.numel()
+                and int(pos.max()) >= table.shape[0]):                        # beyond the table: the formula
+            return None
+        return self._fused_call(ids, table, None if table is None else pos)
+
+    def _fused_default_call(self, ids: Any, start_pos: Any) -> torch.Tensor | None:
+        """``forward(ids, start_pos=...)`` (positions start_pos + arange(L), no token types) through
+        the kernel with few Python and torch steps, or None: then :meth:`forward` runs as usual.
+
+        Same checks, errors and order as :meth:`forward`: ids (dtype, values via the shared NumPy
+        check on the zero-copy view, which is what the torch check raises with; shape), start_pos,
+        then the learned range (out of range: None, so forward raises its PositionError).
+        """
+        if not isinstance(ids, torch.Tensor) or not ids.is_cpu or self.position_ids != "default":
+            return None
+        ok, table = self._fused_table()
+        if not ok:
+            return None
+        checked = _fused.checked_ids(ids, self.vocab_size)
+        if checked is None or checked.ndim not in (1, 2):
+            return None                                                       # forward raises / converts
+        if type(start_pos) is not int or start_pos < 0:
+            start_pos = check_int("start_pos", start_pos, minimum=0)
+        pos = None
+        if table is not None:
+            end = start_pos + checked.shape[-1]
+            if end > table.shape[0]:                                          # learned: an error; sinusoidal: formula
+                return None
+            if self._arange.shape[0] < end:
+                self._arange = np.arange(max(end, 2 * self._arange.shape[0]), dtype=np.int64)
+            pos = self._arange[start_pos:end]                                 # (L,) view, never written
+        return self._fused_call(ids, table, pos)
+
+    def _fused_call(self, ids: torch.Tensor, table: torch.Tensor | None, pos: Any) -> torch.Tensor:
+        """The kernel call; the dropout seed is drawn as the plain path draws it (same mask)."""
+        p = self.dropout if self.training and self.dropout > 0.0 else 0.0
+        seed = self._dropout_seed(ids.device) if p else 0
+        token = self.token
+        return _fused.embedding(token.weight, ids, scale=token.multiplier, table=table, pos=pos, dropout_p=p,
+                                seed=seed, padding_idx=token.padding_idx)
 
     def _dropout_seed(self, device: torch.device) -> Any:
         """A fresh 63-bit seed per call: an int in eager mode, a device tensor under torch.compile."""

@@ -1,0 +1,431 @@
+"""The kernel benchmark as a library: returns a :class:`BenchReport`, never prints.
+
+Every case times its implementations interleaved (rep 1 of each, rep 2 of each, ...) in one process,
+next to two references measured in the same loop: the copy bandwidth (torch ``copy_`` of the
+output's bytes into a preallocated tensor) and torch eager. The order is shuffled every round (no
+impl always follows the same neighbour, none runs twice in a row) and the embedding cases cycle
+through several id batches, so no impl finds its previous call's rows or buffers still in cache.
+A row's ``seconds`` is its best rep (the machine is shared: other load only ever adds time),
+and its ratios compare best with best; ``median_seconds`` and the note give the medians too.
+
+    effective GB/s = 2 * (bytes of the output) / seconds          (read once + written once)
+
+Cases (default workload V=50257, D=768, B=16, L=512 fp32; RoPE B=8 H=12 L=512 Dh=64):
+
+- ``forward``: inference forward ``W[ids] * sqrt(D) + P[pos]``.
+- ``dropout``: the training forward, the same plus dropout 0.1.
+- ``rope``: RoPE on q and k vs the HF-style eager ``q*cos + rotate_half(q)*sin``.
+- ``train_lazy`` / ``train_exact``: one embedding step (forward, backward, AdamW) on Zipf ids vs
+  ``nn.Embedding`` + fused AdamW (dense gradient); the ratio is the speed-up over torch.
+- ``jit``: import and first-call latency of every kernel in a fresh process (cold = empty numba
+  cache, warm = cache filled; the quick run measures the installed package cache only).
+
+"tokenpos kernel" rows call :mod:`tokenpos.kernels` directly; "tokenpos numpy" / "tokenpos torch"
+rows call the public layers (``TransformerEmbedding(...)(ids)``, ``RotaryEmbedding(...).apply``),
+so they show what a user gets, whether or not the layers use the kernels yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+CASES = ("forward", "dropout", "rope", "train_lazy", "train_exact", "jit")
+COPY, EAGER = "torch copy_ (copy bandwidth)", "torch eager"
+
+
+@dataclass
+class BenchRow:
+    case: str
+    impl: str
+    seconds: float
+    gbps: float
+    ratio_vs_copy: float | None
+    ratio_vs_reference: float | None
+    note: str = ""
+    median_seconds: float | None = None     # the median rep (seconds is the best rep)
+
+
+@dataclass
+class BenchReport:
+    machine: str
+    command: str
+    config: dict
+    rows: list[BenchRow] = field(default_factory=list)
+
+
+def _machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+        info = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+        model = info.get("Model name", model).strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    import numba
+    import torch
+    return (f"{model}, {os.cpu_count()} CPUs; numba {numba.__version__} ({numba.get_num_threads()} threads), "
+            f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy {np.__version__}, "
+            f"Python {platform.python_version()}")
+
+
+def _time(impls: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
+    """Warm each impl once, then ``reps`` interleaved rounds in a shuffled order; seconds per call.
+
+    The order changes every round (fixed seed) so that no impl always runs right after the same
+    neighbour: a call is slower right after one that evicted the caches and page tables.
+    """
+    for fn in impls.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in impls}
+    names = list(impls)
+    order_rng = np.random.default_rng(12345)
+    last = None
+    for _ in range(reps):
+        order = [str(n) for n in order_rng.permutation(names)]
+        if len(order) > 1 and order[0] == last:             # never the same impl twice in a row
+            order[0], order[-1] = order[-1], order[0]
+        last = order[-1]
+        for name in order:
+            fn = impls[name]
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def _rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandwidth: bool = True,
+          notes: dict[str, str] | None = None) -> list[BenchRow]:
+    def ratios(stat: Callable[[list[float]], float], name: str) -> tuple[float | None, float | None]:
+        s = stat(times[name])
+        rc = stat(times[COPY]) / s if (bandwidth and COPY in times) else None
+        rr = stat(times[EAGER]) / s if EAGER in times else None
+        return rc, rr
+
+    rows = []
+    for name, ts in times.items():
+        best, med = float(min(ts)), float(np.median(ts))
+        rc, rr = ratios(min, name)
+        mc, mr = ratios(lambda t: float(np.median(t)), name)
+        note = f"median {med * 1e3:.2f} ms" + (f", x copy {mc:.2f}" if mc else "") + (
+            f", x torch {mr:.1f}" if mr else "") + f" ({len(ts)} reps)"
+        if notes and name in notes:
+            note = notes[name] + "; " + note
+        rows.append(BenchRow(case, name, best, nbytes / best / 1e9, rc, rr, note, med))
+    return rows
+
+
+def _guard(fn: Callable[[], Any]) -> Callable[[], Any] | str:
+    """Run once; a public layer that fails (not wired, API drift) becomes a note, not a crash."""
+    try:
+        fn()
+        return fn
+    except Exception as exc:  # noqa: BLE001 - reported in the row note
+        return f"skipped: {type(exc).__name__}: {exc}"[:160]
+
+
+def _add(impls: dict, notes: dict, name: str, make: Callable[[], Callable[[], Any]]) -> None:
+    try:
+        fn = _guard(make())
+    except Exception as exc:  # noqa: BLE001
+        fn = f"skipped: {type(exc).__name__}: {exc}"[:160]
+    if isinstance(fn, str):
+        notes[name] = fn
+    else:
+        impls[name] = fn
+
+
+NBATCH = 4   # id batches cycled through, so no impl finds the previous call's rows still in cache
+
+
+def _cycle(items: list) -> Any:
+    import itertools
+    return itertools.cycle(items)
+
+
+def _public(backend: str, module: str, name: str) -> Any:
+    """``tokenpos.<backend>.<name>``, or from its module when the package does not export it."""
+    import importlib
+    pkg = importlib.import_module(f"tokenpos.{backend}")
+    if hasattr(pkg, name):
+        return getattr(pkg, name)
+    return getattr(importlib.import_module(f"tokenpos.{backend}.{module}"), name)
+
+
+def _copy_ref(nbytes_half: int) -> Callable[[], Any]:
+    import torch
+    src = torch.randn(nbytes_half // 4)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+# ----------------------------------------------------------------------------------------------
+# cases
+# ----------------------------------------------------------------------------------------------
+
+
+def _embedding_case(cfg: dict, p: float, reps: int, compile_: bool) -> list[BenchRow]:
+    import torch
+
+    import tokenpos.kernels as K
+    V, D, B, L = cfg["V"], cfg["D"], cfg["B"], cfg["L"]
+    case = "dropout" if p else "forward"
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((V, D), dtype=np.float32) * 0.02)
+    pt = (rng.standard_normal((L, D), dtype=np.float32) * 0.02)
+    batches = [rng.integers(0, V, (B, L)) for _ in range(NBATCH)]
+    pos = np.arange(L)
+    scale = float(np.sqrt(D))
+    tok, tpos = torch.nn.Embedding(V, D), torch.nn.Embedding(L, D)
+    with torch.no_grad():
+        tok.weight.copy_(torch.from_numpy(w))
+        tpos.weight.copy_(torch.from_numpy(pt))
+    tbatches = [torch.from_numpy(b) for b in batches]
+    tp = torch.arange(L)
+    ids_t = _cycle(tbatches)
+
+    def eager() -> torch.Tensor:
+        x = tok(next(ids_t)) * scale + tpos(tp)
+        return torch.nn.functional.dropout(x, p, training=True) if p else x
+
+    seeds = iter(range(1, 1 << 30))
+    impls: dict[str, Callable[[], Any]] = {COPY: _copy_ref(B * L * D * 4), EAGER: eager}
+    notes: dict[str, str] = {}
+    if compile_:
+        _add(impls, notes, "torch.compile", lambda: torch.compile(eager))
+    ids_k = _cycle(batches)
+    impls["tokenpos kernel"] = lambda: K.embedding_forward(w, next(ids_k), scale=scale, pos_table=pt,
+                                                           pos_ids=pos, dropout_p=p, seed=next(seeds))
+
+    def numpy_layer() -> Callable[[], Any]:
+        cls = _public("numpy", "transformer", "TransformerEmbedding")
+        layer = cls(V, D, L, positional="learned", scale=True, dropout=p, seed=0)
+        layer.train() if p else layer.eval()
+        it = _cycle(batches)
+        return lambda: layer(next(it))
+
+    def torch_layer() -> Callable[[], Any]:
+        cls = _public("torch", "transformer", "TransformerEmbedding")
+        layer = cls(V, D, L, positional="learned", scale=True, dropout=p, seed=0)
+        layer.train() if p else layer.eval()
+        it = _cycle(tbatches)
+        return lambda: layer(next(it))
+
+    _add(impls, notes, "tokenpos numpy (public layer)", numpy_layer)
+    _add(impls, notes, "tokenpos torch (public layer)", torch_layer)
+    grad = torch.is_grad_enabled()
+    torch.set_grad_enabled(bool(p))                        # inference: no autograd graph anywhere
+    try:
+        times = _time(impls, reps)
+    finally:
+        torch.set_grad_enabled(grad)
+    return _rows(case, times, 2 * B * L * D * 4, notes=notes) + [
+        BenchRow(case, k, float("nan"), float("nan"), None, None, v) for k, v in notes.items()]
+
+
+def _rope_tables(L: int, R: int) -> tuple[np.ndarray, np.ndarray]:
+    inv = 10000.0 ** (-np.arange(0, R, 2) / R)
+    ang = np.arange(L)[:, None] * inv                      # (L, R/2), float64
+    return np.cos(ang), np.sin(ang)
+
+
+def _rope_case(cfg: dict, reps: int, compile_: bool) -> list[BenchRow]:
+    import torch
+
+    import tokenpos.kernels as K
+    B, H, L, Dh = cfg["rB"], cfg["rH"], cfg["L_rope"], cfg["Dh"]
+    q = torch.randn(B, H, L, Dh)
+    k = torch.randn(B, H, L, Dh)
+    c64, s64 = _rope_tables(L, Dh)
+    c32, s32 = c64.astype(np.float32), s64.astype(np.float32)
+    cos = torch.from_numpy(np.concatenate([c32, c32], -1))[None, None]  # (1, 1, L, Dh) HF layout
+    sin = torch.from_numpy(np.concatenate([s32, s32], -1))[None, None]
+
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x[..., : Dh // 2], x[..., Dh // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def hf() -> tuple[torch.Tensor, torch.Tensor]:
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    qn, kn = q.numpy(), k.numpy()
+    impls: dict[str, Callable[[], Any]] = {COPY: _copy_ref(2 * q.numel() * 4), EAGER: hf}
+    notes: dict[str, str] = {}
+    if compile_:
+        _add(impls, notes, "torch.compile", lambda: torch.compile(hf))
+    impls["tokenpos kernel"] = lambda: K.rope_apply(qn, kn, c32, s32, layout="half")
+
+    def numpy_layer() -> Callable[[], Any]:
+        rope = _public("numpy", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L)
+        return lambda: rope.apply(qn, kn)
+
+    def torch_layer() -> Callable[[], Any]:
+        rope = _public("torch", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L)
+        return lambda: rope.apply(q, k)
+
+    _add(impls, notes, "tokenpos numpy (public layer)", numpy_layer)
+    _add(impls, notes, "tokenpos torch (public layer)", torch_layer)
+    with torch.no_grad():
+        times = _time(impls, reps)
+    return _rows("rope", times, 2 * 2 * q.numel() * 4, notes=notes) + [
+        BenchRow("rope", k, float("nan"), float("nan"), None, None, v) for k, v in notes.items()]
+
+
+def zipf_ids(rng: np.random.Generator, V: int, shape: tuple[int, ...], s: float = 1.0) -> np.ndarray:
+    """Ids with P(id = r) proportional to 1 / (r + 1)**s (rank = id, as BPE vocabularies roughly are)."""
+    w = 1.0 / np.arange(1, V + 1, dtype=np.float64) ** s
+    return rng.choice(V, size=shape, p=w / w.sum())
+
+
+def _train_case(cfg: dict, mode: str, reps: int) -> list[BenchRow]:
+    import torch
+
+    import tokenpos.kernels as K
+    V, D, B, L = cfg["V"], cfg["D"], cfg["B"], cfg["L"]
+    rng = np.random.default_rng(0)
+    batches = [zipf_ids(rng, V, (B, L)) for _ in range(NBATCH)]
+    g = rng.standard_normal((B, L, D), dtype=np.float32)
+    w0 = rng.standard_normal((V, D), dtype=np.float32) * 0.02
+    hp = dict(lr=1e-3, weight_decay=0.01)
+    emb = torch.nn.Embedding(V, D)
+    with torch.no_grad():
+        emb.weight.copy_(torch.from_numpy(w0))
+    opt = torch.optim.AdamW(emb.parameters(), fused=True, **hp)
+    tg = torch.from_numpy(g)
+    ids_t = _cycle([torch.from_numpy(b) for b in batches])
+
+    def torch_step() -> None:
+        emb(next(ids_t)).backward(tg)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    w, m, v = w0.copy(), np.zeros_like(w0), np.zeros_like(w0)
+    m.fill(0)                                              # fault the state in now, as torch's zeros_like
+    v.fill(0)                                              # does (calloc'd pages fault on first write)
+    step = [0]
+
+    ids_k = _cycle(batches)
+
+    def kernel_step() -> None:
+        ids = next(ids_k)
+        K.embedding_forward(w, ids)
+        u, rows, _ = K.embedding_backward(g, ids)
+        step[0] += 1
+        K.sparse_adam_update(w, m, v, u, rows, step=step[0], decoupled=True, mode=mode, **hp)
+
+    impls: dict[str, Callable[[], Any]] = {"torch nn.Embedding + fused AdamW": torch_step,
+                                           f"tokenpos kernel ({mode})": kernel_step}
+    notes: dict[str, str] = {}
+
+    def numpy_layer() -> Callable[[], Any]:
+        layer = _public("numpy", "token", "TokenEmbedding")(V, D, seed=0)
+        nopt = _public("numpy", "optim", "AdamW")(layer.parameters(), sparse_mode=mode, **hp)
+
+        it = _cycle(batches)
+
+        def run() -> None:
+            layer(next(it))
+            layer.backward(g)
+            nopt.step()
+            nopt.zero_grad()
+        return run
+
+    _add(impls, notes, f"tokenpos numpy ({mode}, public layer)", numpy_layer)
+    times = _time(impls, reps)
+    times = {"torch eager" if k.startswith("torch nn") else k: t for k, t in times.items()}
+    rows = _rows(f"train_{mode}", times, 2 * B * L * D * 4, bandwidth=False, notes=notes)
+    rows[0].impl = "torch nn.Embedding + fused AdamW"
+    return rows + [BenchRow(f"train_{mode}", k, float("nan"), float("nan"), None, None, v)
+                   for k, v in notes.items()]
+
+
+_JIT_SCRIPT = r"""
+import json, time
+t0 = time.perf_counter()
+import numpy as np
+import tokenpos.kernels as K
+t1 = time.perf_counter()
+w = np.ones((8, 4), np.float32); ids = np.array([[1, 2], [3, 4]])
+K.embedding_forward(w, ids, scale=2.0, pos_table=w, pos_ids=np.array([0, 1]), dropout_p=0.1, seed=1)
+K.embedding_backward(np.ones((2, 2, 4), np.float32), ids, dropout_p=0.1, seed=1)
+q = np.ones((1, 2, 2, 4), np.float32); c = np.ones((2, 2), np.float32)
+K.rope_apply(q, q, c, c)
+m = np.zeros_like(w); v = np.zeros_like(w)
+for mode in ("lazy", "exact"):
+    K.sparse_adam_update(w, m, v, np.array([1]), np.ones((1, 4), np.float32), step=1, lr=0.1, mode=mode)
+t2 = time.perf_counter()
+print(json.dumps({"import": t1 - t0, "first_calls": t2 - t1}))
+"""
+
+
+def _jit_case(quick: bool) -> list[BenchRow]:
+    def run(env: dict[str, str]) -> dict[str, float]:
+        out = subprocess.run([sys.executable, "-c", _JIT_SCRIPT], capture_output=True, text=True,
+                             env={**os.environ, **env}, timeout=600, check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    rows = []
+    runs: list[tuple[str, dict[str, str]]] = []
+    tmp = None
+    if not quick:
+        tmp = tempfile.mkdtemp(prefix="tokenpos-numba-cache-")
+        runs += [("cold (empty numba cache)", {"NUMBA_CACHE_DIR": tmp}),
+                 ("warm (numba cache filled)", {"NUMBA_CACHE_DIR": tmp})]
+    runs.append(("package cache (as installed)", {}))
+    for label, env in runs:
+        r = run(env)
+        rows.append(BenchRow("jit", f"first calls, {label}", r["first_calls"], float("nan"), None, None,
+                             f"import tokenpos.kernels {r['import'] * 1e3:.0f} ms; all kernels, float32"))
+    if tmp:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# entry point
+# ----------------------------------------------------------------------------------------------
+
+FULL = dict(V=50257, D=768, B=16, L=512, rB=8, rH=12, L_rope=512, Dh=64, reps=20, train_reps=8)
+QUICK = dict(V=50257, D=512, B=8, L=256, rB=4, rH=8, L_rope=256, Dh=64, reps=10, train_reps=4)
+
+
+def run_bench(*, quick: bool = False, compile: bool = False, cases: Sequence[str] | None = None,
+              progress: Callable[[str, int, int], None] | None = None) -> BenchReport:
+    """Run the benchmark cases; ``progress(label, done, total)`` is called before each case and at the end."""
+    import torch  # noqa: F401 - the references need it; fail early with a clear ImportError
+
+    todo = list(CASES if cases is None else cases)
+    bad = [c for c in todo if c not in CASES]
+    if bad:
+        raise ValueError(f"unknown bench case(s) {bad}; expected some of {list(CASES)}")
+    cfg = dict(QUICK if quick else FULL)
+    command = "tokenpos bench" + (" --quick" if quick else "") + (" --compile" if compile else "") + (
+        f" --cases {','.join(todo)}" if cases is not None else "")
+    report = BenchReport(_machine(), command, {**cfg, "dtype": "float32", "dropout": 0.1, "zipf_s": 1.0,
+                                               "id_batches": NBATCH,
+                                               "timing": "best of interleaved, shuffled reps (medians in notes)"})
+    for i, case in enumerate(todo):
+        if progress:
+            progress(case, i, len(todo))
+        if case in ("forward", "dropout"):
+            report.rows += _embedding_case(cfg, 0.1 if case == "dropout" else 0.0, cfg["reps"], compile)
+        elif case == "rope":
+            report.rows += _rope_case(cfg, cfg["reps"], compile)
+        elif case.startswith("train_"):
+            report.rows += _train_case(cfg, case[len("train_"):], cfg["train_reps"])
+        else:
+            report.rows += _jit_case(quick)
+    if progress:
+        progress("done", len(todo), len(todo))
+    return report

@@ -1,0 +1,73 @@
+"""``tokenpos bench``: the fused kernels against the copy bandwidth and torch, measured in one run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from typing import Any
+
+HELP = "benchmark the fused kernels: GB/s and ratios vs copy bandwidth and torch eager, side by side"
+
+
+def _cases(text: str) -> list[str]:
+    from tokenpos.analysis.bench import CASES
+
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    bad = [c for c in names if c not in CASES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(CASES)}, got {text!r}")
+    return names
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench", help=HELP, description=HELP + ".",
+        epilog="GB/s = 2 x output bytes / time. Each row is the best of interleaved, shuffled reps; ratios compare best "
+               "with best (the note gives medians and median ratios). "
+               "Cases: forward, dropout, rope, train_lazy, train_exact, jit. "
+               "Example: tokenpos bench --quick --cases forward,rope",
+    )
+    p.add_argument("--quick", action="store_true", help="small shapes and few reps (about 20-30 s)")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile (compiles slowly)")
+    p.add_argument("--cases", type=_cases, default=None, metavar="A,B",
+                   help="comma-separated cases to run (default: all)")
+    p.add_argument("--json", metavar="PATH", default=None, help="also write the report as JSON to PATH")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from tokenpos.analysis.bench import run_bench
+    from tokenpos.cli._ui import console, progress_bars
+
+    with progress_bars(not args.no_progress) as progress:
+        def step(label: str, done: int, total: int) -> None:
+            progress("bench cases", done, total)
+
+        report = run_bench(quick=args.quick, compile=args.compile, cases=args.cases, progress=step)
+    con = console()
+    table = Table(title=f"tokenpos bench ({report.command})", caption=report.machine)
+    for col, justify in (("case", "left"), ("impl", "left"), ("ms", "right"), ("GB/s", "right"),
+                         ("x copy", "right"), ("x torch", "right"), ("note", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    last = None
+    for r in report.rows:
+        if last is not None and r.case != last:
+            table.add_section()
+        last = r.case
+        table.add_row(r.case, r.impl, _fmt(r.seconds * 1e3, ".2f"), _fmt(r.gbps, ".1f"),
+                      _fmt(r.ratio_vs_copy, ".2f"), _fmt(r.ratio_vs_reference, ".1f"), r.note)
+    con.print(table)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(dataclasses.asdict(report), fh, indent=2, default=str)
+        con.print(f"wrote {args.json}")
+    return 0
