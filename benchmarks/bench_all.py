@@ -1,4 +1,7 @@
-"""Benchmark: forward, dropout, rope, train_lazy, train_exact, jit (see tokenpos.analysis.bench). Usage: python benchmarks/bench_all.py [--quick] [--compile] [--json PATH]"""
+"""Benchmark: forward, dropout, rope, train_lazy, train_exact, jit (see tokenpos.analysis.bench).
+
+Usage: python benchmarks/bench_all.py [--quick] [--compile] [--json PATH]
+"""
 
 from __future__ import annotations
 

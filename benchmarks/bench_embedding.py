@@ -1,4 +1,7 @@
-"""Benchmark: forward, dropout (see tokenpos.analysis.bench). Usage: python benchmarks/bench_embedding.py [--quick] [--compile] [--json PATH]"""
+"""Benchmark: forward, dropout (see tokenpos.analysis.bench).
+
+Usage: python benchmarks/bench_embedding.py [--quick] [--compile] [--json PATH]
+"""
 
 from __future__ import annotations
 

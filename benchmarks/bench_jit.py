@@ -1,4 +1,7 @@
-"""Benchmark: jit (see tokenpos.analysis.bench). Usage: python benchmarks/bench_jit.py [--quick] [--compile] [--json PATH]"""
+"""Benchmark: jit (see tokenpos.analysis.bench).
+
+Usage: python benchmarks/bench_jit.py [--quick] [--compile] [--json PATH]
+"""
 
 from __future__ import annotations
 

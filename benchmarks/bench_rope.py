@@ -1,4 +1,7 @@
-"""Benchmark: rope (see tokenpos.analysis.bench). Usage: python benchmarks/bench_rope.py [--quick] [--compile] [--json PATH]"""
+"""Benchmark: rope (see tokenpos.analysis.bench).
+
+Usage: python benchmarks/bench_rope.py [--quick] [--compile] [--json PATH]
+"""
 
 from __future__ import annotations
 

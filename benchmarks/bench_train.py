@@ -1,4 +1,7 @@
-"""Benchmark: train_lazy, train_exact (see tokenpos.analysis.bench). Usage: python benchmarks/bench_train.py [--quick] [--compile] [--json PATH]"""
+"""Benchmark: train_lazy, train_exact (see tokenpos.analysis.bench).
+
+Usage: python benchmarks/bench_train.py [--quick] [--compile] [--json PATH]
+"""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ def test_embedding_case_rows(p: float) -> None:
     k = by["tokenpos kernel"]
     assert k.case == ("dropout" if p else "forward")
     assert k.seconds > 0 and k.gbps > 0 and k.ratio_vs_copy > 0 and k.ratio_vs_reference > 0
+    assert k.median_seconds is not None and k.median_seconds >= k.seconds
     for r in rows:                                      # a public layer either ran or says why not
         assert (r.seconds > 0) or r.note.startswith("skipped")
 

@@ -192,3 +192,13 @@ def test_output_pool_reuses_only_dead_buffers(rng) -> None:
         assert f.flags.owndata                              # plain np.empty when pooling is off
     finally:
         _pool.set_pooling(True)
+
+
+def test_backward_with_huge_ids_uses_a_sort(rng) -> None:
+    """A stray huge id does not allocate a V-sized table; results match the reference."""
+    ids = np.array([[5, 2**40, 5], [7, 2**40, 3]])
+    g = rng.standard_normal((2, 3, 4))
+    u, rows, _ = embedding_backward(g, ids, padding_idx=7)
+    ru, rrows, _ = embedding_backward_ref(g, ids, padding_idx=7)
+    assert np.array_equal(u, ru) and list(u) == [3, 5, 2**40]
+    np.testing.assert_allclose(rows, rrows, rtol=1e-12)

@@ -60,7 +60,7 @@ def test_adam_lazy_touches_only_used_rows(cfg, rng) -> None:
         sparse_adam_update(p, m, v, u, rows, step=step, lr=1e-2, mode="lazy", **cfg)
         adam_lazy_ref(p2, m2, v2, u, rows, step=step, lr=1e-2, **cfg)
         untouched = np.setdiff1d(np.arange(V), u)
-        for new, old in zip((p, m, v), before):
+        for new, old in zip((p, m, v), before, strict=True):
             assert np.array_equal(new[untouched], old[untouched])
     assert_close(p, p2)
     assert_close(m, m2)

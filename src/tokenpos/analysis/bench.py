@@ -300,7 +300,7 @@ def _train_case(cfg: dict, mode: str, reps: int) -> list[BenchRow]:
     emb = torch.nn.Embedding(V, D)
     with torch.no_grad():
         emb.weight.copy_(torch.from_numpy(w0))
-    opt = torch.optim.AdamW(emb.parameters(), fused=True, **hp)
+    opt = torch.optim.AdamW(emb.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"], fused=True)
     tg = torch.from_numpy(g)
     ids_t = _cycle([torch.from_numpy(b) for b in batches])
 

@@ -24,8 +24,8 @@ def _cases(text: str) -> list[str]:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help=HELP, description=HELP + ".",
-        epilog="GB/s = 2 x output bytes / time. Each row is the best of interleaved, shuffled reps; ratios compare best "
-               "with best (the note gives medians and median ratios). "
+        epilog="GB/s = 2 x output bytes / time. Each row is the best of interleaved, shuffled reps; ratios "
+               "compare best with best (the note gives medians and median ratios). "
                "Cases: forward, dropout, rope, train_lazy, train_exact, jit. "
                "Example: tokenpos bench --quick --cases forward,rope",
     )

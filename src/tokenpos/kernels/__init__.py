@@ -29,7 +29,18 @@ Row-sparse optimisers (:mod:`.optim`), in place, ``mode="exact"|"lazy"``:
 
 Every kernel ``f`` has a twin ``f_ref`` in :mod:`.reference` with the same signature; the
 optimisers' twins are dense (``adam_dense_ref``, ``sgd_dense_ref``) and lazy (``*_lazy_ref``).
-Dropout masks equal :func:`tokenpos.tables.dropout.dropout_keep_mask` bit for bit.
+Dropout masks equal :func:`tokenpos.tables.dropout.dropout_keep_mask` bit for bit; forwards equal
+their twins bit for bit; sums and optimiser steps agree to float rounding.
+
+Machinery (private): :mod:`._rng` (the hash), :mod:`._prefetch` (software prefetch of gathered
+rows), :mod:`._launch` (one thread below 256 KiB of traffic, dynamic chunks above, so a busy
+second core cannot stall a call), :mod:`._pool` (outputs of >= 4 MiB reuse dead same-size buffers
+instead of page-faulting fresh ones; ``_pool.set_pooling(False)`` turns that off).
+
+Numba's on-disk cache (``cache=True``) lives in ``__pycache__`` next to these files (or numba's
+user cache directory when that is not writable). It is keyed on each file's own source, so after
+editing ``_rng.py`` / ``_prefetch.py`` clear ``__pycache__`` (functions inlined from them are not
+tracked across files).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from numba import njit, prange
 from tokenpos.kernels import _pool
 from tokenpos.kernels._launch import launch
 from tokenpos.kernels._prefetch import prefetch_row, prefetch_row_l2
-from tokenpos.kernels._rng import dropout_params, keep_bits
+from tokenpos.kernels._rng import GOLDEN, dropout_params, keep_bits_mul
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_positions, check_probability, check_token_ids
 
@@ -70,17 +70,21 @@ def _forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv
             if has_pos:
                 pe = pos_table[pos_ids[n % Lp]]              # (D,)
                 if thr != 0:
+                    ig = base * GOLDEN                       # counter * GOLDEN, carried by addition
                     for d in range(D):
                         v = w[d] * scale + pe[d]
-                        o[d] = v * inv if keep_bits(key, base + np.uint64(d)) >= thr else zero
+                        o[d] = v * inv if keep_bits_mul(key, ig) >= thr else zero
+                        ig += GOLDEN
                 else:
                     for d in range(D):
                         o[d] = w[d] * scale + pe[d]
             else:
                 if thr != 0:
+                    ig = base * GOLDEN
                     for d in range(D):
                         v = w[d] * scale
-                        o[d] = v * inv if keep_bits(key, base + np.uint64(d)) >= thr else zero
+                        o[d] = v * inv if keep_bits_mul(key, ig) >= thr else zero
+                        ig += GOLDEN
                 else:
                     for d in range(D):
                         o[d] = w[d] * scale
@@ -165,9 +169,10 @@ def _segment_sum_core(grad, order, starts, key, thr, offset, factor, ahead, far,
             n = order[j]
             g = grad[n]
             if thr != 0:
-                base = offset + np.uint64(n * D)
+                ig = (offset + np.uint64(n * D)) * GOLDEN
                 for d in range(D):
-                    acc[d] += g[d] if keep_bits(key, base + np.uint64(d)) >= thr else 0.0
+                    acc[d] += g[d] if keep_bits_mul(key, ig) >= thr else 0.0
+                    ig += GOLDEN
             else:
                 for d in range(D):
                     acc[d] += g[d]
@@ -205,6 +210,21 @@ def _flat_pos_ids(pos_ids: Any, ids_shape: tuple[int, ...], num_positions: int |
     if flat.size == 0 and int(np.prod(ids_shape)) > 0:
         raise ConfigError("pos_ids is empty but ids are not")
     return flat if flat.size else np.zeros(1, np.int64)
+
+
+def _unique_ids(flat_ids: np.ndarray, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted unique ids without ``pad``, slot of each id or -1): O(N + V) marks, or a sort when
+    the largest id is far beyond N (no V-sized table for a stray huge id)."""
+    N = flat_ids.shape[0]
+    if N == 0:
+        return np.zeros(0, np.int64), flat_ids
+    if int(flat_ids.max()) < max(1 << 22, 16 * N):
+        return _unique_inverse(flat_ids, pad)
+    uniq, inverse = np.unique(flat_ids, return_inverse=True)
+    keep = uniq != pad
+    slot = np.cumsum(keep) - 1
+    slot[~keep] = -1
+    return uniq[keep].astype(np.int64), slot[inverse.reshape(-1)].astype(np.int64)
 
 
 def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout_p: float):
@@ -312,9 +332,10 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
     flat_ids = np.ascontiguousarray(idx.reshape(-1))
     N = flat_ids.shape[0]
     g2 = np.ascontiguousarray(g.reshape(N, D))
-    pid = _flat_pos_ids(pos_ids, idx.shape, int(num_positions)) if has_pos else np.zeros(1, np.int64)
+    P = 0 if num_positions is None else int(num_positions)
+    pid = _flat_pos_ids(pos_ids, idx.shape, P) if has_pos else np.zeros(1, np.int64)
     pad = -1 if padding_idx is None else int(padding_idx)
-    uniq, inverse = _unique_inverse(flat_ids, pad) if N else (np.zeros(0, np.int64), flat_ids)
+    uniq, inverse = _unique_ids(flat_ids, pad)
     key, thr, inv = dropout_params(seed, p)
     off = np.uint64(int(dropout_offset))
     rows = np.empty((uniq.shape[0], D), g.dtype)
@@ -325,7 +346,6 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
                               PREFETCH_FAR, rows)
     pos_grad = None
     if has_pos:
-        P = int(num_positions)
         pos_grad = np.zeros((P, D), g.dtype)
         if N and D:
             starts, order = _group(pid, P, N)

@@ -141,7 +141,8 @@ def _sgd_exact_core(param, buf, indices, rows, lr, mom, damp, nesterov, wd, firs
         j = np.searchsorted(indices, r0)
         for r in range(r0, r1):
             has = j < U and indices[j] == r
-            _sgd_row(param[r], buf[r if mom != 0.0 else 0], rows[j if has else 0], has, lr, mom, damp, nesterov, wd, first)
+            _sgd_row(param[r], buf[r if mom != 0.0 else 0], rows[j if has else 0], has, lr, mom, damp, nesterov,
+                     wd, first)
             if has:
                 j += 1
 
@@ -212,7 +213,7 @@ def sparse_adam_update(param: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.nd
     elif param.size:
         chunk = _chunk(param.shape[0])
         with launch(-(-param.shape[0] // chunk), 6 * param.size * isz, max_chunk=1):
-            _adam_exact_core(param, m, v, idx, r, *args, chunk)
+            _adam_exact_core(param, m, v, idx, r, *args, chunk)  # type: ignore[call-arg]
 
 
 def sparse_sgd_update(param: np.ndarray, indices: Any, rows: Any, *, lr: float, momentum: float = 0.0,

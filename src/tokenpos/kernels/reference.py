@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.kernels.embedding import _float_array, _flat_pos_ids, prepare_forward
+from tokenpos.kernels.embedding import _flat_pos_ids, _float_array, prepare_forward
 from tokenpos.kernels.optim import prepare_sparse
 from tokenpos.kernels.rope import prepare_rope
 from tokenpos.tables.dropout import dropout_keep_mask
@@ -66,9 +66,10 @@ def embedding_backward_ref(grad_out: Any, ids: Any, *, scale: float = 1.0, dropo
     rows *= float(scale)
     pos_grad = None
     if pos_ids is not None:
-        pid = _flat_pos_ids(pos_ids, idx.shape, int(num_positions))
+        P = 0 if num_positions is None else int(num_positions)
+        pid = _flat_pos_ids(pos_ids, idx.shape, P)
         full = pid[np.arange(flat.size) % pid.size]
-        pos_grad = np.zeros((int(num_positions), D))
+        pos_grad = np.zeros((P, D))
         np.add.at(pos_grad, full, g64)
         pos_grad = pos_grad.astype(g.dtype)
     return uniq.astype(np.int64), rows.astype(g.dtype), pos_grad
@@ -151,10 +152,10 @@ def adam_lazy_ref(param: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray
                   weight_decay: float = 0.0, decoupled: bool = False) -> None:
     """Lazy Adam: the dense formula applied to the given rows only (global step for bias correction)."""
     idx, r = prepare_sparse(param, indices, rows)
-    sub = [a[idx] for a in (param, exp_avg, exp_avg_sq)]
-    adam_dense_ref(*sub, r, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+    p, m, v = param[idx], exp_avg[idx], exp_avg_sq[idx]
+    adam_dense_ref(p, m, v, r, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                    weight_decay=weight_decay, decoupled=decoupled)
-    param[idx], exp_avg[idx], exp_avg_sq[idx] = sub
+    param[idx], exp_avg[idx], exp_avg_sq[idx] = p, m, v
 
 
 def sgd_dense_ref(param: np.ndarray, grad: np.ndarray, *, lr: float, momentum: float = 0.0,
@@ -166,6 +167,8 @@ def sgd_dense_ref(param: np.ndarray, grad: np.ndarray, *, lr: float, momentum: f
     if weight_decay:
         g = g + weight_decay * p
     if momentum:
+        if momentum_buffer is None:
+            raise ValueError("momentum != 0 needs a momentum_buffer")
         if first_step:
             buf = g.copy()
         else:
@@ -181,9 +184,9 @@ def sgd_lazy_ref(param: np.ndarray, indices: Any, rows: Any, *, lr: float, momen
     """Lazy SGD: the dense formula on the given rows only."""
     idx, r = prepare_sparse(param, indices, rows)
     p = param[idx]
-    buf = momentum_buffer[idx] if momentum else None
+    buf = None if momentum_buffer is None else momentum_buffer[idx]
     sgd_dense_ref(p, r, lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
                   weight_decay=weight_decay, momentum_buffer=buf, first_step=first_step)
     param[idx] = p
-    if momentum:
+    if momentum_buffer is not None and buf is not None:
         momentum_buffer[idx] = buf
