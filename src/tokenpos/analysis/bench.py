@@ -29,149 +29,30 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tokenpos.analysis.bench_timing import (
+    COPY,
+    EAGER,
+    NBATCH,
+    BenchReport,
+    BenchRow,
+    add_impl,
+    bench_rows,
+    copy_ref,
+    cycle,
+    machine,
+    public,
+    time_interleaved,
+)
+
 CASES = ("forward", "dropout", "rope", "train_lazy", "train_exact", "jit")
-COPY, EAGER = "torch copy_ (copy bandwidth)", "torch eager"
-
-
-@dataclass
-class BenchRow:
-    case: str
-    impl: str
-    seconds: float
-    gbps: float
-    ratio_vs_copy: float | None
-    ratio_vs_reference: float | None
-    note: str = ""
-    median_seconds: float | None = None     # the median rep (seconds is the best rep)
-
-
-@dataclass
-class BenchReport:
-    machine: str
-    command: str
-    config: dict
-    rows: list[BenchRow] = field(default_factory=list)
-
-
-def _machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
-        info = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-        model = info.get("Model name", model).strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    import numba
-    import torch
-    return (f"{model}, {os.cpu_count()} CPUs; numba {numba.__version__} ({numba.get_num_threads()} threads), "
-            f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy {np.__version__}, "
-            f"Python {platform.python_version()}")
-
-
-def _time(impls: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
-    """Warm each impl once, then ``reps`` interleaved rounds in a shuffled order; seconds per call.
-
-    The order changes every round (fixed seed) so that no impl always runs right after the same
-    neighbour: a call is slower right after one that evicted the caches and page tables.
-    """
-    for fn in impls.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in impls}
-    names = list(impls)
-    order_rng = np.random.default_rng(12345)
-    last = None
-    for _ in range(reps):
-        order = [str(n) for n in order_rng.permutation(names)]
-        if len(order) > 1 and order[0] == last:             # never the same impl twice in a row
-            order[0], order[-1] = order[-1], order[0]
-        last = order[-1]
-        for name in order:
-            fn = impls[name]
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return times
-
-
-def _rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandwidth: bool = True,
-          notes: dict[str, str] | None = None) -> list[BenchRow]:
-    def ratios(stat: Callable[[list[float]], float], name: str) -> tuple[float | None, float | None]:
-        s = stat(times[name])
-        rc = stat(times[COPY]) / s if (bandwidth and COPY in times) else None
-        rr = stat(times[EAGER]) / s if EAGER in times else None
-        return rc, rr
-
-    rows = []
-    for name, ts in times.items():
-        best, med = float(min(ts)), float(np.median(ts))
-        rc, rr = ratios(min, name)
-        mc, mr = ratios(lambda t: float(np.median(t)), name)
-        note = f"median {med * 1e3:.2f} ms" + (f", x copy {mc:.2f}" if mc else "") + (
-            f", x torch {mr:.1f}" if mr else "") + f" ({len(ts)} reps)"
-        if notes and name in notes:
-            note = notes[name] + "; " + note
-        rows.append(BenchRow(case, name, best, nbytes / best / 1e9, rc, rr, note, med))
-    return rows
-
-
-def _guard(fn: Callable[[], Any]) -> Callable[[], Any] | str:
-    """Run once; a public layer that fails (not wired, API drift) becomes a note, not a crash."""
-    try:
-        fn()
-        return fn
-    except Exception as exc:  # noqa: BLE001 - reported in the row note
-        return f"skipped: {type(exc).__name__}: {exc}"[:160]
-
-
-def _add(impls: dict, notes: dict, name: str, make: Callable[[], Callable[[], Any]]) -> None:
-    try:
-        fn = _guard(make())
-    except Exception as exc:  # noqa: BLE001
-        fn = f"skipped: {type(exc).__name__}: {exc}"[:160]
-    if isinstance(fn, str):
-        notes[name] = fn
-    else:
-        impls[name] = fn
-
-
-NBATCH = 4   # id batches cycled through, so no impl finds the previous call's rows still in cache
-
-
-def _cycle(items: list) -> Any:
-    import itertools
-    return itertools.cycle(items)
-
-
-def _public(backend: str, module: str, name: str) -> Any:
-    """``tokenpos.<backend>.<name>``, or from its module when the package does not export it."""
-    import importlib
-    pkg = importlib.import_module(f"tokenpos.{backend}")
-    if hasattr(pkg, name):
-        return getattr(pkg, name)
-    return getattr(importlib.import_module(f"tokenpos.{backend}.{module}"), name)
-
-
-def _copy_ref(nbytes_half: int) -> Callable[[], Any]:
-    import torch
-    src = torch.randn(nbytes_half // 4)
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
-
-
-# ----------------------------------------------------------------------------------------------
-# cases
-# ----------------------------------------------------------------------------------------------
 
 
 def _embedding_case(cfg: dict, p: float, reps: int, compile_: bool) -> list[BenchRow]:
@@ -192,44 +73,44 @@ def _embedding_case(cfg: dict, p: float, reps: int, compile_: bool) -> list[Benc
         tpos.weight.copy_(torch.from_numpy(pt))
     tbatches = [torch.from_numpy(b) for b in batches]
     tp = torch.arange(L)
-    ids_t = _cycle(tbatches)
+    ids_t = cycle(tbatches)
 
     def eager() -> torch.Tensor:
         x = tok(next(ids_t)) * scale + tpos(tp)
         return torch.nn.functional.dropout(x, p, training=True) if p else x
 
     seeds = iter(range(1, 1 << 30))
-    impls: dict[str, Callable[[], Any]] = {COPY: _copy_ref(B * L * D * 4), EAGER: eager}
+    impls: dict[str, Callable[[], Any]] = {COPY: copy_ref(B * L * D * 4), EAGER: eager}
     notes: dict[str, str] = {}
     if compile_:
-        _add(impls, notes, "torch.compile", lambda: torch.compile(eager))
-    ids_k = _cycle(batches)
+        add_impl(impls, notes, "torch.compile", lambda: torch.compile(eager))
+    ids_k = cycle(batches)
     impls["tokenpos kernel"] = lambda: K.embedding_forward(w, next(ids_k), scale=scale, pos_table=pt,
                                                            pos_ids=pos, dropout_p=p, seed=next(seeds))
 
     def numpy_layer() -> Callable[[], Any]:
-        cls = _public("numpy", "transformer", "TransformerEmbedding")
+        cls = public("numpy", "transformer", "TransformerEmbedding")
         layer = cls(V, D, L, positional="learned", scale=True, dropout=p, seed=0)
         layer.train() if p else layer.eval()
-        it = _cycle(batches)
+        it = cycle(batches)
         return lambda: layer(next(it))
 
     def torch_layer() -> Callable[[], Any]:
-        cls = _public("torch", "transformer", "TransformerEmbedding")
+        cls = public("torch", "transformer", "TransformerEmbedding")
         layer = cls(V, D, L, positional="learned", scale=True, dropout=p, seed=0)
         layer.train() if p else layer.eval()
-        it = _cycle(tbatches)
+        it = cycle(tbatches)
         return lambda: layer(next(it))
 
-    _add(impls, notes, "tokenpos numpy (public layer)", numpy_layer)
-    _add(impls, notes, "tokenpos torch (public layer)", torch_layer)
+    add_impl(impls, notes, "tokenpos numpy (public layer)", numpy_layer)
+    add_impl(impls, notes, "tokenpos torch (public layer)", torch_layer)
     grad = torch.is_grad_enabled()
     torch.set_grad_enabled(bool(p))                        # inference: no autograd graph anywhere
     try:
-        times = _time(impls, reps)
+        times = time_interleaved(impls, reps)
     finally:
         torch.set_grad_enabled(grad)
-    return _rows(case, times, 2 * B * L * D * 4, notes=notes) + [
+    return bench_rows(case, times, 2 * B * L * D * 4, notes=notes) + [
         BenchRow(case, k, float("nan"), float("nan"), None, None, v) for k, v in notes.items()]
 
 
@@ -259,25 +140,25 @@ def _rope_case(cfg: dict, reps: int, compile_: bool) -> list[BenchRow]:
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
     qn, kn = q.numpy(), k.numpy()
-    impls: dict[str, Callable[[], Any]] = {COPY: _copy_ref(2 * q.numel() * 4), EAGER: hf}
+    impls: dict[str, Callable[[], Any]] = {COPY: copy_ref(2 * q.numel() * 4), EAGER: hf}
     notes: dict[str, str] = {}
     if compile_:
-        _add(impls, notes, "torch.compile", lambda: torch.compile(hf))
+        add_impl(impls, notes, "torch.compile", lambda: torch.compile(hf))
     impls["tokenpos kernel"] = lambda: K.rope_apply(qn, kn, c32, s32, layout="half")
 
     def numpy_layer() -> Callable[[], Any]:
-        rope = _public("numpy", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L)
+        rope = public("numpy", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L)
         return lambda: rope.apply(qn, kn)
 
     def torch_layer() -> Callable[[], Any]:
-        rope = _public("torch", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L)
+        rope = public("torch", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L)
         return lambda: rope.apply(q, k)
 
-    _add(impls, notes, "tokenpos numpy (public layer)", numpy_layer)
-    _add(impls, notes, "tokenpos torch (public layer)", torch_layer)
+    add_impl(impls, notes, "tokenpos numpy (public layer)", numpy_layer)
+    add_impl(impls, notes, "tokenpos torch (public layer)", torch_layer)
     with torch.no_grad():
-        times = _time(impls, reps)
-    return _rows("rope", times, 2 * 2 * q.numel() * 4, notes=notes) + [
+        times = time_interleaved(impls, reps)
+    return bench_rows("rope", times, 2 * 2 * q.numel() * 4, notes=notes) + [
         BenchRow("rope", k, float("nan"), float("nan"), None, None, v) for k, v in notes.items()]
 
 
@@ -302,7 +183,7 @@ def _train_case(cfg: dict, mode: str, reps: int) -> list[BenchRow]:
         emb.weight.copy_(torch.from_numpy(w0))
     opt = torch.optim.AdamW(emb.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"], fused=True)
     tg = torch.from_numpy(g)
-    ids_t = _cycle([torch.from_numpy(b) for b in batches])
+    ids_t = cycle([torch.from_numpy(b) for b in batches])
 
     def torch_step() -> None:
         emb(next(ids_t)).backward(tg)
@@ -314,7 +195,7 @@ def _train_case(cfg: dict, mode: str, reps: int) -> list[BenchRow]:
     v.fill(0)                                              # does (calloc'd pages fault on first write)
     step = [0]
 
-    ids_k = _cycle(batches)
+    ids_k = cycle(batches)
 
     def kernel_step() -> None:
         ids = next(ids_k)
@@ -328,10 +209,10 @@ def _train_case(cfg: dict, mode: str, reps: int) -> list[BenchRow]:
     notes: dict[str, str] = {}
 
     def numpy_layer() -> Callable[[], Any]:
-        layer = _public("numpy", "token", "TokenEmbedding")(V, D, seed=0)
-        nopt = _public("numpy", "optim", "AdamW")(layer.parameters(), sparse_mode=mode, **hp)
+        layer = public("numpy", "token", "TokenEmbedding")(V, D, seed=0)
+        nopt = public("numpy", "optim", "AdamW")(layer.parameters(), sparse_mode=mode, **hp)
 
-        it = _cycle(batches)
+        it = cycle(batches)
 
         def run() -> None:
             layer(next(it))
@@ -340,10 +221,10 @@ def _train_case(cfg: dict, mode: str, reps: int) -> list[BenchRow]:
             nopt.zero_grad()
         return run
 
-    _add(impls, notes, f"tokenpos numpy ({mode}, public layer)", numpy_layer)
-    times = _time(impls, reps)
+    add_impl(impls, notes, f"tokenpos numpy ({mode}, public layer)", numpy_layer)
+    times = time_interleaved(impls, reps)
     times = {"torch eager" if k.startswith("torch nn") else k: t for k, t in times.items()}
-    rows = _rows(f"train_{mode}", times, 2 * B * L * D * 4, bandwidth=False, notes=notes)
+    rows = bench_rows(f"train_{mode}", times, 2 * B * L * D * 4, bandwidth=False, notes=notes)
     rows[0].impl = "torch nn.Embedding + fused AdamW"
     return rows + [BenchRow(f"train_{mode}", k, float("nan"), float("nan"), None, None, v)
                    for k, v in notes.items()]
@@ -397,7 +278,7 @@ def _jit_case(quick: bool) -> list[BenchRow]:
 # ----------------------------------------------------------------------------------------------
 
 FULL = dict(V=50257, D=768, B=16, L=512, rB=8, rH=12, L_rope=512, Dh=64, reps=20, train_reps=8)
-QUICK = dict(V=50257, D=512, B=8, L=256, rB=4, rH=8, L_rope=256, Dh=64, reps=10, train_reps=4)
+QUICK = dict(FULL, reps=5, train_reps=3)   # the same workload (cache-resident shapes would flatter copy)
 
 
 def run_bench(*, quick: bool = False, compile: bool = False, cases: Sequence[str] | None = None,
@@ -412,7 +293,7 @@ def run_bench(*, quick: bool = False, compile: bool = False, cases: Sequence[str
     cfg = dict(QUICK if quick else FULL)
     command = "tokenpos bench" + (" --quick" if quick else "") + (" --compile" if compile else "") + (
         f" --cases {','.join(todo)}" if cases is not None else "")
-    report = BenchReport(_machine(), command, {**cfg, "dtype": "float32", "dropout": 0.1, "zipf_s": 1.0,
+    report = BenchReport(machine(), command, {**cfg, "dtype": "float32", "dropout": 0.1, "zipf_s": 1.0,
                                                "id_batches": NBATCH,
                                                "timing": "best of interleaved, shuffled reps (medians in notes)"})
     for i, case in enumerate(todo):

@@ -1,0 +1,147 @@
+"""Timing machinery of the benchmark: rows, reports, interleaved timing and the copy reference.
+
+Shared by every case in :mod:`tokenpos.analysis.bench`; returns data, never prints.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+COPY, EAGER = "torch copy_ (copy bandwidth)", "torch eager"
+
+@dataclass
+class BenchRow:
+    case: str
+    impl: str
+    seconds: float
+    gbps: float
+    ratio_vs_copy: float | None
+    ratio_vs_reference: float | None
+    note: str = ""
+    median_seconds: float | None = None     # the median rep (seconds is the best rep)
+
+
+@dataclass
+class BenchReport:
+    machine: str
+    command: str
+    config: dict
+    rows: list[BenchRow] = field(default_factory=list)
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+        info = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+        model = info.get("Model name", model).strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    import numba
+    import torch
+    return (f"{model}, {os.cpu_count()} CPUs; numba {numba.__version__} ({numba.get_num_threads()} threads), "
+            f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy {np.__version__}, "
+            f"Python {platform.python_version()}")
+
+
+def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
+    """Warm each impl once, then ``reps`` interleaved rounds in a shuffled order; seconds per call.
+
+    The order changes every round (fixed seed) so that no impl always runs right after the same
+    neighbour: a call is slower right after one that evicted the caches and page tables.
+    """
+    for fn in impls.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in impls}
+    names = list(impls)
+    order_rng = np.random.default_rng(12345)
+    last = None
+    for _ in range(reps):
+        order = [str(n) for n in order_rng.permutation(names)]
+        if len(order) > 1 and order[0] == last:             # never the same impl twice in a row
+            order[0], order[-1] = order[-1], order[0]
+        last = order[-1]
+        for name in order:
+            fn = impls[name]
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandwidth: bool = True,
+          notes: dict[str, str] | None = None) -> list[BenchRow]:
+    def ratios(stat: Callable[[list[float]], float], name: str) -> tuple[float | None, float | None]:
+        s = stat(times[name])
+        rc = stat(times[COPY]) / s if (bandwidth and COPY in times) else None
+        rr = stat(times[EAGER]) / s if EAGER in times else None
+        return rc, rr
+
+    rows = []
+    for name, ts in times.items():
+        best, med = float(min(ts)), float(np.median(ts))
+        rc, rr = ratios(min, name)
+        mc, mr = ratios(lambda t: float(np.median(t)), name)
+        note = f"median {med * 1e3:.2f} ms" + (f", x copy {mc:.2f}" if mc else "") + (
+            f", x torch {mr:.1f}" if mr else "") + f" ({len(ts)} reps)"
+        if notes and name in notes:
+            note = notes[name] + "; " + note
+        rows.append(BenchRow(case, name, best, nbytes / best / 1e9, rc, rr, note, med))
+    return rows
+
+
+def guard(fn: Callable[[], Any]) -> Callable[[], Any] | str:
+    """Run once; a public layer that fails (not wired, API drift) becomes a note, not a crash."""
+    try:
+        fn()
+        return fn
+    except Exception as exc:  # noqa: BLE001 - reported in the row note
+        return f"skipped: {type(exc).__name__}: {exc}"[:160]
+
+
+def add_impl(impls: dict, notes: dict, name: str, make: Callable[[], Callable[[], Any]]) -> None:
+    try:
+        fn = guard(make())
+    except Exception as exc:  # noqa: BLE001
+        fn = f"skipped: {type(exc).__name__}: {exc}"[:160]
+    if isinstance(fn, str):
+        notes[name] = fn
+    else:
+        impls[name] = fn
+
+
+NBATCH = 4   # id batches cycled through, so no impl finds the previous call's rows still in cache
+
+
+def cycle(items: list) -> Any:
+    import itertools
+    return itertools.cycle(items)
+
+
+def public(backend: str, module: str, name: str) -> Any:
+    """``tokenpos.<backend>.<name>``, or from its module when the package does not export it."""
+    import importlib
+    pkg = importlib.import_module(f"tokenpos.{backend}")
+    if hasattr(pkg, name):
+        return getattr(pkg, name)
+    return getattr(importlib.import_module(f"tokenpos.{backend}.{module}"), name)
+
+
+def copy_ref(nbytes_half: int) -> Callable[[], Any]:
+    import torch
+    src = torch.randn(nbytes_half // 4)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+# ----------------------------------------------------------------------------------------------
+# cases
+# ----------------------------------------------------------------------------------------------
