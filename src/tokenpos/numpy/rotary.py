@@ -34,7 +34,7 @@ from tokenpos.tables.rope import (
     rope_shape_message,
 )
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
-from tokenpos.tables.rope_state import RopeFrequencies, rope_kwargs_from_hf_config
+from tokenpos.tables.rope_state import rope_kwargs_from_hf_config, rotary_frequencies
 from tokenpos.tables.validation import check_int, check_positions
 
 # Positions up to this many times max_seq_len grow the cache; larger ones are computed directly.
@@ -78,13 +78,8 @@ class RotaryEmbedding(Module):
     def __init__(self, head_dim: int, *, base: float = 10000.0, max_seq_len: int = 2048, scaling: Any = None,
                  interleaved: bool = False, rotary_dim: int | None = None) -> None:
         super().__init__()
-        self.head_dim = check_int("head_dim", head_dim, minimum=2)
-        self.max_seq_len = check_int("max_seq_len", max_seq_len, minimum=1)
-        if not isinstance(interleaved, (bool, np.bool_)):
-            raise ConfigError(f"interleaved must be True or False, got {interleaved!r}")
-        self.interleaved = bool(interleaved)
-        self.freqs = RopeFrequencies(self.head_dim, base=base, scaling=scaling,
-                                     max_position_embeddings=self.max_seq_len, rotary_dim=rotary_dim)
+        self.head_dim, self.max_seq_len, self.interleaved, self.freqs = rotary_frequencies(
+            head_dim, max_seq_len, interleaved, base=base, scaling=scaling, rotary_dim=rotary_dim)
         self.base, self.rotary_dim = self.freqs.base, self.freqs.rotary_dim
         self.scaling = dict(self.freqs.params)
         self.attention_factor = self.freqs.attention_factor

@@ -14,7 +14,7 @@ from tokenpos._config import kernels_enabled
 from tokenpos.kernels.embedding import embedding_backward, embedding_forward
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.init import init_weight, resolve_rng
+from tokenpos.tables.init import RESIZE_INITS, init_weight, resolve_rng
 from tokenpos.tables.validation import (
     check_choice,
     check_dtype,
@@ -25,7 +25,6 @@ from tokenpos.tables.validation import (
 )
 
 _FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-RESIZE_INITS = ("mean", "normal", "trunc_normal", "xavier_uniform", "standard_normal", "zeros")
 
 
 class TokenEmbedding(Module):

@@ -15,6 +15,7 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice, check_float
 
 INIT_SCHEMES = ("normal", "trunc_normal", "xavier_uniform", "standard_normal", "zeros")
+RESIZE_INITS = ("mean",) + INIT_SCHEMES   # new rows of a resized table: the mean of the old rows, or a scheme
 
 
 def resolve_rng(seed: Any = None, rng: np.random.Generator | None = None) -> np.random.Generator:

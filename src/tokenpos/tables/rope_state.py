@@ -144,3 +144,18 @@ def rope_kwargs_from_hf_config(config: Any) -> dict[str, Any]:
     rotary_dim = int(int(head_dim) * float(prf))
     return {"head_dim": int(head_dim), "base": float(base), "max_seq_len": int(max_len),
             "scaling": params or None, "rotary_dim": rotary_dim}
+
+
+def rotary_frequencies(head_dim: Any, max_seq_len: Any, interleaved: Any, *, base: Any, scaling: Any,
+                       rotary_dim: Any) -> tuple[int, int, bool, RopeFrequencies]:
+    """The checks every ``RotaryEmbedding`` constructor makes, written once for both backends.
+
+    Returns ``(head_dim, max_seq_len, interleaved, RopeFrequencies)``.
+    """
+    head_dim = check_int("head_dim", head_dim, minimum=2)
+    max_seq_len = check_int("max_seq_len", max_seq_len, minimum=1)
+    if not isinstance(interleaved, (bool, np.bool_)):
+        raise ConfigError(f"interleaved must be True or False, got {interleaved!r}")
+    freqs = RopeFrequencies(head_dim, base=base, scaling=scaling, max_position_embeddings=max_seq_len,
+                            rotary_dim=rotary_dim)
+    return head_dim, max_seq_len, bool(interleaved), freqs

@@ -14,14 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.init import INIT_SCHEMES, init_weight
+from tokenpos.tables.init import INIT_SCHEMES, RESIZE_INITS, init_weight
 from tokenpos.tables.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
 from tokenpos.torch import _fused
 from tokenpos.torch._checks import as_index, check_token_ids, resolve_dtype
 from tokenpos.torch._init import fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
-
-RESIZE_INITS = ("mean", "normal", "trunc_normal", "xavier_uniform", "standard_normal", "zeros")
 
 
 class TokenEmbedding(TokenposModule):
