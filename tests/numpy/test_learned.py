@@ -84,3 +84,24 @@ def test_init_and_determinism():
     w = tpn.LearnedPositionalEmbedding(400, 100, seed=0, init="trunc_normal", std=0.1).weight.data
     assert np.abs(w).max() <= 0.2
     assert tpn.LearnedPositionalEmbedding(4, 2).weight.dtype == np.float32
+
+
+def test_padding_idx_row_starts_at_zero_and_gets_no_gradient():
+    layer = tpn.LearnedPositionalEmbedding(8, 4, padding_idx=1, seed=0)
+    assert np.all(layer.weight.data[1] == 0)
+    out = layer(np.array([[1, 2, 3, 1], [1, 1, 4, 5]]))
+    layer.backward(np.ones_like(out))
+    grad = layer.weight.grad
+    assert np.all(grad[1] == 0)
+    np.testing.assert_array_equal(grad[[2, 3, 4, 5], 0], [1, 1, 1, 1])
+
+
+def test_roberta_positions_keep_the_padding_position_row_out_of_training():
+    emb = tpn.TransformerEmbedding(20, 4, 12, padding_idx=1, position_ids="padding", seed=0)
+    assert emb.position.padding_idx == 1
+    out = emb(np.array([[0, 5, 9, 1, 1], [1, 1, 0, 7, 2]]))
+    emb.backward(np.ones_like(out))
+    assert np.all(emb.position.weight.grad[1] == 0)
+    assert np.any(emb.position.weight.grad[2] != 0)
+    with pytest.raises(ValueError, match="padding_idx"):
+        tpn.LearnedPositionalEmbedding(8, 4, padding_idx=8)

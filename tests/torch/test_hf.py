@@ -92,6 +92,22 @@ def test_roberta_padding_positions(model_type: str) -> None:
             assert max_diff(emb(ids, start_pos=past), want) <= HF_ATOL
 
 
+@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta"])
+def test_roberta_gradients_match_hf_padding_position_gets_none(model_type: str) -> None:
+    """Training through from_hf's block gives HF's gradients; the padding position row gets none."""
+    model = _roberta_like(model_type)
+    emb = tpt.from_hf(model)
+    assert emb.position.padding_idx == 1
+    ids = torch.tensor([[0, 5, 9, 2, 1, 1, 1], [1, 1, 0, 7, 7, 2, 1]])
+    g = torch.randn(2, 7, 16, generator=torch.Generator().manual_seed(0))
+    (model.embeddings(input_ids=ids) * g).sum().backward()
+    (emb(ids) * g).sum().backward()
+    hf_pos = model.embeddings.position_embeddings.weight.grad
+    assert emb.position.weight.grad is not None and torch.all(emb.position.weight.grad[1] == 0)
+    assert max_diff(emb.position.weight.grad, hf_pos) <= 1e-6
+    assert max_diff(emb.token.weight.grad, model.embeddings.word_embeddings.weight.grad) <= 1e-6
+
+
 def _gpt2(head: bool) -> Any:
     cfg = transformers.GPT2Config(vocab_size=70, n_embd=16, n_layer=1, n_head=2, n_positions=32, bos_token_id=0,
                                   eos_token_id=0)

@@ -11,7 +11,12 @@ import numpy as np
 
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.init import init_weight, resolve_rng
-from tokenpos.tables.validation import check_dtype, check_positive_int, check_seq_len_or_positions
+from tokenpos.tables.validation import (
+    check_dtype,
+    check_padding_idx,
+    check_positive_int,
+    check_seq_len_or_positions,
+)
 
 
 class LearnedPositionalEmbedding(Module):
@@ -21,6 +26,8 @@ class LearnedPositionalEmbedding(Module):
         max_seq_len: P > 0, the number of positions.
         d_model: D > 0.
         init, std: the init scheme (see ``tokenpos.tables.init_weight``).
+        padding_idx: a position whose row starts at zero and never receives gradient (RoBERTa's
+            padding position, as HF's ``nn.Embedding(..., padding_idx=pad)``).
         dtype, seed, rng: as for TokenEmbedding.
 
     Shape:
@@ -31,10 +38,12 @@ class LearnedPositionalEmbedding(Module):
     kind = "additive"
 
     def __init__(self, max_seq_len: int, d_model: int, *, init: str = "normal", std: float = 0.02,
-                 dtype: Any = np.float32, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+                 padding_idx: int | None = None, dtype: Any = np.float32, seed: int | None = None,
+                 rng: np.random.Generator | None = None) -> None:
         super().__init__()
         self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
         self.d_model = check_positive_int("d_model", d_model)
+        self.padding_idx = check_padding_idx(padding_idx, self.max_seq_len)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
         self.weight = Parameter(np.empty((self.max_seq_len, self.d_model), self.dtype))
@@ -42,8 +51,10 @@ class LearnedPositionalEmbedding(Module):
         self._cache: tuple[np.ndarray, tuple[int, ...]] | None = None
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
-        self.weight.data[...] = init_weight(self.weight.data.shape, self.init, std=self.std,
-                                            rng=resolve_rng(seed, rng))
+        w = init_weight(self.weight.data.shape, self.init, std=self.std, rng=resolve_rng(seed, rng))
+        if self.padding_idx is not None:
+            w[self.padding_idx] = 0.0
+        self.weight.data[...] = w
         self.weight.zero_grad()
 
     def forward(self, seq_len_or_positions: Any) -> np.ndarray:
@@ -58,7 +69,11 @@ class LearnedPositionalEmbedding(Module):
         grad = np.asarray(grad_output)
         if grad.shape != shape + (self.d_model,):
             raise ValueError(f"grad_output must have shape {shape + (self.d_model,)}, got {grad.shape}")
-        self.weight.accumulate_rows(flat, grad.reshape(-1, self.d_model))
+        rows = grad.reshape(-1, self.d_model)
+        if self.padding_idx is not None:
+            keep = flat != self.padding_idx
+            flat, rows = flat[keep], rows[keep]
+        self.weight.accumulate_rows(flat, rows)
 
     def extra_repr(self) -> str:
         return f"{self.max_seq_len}, {self.d_model}, dtype={self.dtype}"

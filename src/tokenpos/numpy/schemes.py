@@ -32,7 +32,7 @@ class NoPositionalEncoding(Module):
 
 def _learned(cfg: PositionalConfig) -> Module:
     return LearnedPositionalEmbedding(cfg.max_seq_len, cfg.d_model, init=cfg.init, std=cfg.std,
-                                      dtype=cfg.dtype, rng=cfg.rng)
+                                      padding_idx=cfg.position_padding_idx, dtype=cfg.dtype, rng=cfg.rng)
 
 
 def _sinusoidal(cfg: PositionalConfig) -> Module:

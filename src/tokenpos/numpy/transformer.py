@@ -81,7 +81,9 @@ class TransformerEmbedding(Module):
             d_model=self.d_model, max_seq_len=self.max_seq_len, base=base, sinusoidal_layout=sinusoidal_layout,
             num_heads=num_heads, head_dim=head_dim, rope_scaling=rope_scaling, rope_interleaved=rope_interleaved,
             rotary_dim=rotary_dim, t5_num_buckets=t5_num_buckets, t5_max_distance=t5_max_distance,
-            t5_bidirectional=t5_bidirectional, init=init, std=std, dtype=self.dtype, rng=self._rng)
+            t5_bidirectional=t5_bidirectional, init=init, std=std,
+            position_padding_idx=padding_idx if self.position_ids == "padding" else None,
+            dtype=self.dtype, rng=self._rng)
         self.position: Any = POSITIONAL_BUILDERS[self.positional](cfg)
         self.token_type: TokenEmbedding | None = (
             TokenEmbedding(self.num_token_types, self.d_model, init=init, std=std, dtype=dtype, rng=self._rng)
@@ -152,7 +154,8 @@ class TransformerEmbedding(Module):
     def _fusable_pos_table(self, pos: np.ndarray) -> np.ndarray | None:
         """The (P, D) table the fused kernel can index with ``pos``, or None (use the plain path)."""
         if isinstance(self.position, LearnedPositionalEmbedding):
-            return self.position.weight.data
+            # the kernel's positional gradient has no padding row to skip (RoBERTa): plain path
+            return self.position.weight.data if self.position.padding_idx is None else None
         if isinstance(self.position, SinusoidalPositionalEncoding) and (pos.size == 0 or
                                                                           int(pos.max()) < self.max_seq_len):
             return self.position.table

@@ -27,6 +27,8 @@ class PositionalConfig:
         rope_interleaved: rotary layout, False = half-split (HF/NeoX), True = interleaved (GPT-J/Meta).
         rotary_dim: R <= Dh, the rotated part (partial rotary); None = Dh.
         t5_num_buckets, t5_max_distance, t5_bidirectional: T5 relative-bias settings.
+        position_padding_idx: a learned table's row that stays zero and gets no gradient (RoBERTa's
+            padding position; set by TransformerEmbedding when position_ids="padding").
         init, std: init scheme for learned tables.
         dtype: the parameter / output dtype (a NumPy dtype; torch builders translate it).
         rng: the generator for initialisation (NumPy backend) or None.
@@ -44,6 +46,7 @@ class PositionalConfig:
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
     t5_bidirectional: bool = True
+    position_padding_idx: int | None = None
     init: str = "normal"
     std: float = 0.02
     dtype: Any = np.float32

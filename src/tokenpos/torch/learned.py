@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenpos.tables.init import INIT_SCHEMES
-from tokenpos.tables.validation import check_choice, check_positive_int
+from tokenpos.tables.validation import check_choice, check_padding_idx, check_positive_int
 from tokenpos.torch._checks import as_index, check_position_tensor, check_seq_len, is_seq_len, resolve_dtype
 from tokenpos.torch._init import fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
@@ -39,11 +39,12 @@ class LearnedPositionalEmbedding(TokenposModule):
     kind = "additive"
 
     def __init__(self, max_seq_len: int, d_model: int, *, init: str = "normal", std: float = 0.02,
-                 device: Any = None, dtype: Any = None, seed: int | None = None,
+                 padding_idx: int | None = None, device: Any = None, dtype: Any = None, seed: int | None = None,
                  rng: np.random.Generator | None = None, generator: torch.Generator | None = None) -> None:
         super().__init__()
         self.max_seq_len = check_positive_int("max_seq_len", max_seq_len)
         self.d_model = check_positive_int("d_model", d_model)
+        self.padding_idx = check_padding_idx(padding_idx, self.max_seq_len)
         self.init, self.std = check_choice("init", init, INIT_SCHEMES), std
         self.weight = nn.Parameter(torch.empty(self.max_seq_len, self.d_model, device=device,
                                                dtype=resolve_dtype(dtype)))
@@ -53,13 +54,20 @@ class LearnedPositionalEmbedding(TokenposModule):
                          generator: torch.Generator | None = None) -> None:
         """Re-draw the table (seed/rng: the NumPy numbers; else seeded from torch's generator)."""
         fill_init_(self.weight, self.init, self.std, resolve_torch_rng(seed, rng, generator))
+        if self.padding_idx is not None:
+            with torch.no_grad():
+                self.weight[self.padding_idx].zero_()
 
     def forward(self, seq_len_or_positions: Any) -> torch.Tensor:
         """An int L gives rows 0..L-1, (L, D); positions (...) give (..., D)."""
         if is_seq_len(seq_len_or_positions):
-            return self.weight[: check_seq_len(seq_len_or_positions, self.max_seq_len)]
-        pos = check_position_tensor(seq_len_or_positions, self.max_seq_len, device=self.weight.device)
-        return F.embedding(as_index(pos), self.weight)                        # (..., D)
+            L = check_seq_len(seq_len_or_positions, self.max_seq_len)
+            if self.padding_idx is None:
+                return self.weight[:L]
+            pos = torch.arange(L, device=self.weight.device)
+        else:
+            pos = check_position_tensor(seq_len_or_positions, self.max_seq_len, device=self.weight.device)
+        return F.embedding(as_index(pos), self.weight, padding_idx=self.padding_idx)   # (..., D)
 
     def extra_repr(self) -> str:
         return f"{self.max_seq_len}, {self.d_model}, dtype={self.weight.dtype}"

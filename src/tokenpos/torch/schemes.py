@@ -39,7 +39,8 @@ class NoPositionalEncoding(TokenposModule):
 
 def _learned(cfg: PositionalConfig) -> nn.Module:
     return LearnedPositionalEmbedding(cfg.max_seq_len, cfg.d_model, init=cfg.init, std=cfg.std,
-                                      device=cfg.device, dtype=cfg.dtype, rng=cfg.rng)
+                                      padding_idx=cfg.position_padding_idx, device=cfg.device, dtype=cfg.dtype,
+                                      rng=cfg.rng)
 
 
 def _sinusoidal(cfg: PositionalConfig) -> nn.Module:

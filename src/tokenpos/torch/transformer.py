@@ -88,7 +88,9 @@ class TransformerEmbedding(TokenposModule):
             d_model=self.d_model, max_seq_len=self.max_seq_len, base=base, sinusoidal_layout=sinusoidal_layout,
             num_heads=num_heads, head_dim=head_dim, rope_scaling=rope_scaling, rope_interleaved=rope_interleaved,
             rotary_dim=rotary_dim, t5_num_buckets=t5_num_buckets, t5_max_distance=t5_max_distance,
-            t5_bidirectional=t5_bidirectional, init=init, std=std, dtype=dtype, rng=init_rng, device=device)
+            t5_bidirectional=t5_bidirectional, init=init, std=std,
+            position_padding_idx=padding_idx if self.position_ids == "padding" else None,
+            dtype=dtype, rng=init_rng, device=device)
         self.position = POSITIONAL_BUILDERS[self.positional](cfg)
         self.token_type = (TokenEmbedding(self.num_token_types, self.d_model, init=init, std=std, device=device,
                                           dtype=dtype, rng=init_rng) if self.num_token_types else None)
@@ -202,6 +204,8 @@ class TransformerEmbedding(TokenposModule):
             return True, None
         table: torch.Tensor
         if isinstance(position, LearnedPositionalEmbedding):
+            if position.padding_idx is not None:     # no padding row to skip in the kernel's gradient
+                return False, None
             table = position.weight
         elif isinstance(position, SinusoidalPositionalEncoding):
             table = position.table
