@@ -19,6 +19,7 @@ Shapes: a parameter (V, D) or (D,); a sparse gradient has ids (n,) and rows (n, 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ import numpy as np
 from tokenpos._config import kernels_enabled
 from tokenpos.kernels.optim import sparse_adam_update, sparse_sgd_update
 from tokenpos.numpy.module import Parameter
-from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.errors import ConfigError, StateDictError
 from tokenpos.tables.validation import check_choice, check_float
 
 SPARSE_MODES = ("exact", "lazy")
@@ -68,6 +69,63 @@ class Optimizer:
                 ids: np.ndarray | None, rows: np.ndarray | None) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    # -- checkpoints -----------------------------------------------------------------------------
+    STATE_NAMES: tuple[str, ...] = ()
+
+    def _state_dtype(self, p: Parameter, name: str) -> np.dtype:
+        return p.data.dtype
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of the optimiser state as flat arrays, ready for safetensors.
+
+        Keys: ``step_count`` and, for the i-th parameter given to the constructor, ``"{i}.{name}"``
+        (Adam: ``m``, ``v``, ``step``; SGD: ``momentum``). Hyper-parameters are the constructor's
+        and are not part of the state.
+        """
+        out = {"step_count": np.asarray(self.step_count, dtype=np.int64)}
+        for i, p in enumerate(self.params):
+            for name, value in self.state.get(id(p), {}).items():
+                out[f"{i}.{name}"] = np.array(value, dtype=np.int64 if name == "step" else None)
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()`` output after checking every entry; nothing changes on error.
+
+        Raises:
+            StateDictError: an unknown key, a missing ``step_count``, or a wrong shape or dtype.
+        """
+        arrays = {k: np.asarray(v) for k, v in state.items()}
+        if "step_count" not in arrays or arrays["step_count"].shape != ():
+            raise StateDictError("optimizer state_dict needs a scalar 'step_count'; got keys " + str(sorted(arrays)))
+        new: dict[int, dict[str, Any]] = {}
+        for key, value in arrays.items():
+            if key == "step_count":
+                continue
+            index, _, name = key.partition(".")
+            if not index.isdigit() or int(index) >= len(self.params) or name not in self.STATE_NAMES:
+                raise StateDictError(f"optimizer state key {key!r} is not expected; expected 'step_count' and "
+                                     f"'<i>.<name>' with i < {len(self.params)} and name in {self.STATE_NAMES}")
+            p = self.params[int(index)]
+            want_shape, want_dtype = ((), np.dtype(np.int64)) if name == "step" else \
+                (p.data.shape, self._state_dtype(p, name))
+            if value.shape != want_shape or value.dtype != want_dtype:
+                raise StateDictError(f"optimizer state {key!r} has shape {value.shape} and dtype {value.dtype}, "
+                                     f"expected shape {want_shape} and dtype {want_dtype}")
+            new.setdefault(id(p), {})[name] = int(value) if name == "step" else value.copy()
+        self.state, self.step_count = new, int(arrays["step_count"])
+
+    def save(self, path: str | Path) -> None:
+        """Write ``state_dict()`` as a safetensors file (never pickle)."""
+        from safetensors.numpy import save_file
+
+        save_file(self.state_dict(), str(path), metadata={"format": "tokenpos", "class": type(self).__name__})
+
+    def load(self, path: str | Path) -> None:
+        """Load a file written by ``save`` into this optimiser (same parameters, same order)."""
+        from safetensors.numpy import load_file
+
+        self.load_state_dict(load_file(str(path)))
+
     @staticmethod
     def _dense_from_rows(p: Parameter, ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
         g = np.zeros_like(p.data)
@@ -83,6 +141,8 @@ def _use_kernel(p: Parameter) -> bool:
 
 class SGD(Optimizer):
     """``v = momentum * v + g`` (torch's form, no dampening); ``p -= lr * v``; coupled L2 weight decay."""
+
+    STATE_NAMES = ("momentum",)
 
     def __init__(self, params: Iterable[Parameter], lr: float = 1e-2, *, momentum: float = 0.0,
                  weight_decay: float = 0.0, sparse_mode: str = "exact") -> None:
@@ -121,6 +181,11 @@ class SGD(Optimizer):
 
 class Adam(Optimizer):
     """Adam (Kingma & Ba), torch's formulation; ``decoupled_weight_decay=True`` gives AdamW."""
+
+    STATE_NAMES = ("m", "v", "step")
+
+    def _state_dtype(self, p: Parameter, name: str) -> np.dtype:
+        return np.dtype(np.float32) if p.data.dtype == np.float16 else p.data.dtype   # fp16: fp32 moments
 
     def __init__(self, params: Iterable[Parameter], lr: float = 1e-3, *, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, decoupled_weight_decay: bool = False,

@@ -1,0 +1,83 @@
+"""Optimiser checkpoints: state_dict / load_state_dict / safetensors save and load.
+
+Resuming from a checkpoint must give exactly the run that never stopped; bad checkpoints are refused
+with a StateDictError before anything changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tokenpos.numpy as tpn
+from tokenpos.tables.errors import StateDictError
+
+OPTIMISERS = {
+    "adam-lazy": lambda ps: tpn.optim.Adam(ps, lr=1e-2, sparse_mode="lazy"),
+    "adamw-exact": lambda ps: tpn.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    "sgd-momentum": lambda ps: tpn.optim.SGD(ps, lr=0.1, momentum=0.9),
+}
+BATCHES = [np.random.default_rng(i).integers(0, 30, size=(2, 5)) for i in range(6)]
+
+
+def _train(emb, opt, batches):
+    for ids in batches:
+        opt.zero_grad()
+        out = emb(ids)
+        emb.backward(np.cos(out))
+        opt.step()
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMISERS))
+def test_resuming_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path, name):
+    make = OPTIMISERS[name]
+    straight = tpn.TransformerEmbedding(30, 8, 16, seed=0)
+    opt = make(straight.parameters())
+    _train(straight, opt, BATCHES)
+
+    first = tpn.TransformerEmbedding(30, 8, 16, seed=0)
+    opt1 = make(first.parameters())
+    _train(first, opt1, BATCHES[:3])
+    first.save(tmp_path / "model.safetensors")
+    opt1.save(tmp_path / "optim.safetensors")
+
+    resumed = tpn.TransformerEmbedding(30, 8, 16, seed=1)             # different weights until loaded
+    opt2 = make(resumed.parameters())
+    resumed.load(tmp_path / "model.safetensors")
+    opt2.load(tmp_path / "optim.safetensors")
+    assert opt2.step_count == 3
+    _train(resumed, opt2, BATCHES[3:])
+    for (key, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=key)
+
+
+def test_state_dict_keys_and_copies():
+    emb = tpn.TokenEmbedding(10, 4, seed=0)
+    opt = tpn.optim.Adam(emb.parameters(), lr=1e-2)
+    assert opt.state_dict() == {"step_count": 0}
+    _train(emb, opt, [np.array([1, 2, 2])])
+    state = opt.state_dict()
+    assert sorted(state) == ["0.m", "0.step", "0.v", "step_count"]
+    assert state["0.step"] == 1 and state["0.m"].shape == (10, 4)
+    state["0.m"][...] = 123.0                                          # a copy: the optimiser is unaffected
+    assert not np.any(opt.state_dict()["0.m"] == 123.0)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"0.m": np.zeros((10, 4), np.float32)}, "step_count"),
+    ({"step_count": np.int64(1), "0.x": np.zeros((10, 4), np.float32)}, "'0.x' is not expected"),
+    ({"step_count": np.int64(1), "3.m": np.zeros((10, 4), np.float32)}, "'3.m' is not expected"),
+    ({"step_count": np.int64(1), "0.m": np.zeros((9, 4), np.float32)}, r"shape \(9, 4\).*expected shape \(10, 4\)"),
+    ({"step_count": np.int64(1), "0.m": np.zeros((10, 4), np.float64)}, "dtype float64.*dtype float32"),
+])
+def test_bad_checkpoints_are_refused_and_change_nothing(bad, match):
+    emb = tpn.TokenEmbedding(10, 4, seed=0)
+    opt = tpn.optim.Adam(emb.parameters(), lr=1e-2)
+    _train(emb, opt, [np.array([1, 2, 2])])
+    before = opt.state_dict()
+    with pytest.raises(StateDictError, match=match):
+        opt.load_state_dict(bad)
+    after = opt.state_dict()
+    assert sorted(before) == sorted(after)
+    for key in before:
+        np.testing.assert_array_equal(before[key], after[key])
