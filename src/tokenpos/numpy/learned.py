@@ -51,10 +51,8 @@ class LearnedPositionalEmbedding(Module):
         self._cache: tuple[np.ndarray, tuple[int, ...]] | None = None
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
-        w = init_weight(self.weight.data.shape, self.init, std=self.std, rng=resolve_rng(seed, rng))
-        if self.padding_idx is not None:
-            w[self.padding_idx] = 0.0
-        self.weight.data[...] = w
+        self.weight.data[...] = init_weight(self.weight.data.shape, self.init, std=self.std,
+                                            rng=resolve_rng(seed, rng), padding_idx=self.padding_idx)
         self.weight.zero_grad()
 
     def forward(self, seq_len_or_positions: Any) -> np.ndarray:

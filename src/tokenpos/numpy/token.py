@@ -66,10 +66,8 @@ class TokenEmbedding(Module):
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         """Re-draw the table from its init scheme; the padding row is zeroed."""
-        w = init_weight(self.weight.data.shape, self.init, std=self.std, rng=resolve_rng(seed, rng))
-        if self.padding_idx is not None:
-            w[self.padding_idx] = 0.0
-        self.weight.data[...] = w
+        self.weight.data[...] = init_weight(self.weight.data.shape, self.init, std=self.std,
+                                            rng=resolve_rng(seed, rng), padding_idx=self.padding_idx)
         self.weight.zero_grad()
 
     @classmethod

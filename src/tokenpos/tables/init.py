@@ -45,7 +45,7 @@ def trunc_normal(rng: np.random.Generator, shape: tuple[int, ...], std: float, b
 
 
 def init_weight(shape: tuple[int, int], scheme: str = "normal", *, std: float = 0.02,
-                rng: np.random.Generator) -> np.ndarray:
+                rng: np.random.Generator, padding_idx: int | None = None) -> np.ndarray:
     """A freshly initialised (rows, cols) table in float64.
 
     Schemes:
@@ -54,7 +54,16 @@ def init_weight(shape: tuple[int, int], scheme: str = "normal", *, std: float = 
         xavier_uniform: U(-a, a) with a = sqrt(6 / (rows + cols)) (seed 004, TinyTorch).
         standard_normal: N(0, 1), torch.nn.Embedding's default.
         zeros: all zeros.
+
+    ``padding_idx``: that row is zero (drawn, then cleared, so the other rows do not depend on it).
     """
+    w = _draw(shape, scheme, std, rng)
+    if padding_idx is not None:
+        w[padding_idx] = 0.0
+    return w
+
+
+def _draw(shape: tuple[int, int], scheme: str, std: float, rng: np.random.Generator) -> np.ndarray:
     check_choice("init", scheme, INIT_SCHEMES)
     rows, cols = (int(s) for s in shape)
     if scheme == "normal":

@@ -44,7 +44,5 @@ def fill_init_(weight: torch.Tensor, scheme: str, std: float, rng: np.random.Gen
     """Overwrite ``weight`` (rows, cols) in place with ``init_weight`` (float64, cast at the end)."""
     if weight.is_meta:
         return
-    w = init_weight((int(weight.shape[0]), int(weight.shape[1])), scheme, std=std, rng=rng)
-    if padding_idx is not None:
-        w[padding_idx] = 0.0
+    w = init_weight((int(weight.shape[0]), int(weight.shape[1])), scheme, std=std, rng=rng, padding_idx=padding_idx)
     weight.copy_(torch.from_numpy(w))

@@ -53,10 +53,7 @@ class LearnedPositionalEmbedding(TokenposModule):
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None,
                          generator: torch.Generator | None = None) -> None:
         """Re-draw the table (seed/rng: the NumPy numbers; else seeded from torch's generator)."""
-        fill_init_(self.weight, self.init, self.std, resolve_torch_rng(seed, rng, generator))
-        if self.padding_idx is not None:
-            with torch.no_grad():
-                self.weight[self.padding_idx].zero_()
+        fill_init_(self.weight, self.init, self.std, resolve_torch_rng(seed, rng, generator), self.padding_idx)
 
     def forward(self, seq_len_or_positions: Any) -> torch.Tensor:
         """An int L gives rows 0..L-1, (L, D); positions (...) give (..., D)."""
