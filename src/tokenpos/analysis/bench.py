@@ -88,22 +88,17 @@ def _embedding_case(cfg: dict, p: float, reps: int, compile_: bool) -> list[Benc
     impls["tokenpos kernel"] = lambda: K.embedding_forward(w, next(ids_k), scale=scale, pos_table=pt,
                                                            pos_ids=pos, dropout_p=p, seed=next(seeds))
 
-    def numpy_layer() -> Callable[[], Any]:
-        cls = public("numpy", "transformer", "TransformerEmbedding")
-        layer = cls(V, D, L, positional="learned", scale=True, dropout=p, seed=0)
-        layer.train() if p else layer.eval()
-        it = cycle(batches)
-        return lambda: layer(next(it))
+    def public_layer(backend: str, layer_batches: list) -> Callable[[], Callable[[], Any]]:
+        def make() -> Callable[[], Any]:
+            cls = public(backend, "transformer", "TransformerEmbedding")
+            layer = cls(V, D, L, positional="learned", scale=True, dropout=p, seed=0)
+            layer.train() if p else layer.eval()
+            it = cycle(layer_batches)
+            return lambda: layer(next(it))
+        return make
 
-    def torch_layer() -> Callable[[], Any]:
-        cls = public("torch", "transformer", "TransformerEmbedding")
-        layer = cls(V, D, L, positional="learned", scale=True, dropout=p, seed=0)
-        layer.train() if p else layer.eval()
-        it = cycle(tbatches)
-        return lambda: layer(next(it))
-
-    add_impl(impls, notes, "tokenpos numpy (public layer)", numpy_layer)
-    add_impl(impls, notes, "tokenpos torch (public layer)", torch_layer)
+    add_impl(impls, notes, "tokenpos numpy (public layer)", public_layer("numpy", batches))
+    add_impl(impls, notes, "tokenpos torch (public layer)", public_layer("torch", tbatches))
     grad = torch.is_grad_enabled()
     torch.set_grad_enabled(bool(p))                        # inference: no autograd graph anywhere
     try:

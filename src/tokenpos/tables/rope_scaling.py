@@ -134,6 +134,18 @@ def _original_max(rope_type: str, params: Mapping[str, Any]) -> float:
     return _number(rope_type, params, "original_max_position_embeddings", minimum=1)
 
 
+def _factor_or_length_ratio(rope_type: str, params: Mapping[str, Any], original: float,
+                            max_position_embeddings: int | None) -> float:
+    """``factor``, or as HF does when it is missing/None (DeepSeek-V3, Phi-3 configs) the ratio of
+    ``max_position_embeddings`` to ``original_max_position_embeddings``."""
+    if params.get("factor") is not None:
+        return _number(rope_type, params, "factor", minimum=1.0)
+    if max_position_embeddings is None:
+        raise ConfigError(f"rope_scaling['factor'] for rope_type {rope_type!r} is missing or None and "
+                          f"max_position_embeddings is None; expected a factor >= 1 or both lengths")
+    return float(max_position_embeddings) / original
+
+
 def _compute_default(params: Mapping[str, Any], *, dim: int, base: float,
                      max_position_embeddings: int | None, seq_len: int | None) -> tuple[np.ndarray, float]:
     return _default_inv_freq(dim, base), 1.0
@@ -167,13 +179,7 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 def _compute_yarn(params: Mapping[str, Any], *, dim: int, base: float,
                   max_position_embeddings: int | None, seq_len: int | None) -> tuple[np.ndarray, float]:
     original = _original_max("yarn", params)
-    if params.get("factor") is None:  # HF (DeepSeek-V3 configs): the ratio of the two lengths
-        if max_position_embeddings is None:
-            raise ConfigError("rope_scaling['factor'] for rope_type 'yarn' is None and max_position_embeddings is "
-                              "None; expected a factor >= 1 or both lengths")
-        factor = float(max_position_embeddings) / original
-    else:
-        factor = _number("yarn", params, "factor", minimum=1.0)
+    factor = _factor_or_length_ratio("yarn", params, original, max_position_embeddings)
     attention_factor = _optional(params, "attention_factor")
     mscale, mscale_all_dim = _optional(params, "mscale"), _optional(params, "mscale_all_dim")
     for key in ("mscale", "mscale_all_dim", "beta_fast", "beta_slow"):
@@ -229,13 +235,7 @@ def _compute_longrope(params: Mapping[str, Any], *, dim: int, base: float,
     n = len(range(0, dim, 2))
     long_factor = _factor_list(params, "long_factor", n)
     short_factor = _factor_list(params, "short_factor", n)
-    if params.get("factor") is None:  # HF (Phi-3 configs): the ratio of the two lengths
-        if max_position_embeddings is None:
-            raise ConfigError("rope_scaling['factor'] for rope_type 'longrope' is missing and max_position_embeddings "
-                              "is None; expected a factor >= 1 or both lengths")
-        factor = float(max_position_embeddings) / original
-    else:
-        factor = _number("longrope", params, "factor", minimum=1.0)
+    factor = _factor_or_length_ratio("longrope", params, original, max_position_embeddings)
     attention_factor = params.get("attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
