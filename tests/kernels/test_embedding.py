@@ -102,7 +102,7 @@ def test_forward_writes_into_out(rng) -> None:
 
 
 def test_large_row_counts_and_threads(rng) -> None:
-    """Enough rows for several parallel chunks and the prefetch path, with broadcast positions."""
+    """Enough rows for several parallel tasks, with broadcast positions."""
     V, D, B, L = 300, 40, 7, 129
     w = rng.standard_normal((V, D)).astype(np.float32)
     pt = rng.standard_normal((L, D)).astype(np.float32)
@@ -140,58 +140,84 @@ def test_errors() -> None:
         embedding_forward(w.astype(np.int32), np.array([0]))
 
 
-@pytest.mark.parametrize("tile_rows", [1, 7, 64])
-@pytest.mark.parametrize("ahead", [0, 3])
-def test_forward_tiling_does_not_change_results(tile_rows: int, ahead: int, rng, monkeypatch) -> None:
-    """Position-block-major tasks with partial blocks, and prefetch distances, give the same output."""
+@pytest.mark.parametrize("task_rows", [1, 7, 64])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("misalign", [0, 4, 12])
+def test_tasks_and_streaming_stores_do_not_change_results(task_rows: int, stream: bool, misalign: int, rng,
+                                                          monkeypatch) -> None:
+    """Task sizes, non-temporal stores (any output alignment, D not a multiple of a line) give the same bits."""
     import tokenpos.kernels.embedding as E
 
-    V, D, B, L = 50, 24, 5, 30
-    monkeypatch.setattr(E, "FORWARD_TILE_BYTES", tile_rows * D * 4)
-    monkeypatch.setattr(E, "PREFETCH_AHEAD", ahead)
+    V, D, B, L = 50, 37, 5, 30
+    monkeypatch.setattr(E, "TASK_BYTES", task_rows * D * 4)
+    monkeypatch.setattr(E, "STREAM_BYTES", 0 if stream else 1 << 62)
     w = rng.standard_normal((V, D)).astype(np.float32)
     pt = rng.standard_normal((L + 2, D)).astype(np.float32)
     ids = rng.integers(0, V, (B, L))
+    raw = np.zeros(B * L * D * 4 + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + misalign
+    out = raw[start:start + B * L * D * 4].view(np.float32).reshape(B, L, D)
     for pos in (np.arange(L) + 2, rng.integers(0, L + 2, (B, L))):
         for p in (0.0, 0.5):
             kw = dict(scale=2.0, pos_table=pt, pos_ids=pos, dropout_p=p, seed=4)
-            assert np.array_equal(embedding_forward(w, ids, **kw), embedding_forward_ref(w, ids, **kw))
+            assert np.array_equal(embedding_forward(w, ids, out=out, **kw), embedding_forward_ref(w, ids, **kw))
 
 
-def test_output_pool_reuses_only_dead_buffers(rng) -> None:
-    """Pooled outputs are reused only once nothing refers to them (views and torch tensors count)."""
-    from tokenpos.kernels import _pool
-
-    def ptr(x: np.ndarray) -> int:
-        return x.__array_interface__["data"][0]
-
+def test_out_none_is_a_fresh_array_every_call(rng) -> None:
+    """No output cache: every out=None call returns its own new array, never one still referenced."""
     w = rng.standard_normal((20, 1024)).astype(np.float32)
-    ids = rng.integers(0, 20, (4, 300))                     # 4.9 MB: above the pool threshold
-    _pool.set_pooling(False)                                # start from an empty pool
-    _pool.set_pooling(True)
+    ids = rng.integers(0, 20, (4, 300))                     # 4.9 MB
     a = embedding_forward(w, ids)
-    b = embedding_forward(w, ids)
-    assert not np.shares_memory(a, b)                       # a is alive: b got another buffer
-    a_ptr, view = ptr(a), a[1:]
+    view = a[1:]
     del a
-    c = embedding_forward(w, ids * 0)
-    assert not np.shares_memory(c, view) and not np.shares_memory(c, b)   # a view keeps a's buffer
-    del view, c
-    d = embedding_forward(w, ids)
-    assert ptr(d) == a_ptr                                  # a's buffer is dead now: reused
-    assert np.array_equal(d, w[ids]) and np.array_equal(b, w[ids])
-    torch = pytest.importorskip("torch")
-    del d
-    t = torch.from_numpy(embedding_forward(w, ids))         # the tensor keeps the buffer alive
-    e = embedding_forward(w, ids * 0)
-    assert not np.shares_memory(t.numpy(), e)
-    assert torch.equal(t, torch.from_numpy(w[ids]))
-    _pool.set_pooling(False)
-    try:
-        f = embedding_forward(w, ids)
-        assert f.flags.owndata                              # plain np.empty when pooling is off
-    finally:
-        _pool.set_pooling(True)
+    b = embedding_forward(w, ids * 0)
+    assert b.flags.owndata and not np.shares_memory(b, view)
+    assert np.array_equal(view, w[ids][1:]) and np.array_equal(b, w[ids * 0])
+
+
+def test_ids_checked_inside_the_loop_give_the_shared_message(rng) -> None:
+    """check=True (default): the first bad id in C order is reported with the shared message."""
+    from tokenpos.tables.validation import token_id_range_message
+
+    w = rng.standard_normal((10, 8)).astype(np.float32)
+    ids = rng.integers(0, 10, (3, 40))
+    ids[1, 7], ids[2, 3] = 10, -2
+    with pytest.raises(TokenIdError) as err:
+        embedding_forward(w, ids)
+    assert str(err.value) == token_id_range_message(10, (1, 7), 10)
+    with pytest.raises(TokenIdError):
+        embedding_forward(w, ids.astype(np.int32), bf16=False)
+
+
+def test_check_false_skips_validation_and_gives_the_same_result(rng) -> None:
+    w = rng.standard_normal((10, 8)).astype(np.float32)
+    for dt in (np.int64, np.int32, np.uint16):
+        ids = rng.integers(0, 10, (3, 5)).astype(dt)
+        kw = dict(scale=1.5, dropout_p=0.2, seed=9)
+        assert np.array_equal(embedding_forward(w, ids, check=False, **kw), embedding_forward_ref(w, ids, **kw))
+    with pytest.raises(TokenIdError):                       # the dtype is still checked
+        embedding_forward(w, np.array([0.0]), check=False)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dropout_propagates_nan_and_inf_like_torch(dtype, rng) -> None:
+    """A NaN row stays NaN in every kept and dropped element (x * m, never a select); Inf * 0 is NaN."""
+    V, D = 6, 64
+    w = rng.standard_normal((V, D)).astype(dtype)
+    w[2] = np.nan
+    w[3] = np.inf
+    ids = np.array([[2, 3, 1], [1, 2, 0]])
+    kw = dict(scale=2.0, dropout_p=0.5, seed=17)
+    for f in (embedding_forward, embedding_forward_ref):
+        y = f(w, ids, **kw)
+        assert np.isnan(y[0, 0]).all() and np.isnan(y[1, 1]).all()
+        keep = embedding_forward(np.ones_like(w), ids, **kw) != 0
+        assert np.all(np.isinf(y[0, 1][keep[0, 1]])) and np.all(np.isnan(y[0, 1][~keep[0, 1]]))
+        assert np.all(np.isfinite(y[0, 2]))
+    g = np.full(ids.shape + (D,), np.nan, dtype)
+    for f in (embedding_backward, embedding_backward_ref):
+        _, rows, _ = f(g, ids, **kw)                        # grad * m: NaN grads stay NaN
+        assert np.isnan(rows).all()
 
 
 def test_backward_with_huge_ids_uses_a_sort(rng) -> None:

@@ -9,8 +9,10 @@ including for ``out=``):
 Embedding (:mod:`.embedding`), N ids of any shape (...), D model dim, P positions:
 
 - ``embedding_forward(weight (V, D), ids (...), *, scale=1.0, pos_table=None (P, D),
-  pos_ids=None ((...) or a trailing part), dropout_p=0.0, seed=0, dropout_offset=0, out=None)
-  -> (..., D)``: gather * scale + positional row, then counter-based dropout, in one pass.
+  pos_ids=None ((...) or a trailing part), dropout_p=0.0, seed=0, dropout_offset=0, out=None,
+  check=True, bf16=False) -> (..., D)``: gather * scale + positional row, then counter-based
+  dropout, in one pass; ids range-checked inside the loop unless ``check=False``; ``bf16=True``
+  takes bf16 bits as uint16 arrays.
 - ``embedding_backward(grad_out (..., D), ids (...), *, scale=1.0, dropout_p=0.0, seed=0,
   dropout_offset=0, padding_idx=None, pos_ids=None, num_positions=None)
   -> (unique_ids (U,), rows (U, D), pos_grad (P, D) | None)``: row-sparse token gradient.
@@ -32,10 +34,12 @@ optimisers' twins are dense (``adam_dense_ref``, ``sgd_dense_ref``) and lazy (``
 Dropout masks equal :func:`tokenpos.tables.dropout.dropout_keep_mask` bit for bit; forwards equal
 their twins bit for bit; sums and optimiser steps agree to float rounding.
 
-Machinery (private): :mod:`._rng` (the hash), :mod:`._prefetch` (software prefetch of gathered
-rows), :mod:`._launch` (one thread below 256 KiB of traffic, dynamic chunks above, so a busy
-second core cannot stall a call), :mod:`._pool` (outputs of >= 4 MiB reuse dead same-size buffers
-instead of page-faulting fresh ones; ``_pool.set_pooling(False)`` turns that off).
+Machinery (private): :mod:`._threading` (the numba threading layer, chosen once at import: TBB,
+which is fork-safe and thread-safe), :mod:`._forward` (the compiled forward cores, float and bf16),
+:mod:`._stream` (non-temporal stores for large outputs), :mod:`._rng` (the hash),
+:mod:`._prefetch` (software prefetch, backward only), :mod:`._launch` (dynamic chunks for the
+backward and optimiser loops). There is no output cache: ``out=None`` allocates with ``np.empty``;
+callers that call repeatedly pass ``out=``. tokenpos never changes numba's thread count.
 
 Numba's on-disk cache (``cache=True``) lives in ``__pycache__`` next to these files (or numba's
 user cache directory when that is not writable). It is keyed on each file's own source, so after
@@ -45,9 +49,13 @@ tracked across files).
 
 from __future__ import annotations
 
-from tokenpos.kernels.embedding import embedding_backward, embedding_forward
-from tokenpos.kernels.optim import sparse_adam_update, sparse_sgd_update
-from tokenpos.kernels.rope import rope_apply, rope_apply_backward
+from tokenpos.kernels import _threading
+
+_threading.configure()      # before any kernel launches: numba fixes its layer at the first launch
+
+from tokenpos.kernels.embedding import embedding_backward, embedding_forward  # noqa: E402
+from tokenpos.kernels.optim import sparse_adam_update, sparse_sgd_update  # noqa: E402
+from tokenpos.kernels.rope import rope_apply, rope_apply_backward  # noqa: E402
 
 __all__ = [
     "embedding_backward",

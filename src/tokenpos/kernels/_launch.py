@@ -1,15 +1,13 @@
-"""How a kernel launches its parallel loop: thread count and dynamic chunking.
+"""Dynamic chunking for the backward and optimiser kernels' parallel loops.
 
-Two facts of a small shared machine shape this:
+A statically split loop finishes when its slowest thread does; on a small shared machine one
+thread may wait a whole scheduler tick before it runs its share. Small dynamic chunks let the
+running thread take over the work. ``numba.parallel_chunksize`` is per calling thread, so this is
+safe to use from several threads at once.
 
-- A parallel region with a statically split loop finishes when its slowest thread does. When the
-  other core is busy (another process, or torch's OpenMP threads still spinning after their own
-  region), that thread may wait a whole scheduler tick (~4-8 ms) before it runs its half. Dynamic
-  chunks let the running thread take over the work.
-- Below ~a few hundred KB of work, starting a second thread costs more than it saves, and under
-  load it risks the same tick. Small calls run on the calling thread alone.
-
-Neither changes results: every kernel computes each output element independently of the split.
+tokenpos never changes numba's thread count (``numba.set_num_threads`` is the user's setting);
+the threading layer is chosen once in :mod:`._threading`. The forward kernels need neither: their
+tasks are already small and TBB balances them.
 """
 
 from __future__ import annotations
@@ -19,20 +17,17 @@ from contextlib import contextmanager
 
 import numba
 
-SERIAL_BYTES = 1 << 18          # below 256 KiB of traffic, run on one thread
+from tokenpos.kernels._threading import parallel_guard
 
 
 @contextmanager
-def launch(n_items: int, nbytes: int, *, max_chunk: int = 64) -> Iterator[None]:
-    """Run the enclosed numba parallel call with dynamic chunks of at most ``max_chunk`` items."""
-    old = numba.get_num_threads()
-    threads = 1 if nbytes < SERIAL_BYTES else old
-    chunk = max(1, min(max_chunk, n_items // (8 * threads)))
-    if threads != old:
-        numba.set_num_threads(threads)
-    try:
-        with numba.parallel_chunksize(chunk):
-            yield
-    finally:
-        if threads != old:
-            numba.set_num_threads(old)
+def launch(n_items: int, nbytes: int = 0, *, max_chunk: int = 64) -> Iterator[None]:
+    """Run the enclosed numba parallel call with dynamic chunks of at most ``max_chunk`` items
+    (inside :func:`._threading.parallel_guard`, which serialises launches on the workqueue layer).
+
+    ``nbytes`` (the call's memory traffic) is accepted for the callers' sake and not used.
+    """
+    del nbytes
+    chunk = max(1, min(max_chunk, n_items // (8 * numba.get_num_threads())))
+    with parallel_guard(), numba.parallel_chunksize(chunk):
+        yield

@@ -6,11 +6,14 @@ to N rows in C order), U unique ids.
 Forward, one pass over the output (one read of each gathered row, one write):
 
     y[n, :]   = weight[ids[n], :] * scale + pos_table[pos_ids[n], :]      (pos part optional)
-    out[n, d] = y[n, d] * (1 / (1 - p))   if keep(seed, offset + n*D + d)   else 0
+    out[n, d] = y[n, d] * m[n, d],   m = 1 / (1 - p) if keep(seed, offset + n*D + d) else 0
 
-``keep`` is :func:`tokenpos.tables.dropout.dropout_keep_mask`'s hash, bit for bit. Arithmetic is in
-the weight dtype, in this order, with no fused multiply-add, so the kernel and its reference twin
-(:mod:`tokenpos.kernels.reference`) agree bit for bit.
+``keep`` is :func:`tokenpos.tables.dropout.dropout_keep_mask`'s hash, bit for bit; the dropout is
+a multiply, so NaN/Inf propagate as in ``torch.nn.Dropout``. Arithmetic is in the weight dtype, in
+this order, with no fused multiply-add, so the kernel and its reference twin
+(:mod:`tokenpos.kernels.reference`) agree bit for bit. bf16 tables (uint16 bits, ``bf16=True``)
+are widened exactly to float32, computed in float32 and rounded once (:mod:`._forward`).
+The compiled forward cores live in :mod:`._forward`; ``out=None`` allocates with ``np.empty``.
 
 Backward recomputes the mask from the seed (nothing is stored) and returns the token gradient as
 unique sorted ids plus summed rows, and the positional gradient as a dense (P, D) table. Sums are
@@ -24,70 +27,25 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
-from tokenpos.kernels import _pool
+from tokenpos.kernels._forward import forward_bf16_core, forward_core
 from tokenpos.kernels._launch import launch
 from tokenpos.kernels._prefetch import prefetch_row, prefetch_row_l2
 from tokenpos.kernels._rng import GOLDEN, dropout_params, keep_bits_mul
+from tokenpos.kernels._threading import parallel_guard
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_positions, check_probability, check_token_ids
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-PREFETCH_AHEAD = 2        # gathered rows prefetched ahead into L1 (0 turns it off)
+_BITS16 = (np.dtype(np.uint16), np.dtype(np.int16))
+PREFETCH_AHEAD = 2        # backward: gathered grad rows prefetched ahead into L1 (0 turns it off)
 PREFETCH_FAR = 16         # ... and this far ahead into L2 (0 turns it off)
-FORWARD_TILE_BYTES = 1 << 17   # output bytes per parallel forward task
+TASK_BYTES = 1 << 16      # forward: output bytes per parallel task
+STREAM_BYTES = 1 << 23    # forward: outputs of >= 8 MiB are written with non-temporal stores
 
 
 # ----------------------------------------------------------------------------------------------
 # compiled cores
 # ----------------------------------------------------------------------------------------------
-
-
-@njit(parallel=True, cache=True)
-def _forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, ahead, far, tile,
-                  out):  # pragma: no cover
-    """One pass: out[n] = dropout(weight[ids[n]] * scale + pos_table[pos_ids[n % Lp]]).
-
-    Work is split in tasks of ``tile`` consecutive output rows (sequential writes). Measured and
-    rejected: a position-block-major order (keeps positional rows in L2) and an id-sorted order
-    (walks the table upwards but scatters the writes); both were slower on the reference machine.
-    """
-    N = ids.shape[0]
-    D = weight.shape[1]
-    Lp = pos_ids.shape[0]
-    zero = scale - scale                                     # a zero of the weight dtype
-    for task in prange((N + tile - 1) // tile):
-        t0 = task * tile
-        t1 = min(N, t0 + tile)
-        for t in range(t0, t1):
-            if ahead > 0 and t + ahead < t1:                 # hide the latency of the next rows
-                prefetch_row(weight[ids[t + ahead]])
-            if far > 0 and t + far < t1:                     # ... and start the later ones early
-                prefetch_row_l2(weight[ids[t + far]])
-            n = t
-            w = weight[ids[n]]                               # (D,)
-            o = out[n]                                       # (D,)
-            base = offset + np.uint64(n * D)
-            if has_pos:
-                pe = pos_table[pos_ids[n % Lp]]              # (D,)
-                if thr != 0:
-                    ig = base * GOLDEN                       # counter * GOLDEN, carried by addition
-                    for d in range(D):
-                        v = w[d] * scale + pe[d]
-                        o[d] = v * inv if keep_bits_mul(key, ig) >= thr else zero
-                        ig += GOLDEN
-                else:
-                    for d in range(D):
-                        o[d] = w[d] * scale + pe[d]
-            else:
-                if thr != 0:
-                    ig = base * GOLDEN
-                    for d in range(D):
-                        v = w[d] * scale
-                        o[d] = v * inv if keep_bits_mul(key, ig) >= thr else zero
-                        ig += GOLDEN
-                else:
-                    for d in range(D):
-                        o[d] = w[d] * scale
 
 
 @njit(cache=True)
@@ -168,10 +126,10 @@ def _segment_sum_core(grad, order, starts, key, thr, offset, factor, ahead, far,
                 prefetch_row_l2(grad[order[j + far]])
             n = order[j]
             g = grad[n]
-            if thr != 0:
+            if thr != 0:                                 # grad * m (a multiply: NaN stays NaN)
                 ig = (offset + np.uint64(n * D)) * GOLDEN
                 for d in range(D):
-                    acc[d] += g[d] if keep_bits_mul(key, ig) >= thr else 0.0
+                    acc[d] += g[d] * (1.0 if keep_bits_mul(key, ig) >= thr else 0.0)
                     ig += GOLDEN
             else:
                 for d in range(D):
@@ -227,15 +185,42 @@ def _unique_ids(flat_ids: np.ndarray, pad: int) -> tuple[np.ndarray, np.ndarray]
     return uniq[keep].astype(np.int64), slot[inverse.reshape(-1)].astype(np.int64)
 
 
-def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout_p: float):
-    """Validate and normalise forward arguments; returns (weight, flat ids, pos table, flat pos ids, p)."""
-    w = _float_array("weight", weight, 2)
-    idx = check_token_ids(ids, w.shape[0])
+def _table(name: str, x: Any, bf16: bool) -> np.ndarray:
+    """A 2-D float32/float64 table, or (``bf16``) a 2-D table of bf16 bits viewed as uint16."""
+    if not bf16:
+        return _float_array(name, x, 2)
+    arr = np.asarray(x)
+    if arr.dtype not in _BITS16:
+        raise ConfigError(f"{name} must hold bf16 bits as uint16 or int16 when bf16=True, got dtype {arr.dtype}")
+    if arr.ndim != 2:
+        raise ConfigError(f"{name} must have 2 dimensions, got shape {arr.shape}")
+    return np.ascontiguousarray(arr).view(np.uint16)
+
+
+def _ids_int64(ids: Any, vocab_size: int, check: bool) -> np.ndarray:
+    """Ids as int64: validated here (``check``) or trusted to be in range (only the dtype is checked)."""
+    arr = np.asarray(ids)
+    if arr.dtype == np.int64:
+        return arr
+    if check or arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        return check_token_ids(arr, vocab_size)
+    return arr.astype(np.int64)
+
+
+def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout_p: float, *,
+                    check: bool = True, bf16: bool = False):
+    """Validate and normalise forward arguments; returns (weight, ids, pos table, flat pos ids, p).
+
+    Ids keep their shape (int64); with ``check`` their range is checked by the caller (the kernel
+    checks inside its loop, the reference with :func:`check_token_ids`).
+    """
+    w = _table("weight", weight, bf16)
+    idx = _ids_int64(ids, w.shape[0], check)
     p = check_probability("dropout_p", dropout_p)
     if (pos_table is None) != (pos_ids is None):
         raise ConfigError("pos_table and pos_ids must be given together")
     if pos_table is not None:
-        pt = _float_array("pos_table", pos_table, 2)
+        pt = _table("pos_table", pos_table, bf16)
         if pt.shape[1] != w.shape[1]:
             raise ConfigError(f"pos_table must have shape (P, {w.shape[1]}), got {pt.shape}")
         pt = np.ascontiguousarray(pt, dtype=w.dtype)
@@ -245,6 +230,18 @@ def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout
     return w, idx, pt, pid, p
 
 
+def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, bf16: bool) -> np.ndarray:
+    """The caller's ``out=`` (returned as given) after checking it; bf16 accepts uint16 or int16 bits."""
+    ok_dtype = (out.dtype in _BITS16) if (bf16 and isinstance(out, np.ndarray)) else (
+        getattr(out, "dtype", None) == dtype)
+    if (not isinstance(out, np.ndarray) or out.shape != shape or not ok_dtype
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ConfigError(f"out must be a writeable C-contiguous {'bf16-bits' if bf16 else dtype} array of "
+                          f"shape {shape}, got {getattr(out, 'dtype', type(out).__name__)} "
+                          f"{getattr(out, 'shape', '')}")
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # public kernels
 # ----------------------------------------------------------------------------------------------
@@ -252,49 +249,57 @@ def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout
 
 def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: Any = None,
                       pos_ids: Any = None, dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
-                      out: np.ndarray | None = None) -> np.ndarray:
+                      out: np.ndarray | None = None, check: bool = True, bf16: bool = False) -> np.ndarray:
     """Gather + scale + positional add + dropout in one pass.
 
     Args:
-        weight: (V, D) float32 or float64 token table.
+        weight: (V, D) float32 or float64 token table; with ``bf16=True`` a (V, D) uint16 (or
+            int16) array of bf16 bits (``tensor.view(torch.int16).numpy()``).
         ids: integer ids of any shape (...), each in [0, V).
-        scale: multiplies the gathered rows (sqrt(D) for scaled embeddings), in the weight dtype.
+        scale: multiplies the gathered rows (sqrt(D) for scaled embeddings), in the weight dtype
+            (float32 for bf16; never rounded to bf16).
         pos_table: optional (P, D) table (learned or sinusoidal); cast to the weight dtype if it is
-            not already (pass it in the weight dtype to avoid a copy per call).
+            not already (pass it in the weight dtype to avoid a copy per call). bf16: uint16 bits.
         pos_ids: positions of the ids' shape, or of a trailing part of it ((L,) for ids (B, L)).
-        dropout_p: drop probability in [0, 1); 0 means no dropout.
+        dropout_p: drop probability in [0, 1); 0 means no dropout. Dropped elements are
+            multiplied by 0 (NaN/Inf stay NaN), kept ones by ``1 / (1 - p)``.
         seed: the 63-bit dropout seed; element (n, d) of the flattened output uses counter
             ``dropout_offset + n*D + d``.
-        out: optional preallocated C-contiguous (..., D) array of the weight dtype (a zero-copy
-            ``.numpy()`` view of a torch tensor works); it is returned. Without it the result
-            comes from a cache of dead same-size outputs (:mod:`._pool`), like ``np.empty``.
+        out: optional preallocated C-contiguous (..., D) array of the weight dtype (bf16: uint16
+            or int16 bits); it is returned. A zero-copy ``.numpy()`` view of a torch tensor
+            works. Without it a fresh ``np.empty`` is returned.
+        check: check every id against [0, V) inside the gather loop and raise the shared
+            :class:`TokenIdError` after it (``out`` is then partly written). ``check=False`` is
+            for callers that validated the ids already: an out-of-range id then reads outside
+            the table.
+        bf16: weight, pos_table and out are bf16 bits; computed in float32 and rounded once to
+            bf16 (round to nearest even), see :mod:`._forward`.
 
     Returns:
-        (..., D) array of the weight dtype.
+        (..., D) array of the weight dtype (bf16: uint16 bits, or ``out`` as given).
     """
-    w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p)
+    w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p, check=check, bf16=bf16)
     D = w.shape[1]
     shape = idx.shape + (D,)
-    if out is None:
-        out = _pool.empty(shape, w.dtype)
-    elif (not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != w.dtype
-          or not out.flags.c_contiguous or not out.flags.writeable):
-        raise ConfigError(f"out must be a writeable C-contiguous {w.dtype} array of shape {shape}, got "
-                          f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
+    out = np.empty(shape, w.dtype) if out is None else check_out(out, shape, w.dtype, bf16)
     flat_ids = np.ascontiguousarray(idx.reshape(-1))
     N = flat_ids.shape[0]
     if N == 0 or D == 0:
         return out
     key, thr, inv = dropout_params(seed, p)
-    typ = w.dtype.type
+    typ = np.float32 if bf16 else w.dtype.type
     has_pos = pt is not None
     if not has_pos:
         pt, pid = w[:1], np.zeros(1, np.int64)
-    tile = max(1, FORWARD_TILE_BYTES // max(1, D * w.itemsize))
-    with launch(-(-N // tile), 2 * N * D * w.itemsize, max_chunk=2):
-        _forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
-                      np.uint64(int(dropout_offset)), PREFETCH_AHEAD, PREFETCH_FAR, tile,
-                      out.reshape(N, D))
+    o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
+    rows = max(1, TASK_BYTES // (D * o2.itemsize))
+    stream = o2.nbytes >= STREAM_BYTES and o2.ctypes.data % o2.itemsize == 0
+    core = forward_bf16_core if bf16 else forward_core
+    with parallel_guard():
+        nbad = core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
+                    np.uint64(int(dropout_offset)), bool(check), stream, np.uint64(o2.ctypes.data), rows, o2)
+    if nbad:
+        check_token_ids(idx, w.shape[0])                   # raises the shared message (first bad id)
     return out
 
 
@@ -341,7 +346,7 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
     rows = np.empty((uniq.shape[0], D), g.dtype)
     if rows.size:
         starts, order = _group(inverse, uniq.shape[0], 0)
-        with launch(uniq.shape[0], N * D * g2.itemsize, max_chunk=16):
+        with launch(uniq.shape[0], max_chunk=16):
             _segment_sum_core(g2, order, starts, key, thr, off, float(scale) * inv, PREFETCH_AHEAD,
                               PREFETCH_FAR, rows)
     pos_grad = None
@@ -349,7 +354,7 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
         pos_grad = np.zeros((P, D), g.dtype)
         if N and D:
             starts, order = _group(pid, P, N)
-            with launch(P, N * D * g2.itemsize, max_chunk=4):
+            with launch(P, max_chunk=4):
                 _segment_sum_core(g2, order, starts, key, thr, off, inv, PREFETCH_AHEAD, PREFETCH_FAR,
                                   pos_grad)
     return uniq, rows, pos_grad

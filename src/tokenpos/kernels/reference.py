@@ -1,7 +1,7 @@
 """Plain-NumPy reference twins of every kernel: the tests' oracle and the ``set_kernels(False)`` path.
 
 Each function has the same signature and semantics as its kernel (same argument checks, same
-dropout counters via :func:`tokenpos.tables.dropout.dropout_keep_mask`), written as the obvious
+dropout counters via :func:`tokenpos.tables.dropout.dropout_multiplier`), written as the obvious
 array expression. Forwards use the same arithmetic order as the kernels, so they agree bit for bit;
 backward sums and optimiser updates agree to float rounding.
 """
@@ -15,7 +15,7 @@ import numpy as np
 from tokenpos.kernels.embedding import _flat_pos_ids, _float_array, prepare_forward
 from tokenpos.kernels.optim import prepare_sparse
 from tokenpos.kernels.rope import prepare_rope
-from tokenpos.tables.dropout import dropout_keep_mask
+from tokenpos.tables.dropout import dropout_multiplier
 from tokenpos.tables.validation import check_probability, check_token_ids
 
 # ----------------------------------------------------------------------------------------------
@@ -23,11 +23,28 @@ from tokenpos.tables.validation import check_probability, check_token_ids
 # ----------------------------------------------------------------------------------------------
 
 
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bf16 bits (uint16/int16) -> float32 of exactly the same values."""
+    return (np.asarray(bits).view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def float32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), round to nearest even; NaN -> 0x7FC0 (``Tensor.bfloat16()``)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), r)
+
+
 def embedding_forward_ref(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: Any = None,
                           pos_ids: Any = None, dropout_p: float = 0.0, seed: int = 0,
-                          dropout_offset: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+                          dropout_offset: int = 0, out: np.ndarray | None = None, check: bool = True,
+                          bf16: bool = False) -> np.ndarray:
     """Twin of :func:`tokenpos.kernels.embedding_forward`; (...) ids -> (..., D)."""
-    w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p)
+    w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p, check=check, bf16=bf16)
+    if check:
+        check_token_ids(idx, w.shape[0])
+    if bf16:
+        w, pt = bf16_to_float32(w), (None if pt is None else bf16_to_float32(pt))
     typ = w.dtype.type
     y = w[idx] * typ(scale)                                             # (..., D)
     if pt is not None:
@@ -35,11 +52,11 @@ def embedding_forward_ref(weight: Any, ids: Any, *, scale: float = 1.0, pos_tabl
         full = pid[np.arange(n) % pid.size].reshape(idx.shape)          # (...)
         y = y + pt[full]
     if p > 0.0:
-        keep = dropout_keep_mask(seed, y.shape, p, offset=dropout_offset)
-        y = np.where(keep, y * typ(1.0 / (1.0 - p)), typ(0))
-    y = y.astype(w.dtype, copy=False)
+        with np.errstate(invalid="ignore"):                             # NaN/Inf * 0 -> NaN, as torch
+            y = y * dropout_multiplier(seed, y.shape, p, offset=dropout_offset, dtype=y.dtype)
+    y = float32_to_bf16(y) if bf16 else y.astype(w.dtype, copy=False)
     if out is not None:
-        out[...] = y
+        out[...] = y.view(out.dtype) if bf16 else y
         return out
     return y
 
@@ -54,8 +71,8 @@ def embedding_backward_ref(grad_out: Any, ids: Any, *, scale: float = 1.0, dropo
     D = g.shape[-1]
     g64 = g.astype(np.float64).reshape(-1, D)                           # (N, D)
     if p > 0.0:
-        keep = dropout_keep_mask(seed, g64.shape, p, offset=dropout_offset)
-        g64 = np.where(keep, g64, 0.0) * (1.0 / (1.0 - p))
+        with np.errstate(invalid="ignore"):
+            g64 = g64 * dropout_multiplier(seed, g64.shape, p, offset=dropout_offset, dtype=np.float64)
     flat = idx.reshape(-1)
     uniq = np.unique(flat)
     if padding_idx is not None:

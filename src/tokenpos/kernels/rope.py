@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
-from tokenpos.kernels import _pool
 from tokenpos.kernels._launch import launch
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice
@@ -125,7 +124,7 @@ def prepare_rope(q: Any, k: Any, cos: Any, sin: Any, layout: str):
 
 def _out(name: str, out: Any, like: np.ndarray) -> np.ndarray:
     if out is None:
-        return _pool.empty(like.shape, like.dtype)
+        return np.empty(like.shape, like.dtype)
     if (not isinstance(out, np.ndarray) or out.shape != like.shape or out.dtype != like.dtype
             or not out.flags.c_contiguous or not out.flags.writeable):
         raise ConfigError(f"{name} must be a writeable C-contiguous {like.dtype} array of shape {like.shape}")
@@ -143,7 +142,7 @@ def _run(q, k, cos, sin, layout, sign, out_q, out_k):
         B, H, L, Dh = q.shape
         rows = q.shape[0] * q.shape[1] * L + kk.shape[0] * kk.shape[1] * L
         per_task = max(1, ROPE_TASK_BYTES // max(1, Dh * q.itemsize))
-        with launch(-(-rows // per_task), 2 * (q.nbytes + kk.nbytes), max_chunk=2):
+        with launch(-(-rows // per_task), max_chunk=2):
             _rope_core(q.reshape(-1, Dh), kk.reshape(-1, Dh), H, kk.shape[1], L,
                        c.reshape(-1, c.shape[-1]), s.reshape(-1, s.shape[-1]),
                        q.dtype.type(sign) if c.dtype == q.dtype else float(sign),

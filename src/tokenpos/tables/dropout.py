@@ -7,6 +7,14 @@ the numba kernels share this exact formula.
     z    = splitmix64(seed_key ^ (offset + i) * GOLDEN)     (uint64 arithmetic, wrapping)
     u_i  = (z >> 40) / 2**24                                (uniform on [0, 1), 24 bits)
     keep = u_i >= p
+
+Dropout itself is a multiply, everywhere (NumPy, torch, the numba kernels):
+
+    out = x * m,    m = 1 / (1 - p) if keep else 0
+
+never ``where(keep, x / (1 - p), 0)``: a NaN or Inf in ``x`` stays NaN in dropped elements too,
+as in ``torch.nn.Dropout``, so a diverging run is visible. The backward is ``grad * m``. For
+float16/bfloat16 inputs, ``m`` and the product are float32, rounded once to the input dtype.
 """
 
 from __future__ import annotations
@@ -48,3 +56,24 @@ def dropout_keep_mask(seed: int, shape: tuple[int, ...], p: float, offset: int =
 def draw_seed(rng: np.random.Generator) -> int:
     """A fresh 63-bit dropout seed from an explicit generator."""
     return int(rng.integers(0, SEED_MASK, dtype=np.int64))
+
+
+def dropout_multiplier(seed: int, shape: tuple[int, ...], p: float, offset: int = 0,
+                       dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """``m`` of ``shape``: ``1 / (1 - p)`` where kept, ``0`` where dropped (``dtype``, float32 or wider)."""
+    keep = dropout_keep_mask(seed, shape, p, offset)
+    dt = np.dtype(dtype)
+    return keep * dt.type(1.0 / (1.0 - p))
+
+
+def apply_dropout(x: np.ndarray, seed: int, p: float, offset: int = 0) -> np.ndarray:
+    """``x * m`` (see the module docstring); float16 inputs are computed in float32, rounded once.
+
+    Shapes: ``x`` any shape (...); element with C-order flat index i uses counter ``offset + i``.
+    """
+    x = np.asarray(x)
+    if p == 0.0:
+        return x.copy()
+    wide = np.promote_types(x.dtype, np.float32)
+    with np.errstate(invalid="ignore"):                   # NaN/Inf * 0 -> NaN, as torch
+        return (x.astype(wide, copy=False) * dropout_multiplier(seed, x.shape, p, offset, wide)).astype(x.dtype)

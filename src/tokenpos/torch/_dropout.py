@@ -7,6 +7,7 @@ or a 0-dim int64 tensor (drawn inside a compiled graph).
 
     z    = splitmix64(seed_key ^ (offset + i) * GOLDEN)
     keep = (z >>> 40) >= ceil(p * 2**24)
+    out  = x * m,   m = 1 / (1 - p) if keep else 0        (a multiply: NaN stays NaN)
 
 Shapes: any ``shape``; the element with C-order flat index i uses counter ``offset + i``.
 """
@@ -60,7 +61,19 @@ def dropout_keep_mask_torch(seed: Any, shape: tuple[int, ...], p: float, offset:
     return (_shr(z, 40) >= dropout_threshold(p)).reshape(shape)
 
 
-def dropout_torch(x: torch.Tensor, p: float, seed: Any) -> torch.Tensor:
-    """``where(keep, x / (1 - p), 0)`` with the counter-based mask; autograd keeps the mask."""
-    keep = dropout_keep_mask_torch(seed, tuple(x.shape), p, device=x.device)
-    return torch.where(keep, x * (1.0 / (1.0 - p)), torch.zeros((), dtype=x.dtype, device=x.device))
+def dropout_multiplier_torch(seed: Any, shape: tuple[int, ...], p: float, offset: int = 0,
+                             device: Any = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``m`` of ``shape``: ``1 / (1 - p)`` where kept, 0 where dropped (``tables.dropout_multiplier``)."""
+    keep = dropout_keep_mask_torch(seed, shape, p, offset, device)
+    return keep.to(dtype) * (1.0 / (1.0 - p))
+
+
+def dropout_torch(x: torch.Tensor, p: float, seed: Any, offset: int = 0) -> torch.Tensor:
+    """``x * m`` with the counter-based mask: NaN/Inf propagate as in ``torch.nn.Dropout``.
+
+    float16/bfloat16 ``x`` is multiplied in float32 and rounded once; autograd's backward is
+    ``grad * m``, the same rule.
+    """
+    wide = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+    m = dropout_multiplier_torch(seed, tuple(x.shape), p, offset, x.device, wide)
+    return (x.to(wide) * m).to(x.dtype)
