@@ -1,10 +1,14 @@
 """Experiment: each piece of the embedding forward kernel, interleaved in one process (ratios).
 
 Usage: python benchmarks/exp_forward.py [reps]    (the issue's workload; prints best/median ratios)
+
+TOKENPOS_EXP_CPU=1 times process CPU seconds instead of wall seconds (with NUMBA_NUM_THREADS=1 and
+one torch thread: a measure of work per call that a loaded machine disturbs much less).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -12,9 +16,11 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-import tokenpos.kernels.embedding as E
-from tokenpos.kernels._launch import launch
-from tokenpos.kernels._rng import dropout_params
+CPU_TIME = os.environ.get("TOKENPOS_EXP_CPU") == "1"
+if CPU_TIME:
+    torch.set_num_threads(1)
+
+import tokenpos.kernels.embedding as E  # noqa: E402 - after the thread setting
 
 
 @njit(parallel=True, cache=True)
@@ -97,9 +103,6 @@ def main(reps: int) -> None:
     tout = torch.from_numpy(out)
     src = torch.randn(B * L * D)
     dst = torch.empty_like(src)
-    key, thr, inv = dropout_params(0, 0.0)
-    tile = max(1, E.FORWARD_TILE_BYTES // (D * 4))
-    N = B * L
     it = [0]
 
     def ids():
@@ -110,46 +113,57 @@ def main(reps: int) -> None:
         it[0] += 1
         return tb[it[0] % 4]
 
-    def cur(ahead, far, tile_, use_launch):
+    def kern(check, stream, out_=None, p=0.0):
         def f():
-            args = (w, ids(), s, pt, pid, True, key, thr, np.float32(inv), np.uint64(0), ahead, far, tile_, out)
-            if use_launch:
-                with launch(-(-N // tile_), 2 * N * D * 4, max_chunk=2):
-                    E._forward_core(*args)
-            else:
-                E._forward_core(*args)
+            E.STREAM_BYTES = 0 if stream else 1 << 62
+            E.embedding_forward(w, ids().reshape(B, L), scale=float(s), pos_table=pt, pos_ids=pid, dropout_p=p,
+                                seed=1, out=out.reshape(B, L, D) if out_ is None else out_, check=check)
         return f
 
+    aligned = np.empty(B * L * D + 16, np.float32)
+    k = ((-aligned.ctypes.data) % 64) // 4
+    aligned = aligned[k:k + B * L * D].reshape(B, L, D)
+    from tokenpos.kernels._forward import forward_core
+    from tokenpos.kernels._rng import dropout_params
+    key, thr, inv = dropout_params(1, 0.0)
+
+    def core(check, stream, rows):
+        return lambda: forward_core(w, ids(), s, pt, pid, True, key, thr, np.float32(inv), np.uint64(0), check, stream,
+                                    np.uint64(out.ctypes.data), rows, out)
+
     impls = {
+        "core check stream rows=21": core(True, True, 21),
+        "core check nostream rows=21": core(True, False, 21),
+        "core nocheck nostream rows=21": core(False, False, 21),
+        "core nocheck nostream rows=1": core(False, False, 1),
+        "plain loop + in-loop check": lambda: plain_check(w, ids(), s, pt, pid, out),
         "copy": lambda: dst.copy_(src),
         "gather torch index_select": lambda: torch.index_select(wt, 0, tids(), out=tout),
         "gather numba plain": lambda: gather(w, ids(), out),
-        "plain loop": lambda: plain(w, ids(), s, pt, pid, out),
-        "plain rows (views)": lambda: plain_rows(w, ids(), s, pt, pid, out),
-        "plain rows fastmath": lambda: plain_fm(w, ids(), s, pt, pid, out),
-        "plain loop + in-loop check": lambda: plain_check(w, ids(), s, pt, pid, out),
-        "plain loop, out=np.empty": lambda: plain(w, ids(), s, pt, pid, np.empty_like(out)),
-        "current public kernel out=": lambda: E.embedding_forward(w, ids().reshape(B, L), scale=float(s), pos_table=pt,
-                                                                  pos_ids=pid, out=out.reshape(B, L, D)),
-        "current core (prefetch, tiles, launch)": cur(2, 16, tile, True),
-        "core no prefetch, tiles, launch": cur(0, 0, tile, True),
-        "core no prefetch, tile=1, no launch": cur(0, 0, 1, False),
-        "core prefetch, tiles, no launch": cur(2, 16, tile, False),
-        "separate id check pass": lambda: ((ids() < 0) | (ids() >= V)).any(),
+        "plain loop (issue's 8 lines)": lambda: plain(w, ids(), s, pt, pid, out),
+        "kernel check=True stream": kern(True, True),
+        "kernel check=True stream, 64B-aligned out": kern(True, True, aligned),
+        "kernel check=False stream": kern(False, True),
+        "kernel check=True no stream": kern(True, False),
+        "kernel out=None (np.empty) stream": kern(True, True, None) if False else
+            (lambda: E.embedding_forward(w, ids().reshape(B, L), scale=float(s), pos_table=pt, pos_ids=pid)),
+        "kernel dropout 0.1 stream": kern(True, True, p=0.1),
+        "kernel dropout 0.1 no stream": kern(True, False, p=0.1),
     }
     for f in impls.values():
         f()
     times = {k: [] for k in impls}
     order_rng = np.random.default_rng(1)
     names = list(impls)
+    clock = time.process_time if CPU_TIME else time.perf_counter
     for _ in range(reps):
         for k in order_rng.permutation(names):
-            t0 = time.perf_counter()
+            t0 = clock()
             impls[k]()
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(clock() - t0)
     g = "gather torch index_select"
     gb, gm = min(times[g]), np.median(times[g])
-    cb, cm = min(times["copy"]), np.median(times["copy"])
+    cb = min(times["copy"])
     print(f"{'impl':42s} {'best ms':>8s} {'med ms':>8s} {'xgather b':>9s} {'xgather m':>9s} {'xcopy b':>8s}")
     for k, ts in times.items():
         b, m = min(ts), float(np.median(ts))

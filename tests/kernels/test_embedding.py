@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import assert_close
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import assert_close
 from tokenpos.kernels import embedding_backward, embedding_forward
 from tokenpos.kernels.reference import embedding_backward_ref, embedding_forward_ref
 from tokenpos.tables.errors import ConfigError, PositionError, TokenIdError

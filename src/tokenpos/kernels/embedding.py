@@ -249,7 +249,8 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, bf16: bool) -> 
 
 def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: Any = None,
                       pos_ids: Any = None, dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
-                      out: np.ndarray | None = None, check: bool = True, bf16: bool = False) -> np.ndarray:
+                      out: np.ndarray | None = None, check: bool = True, bf16: bool = False,
+                      stream: bool | None = None) -> np.ndarray:
     """Gather + scale + positional add + dropout in one pass.
 
     Args:
@@ -274,6 +275,8 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
             the table.
         bf16: weight, pos_table and out are bf16 bits; computed in float32 and rounded once to
             bf16 (round to nearest even), see :mod:`._forward`.
+        stream: write the output with non-temporal stores (:mod:`._stream`); None (default)
+            streams outputs of at least ``STREAM_BYTES``. The result is the same bits either way.
 
     Returns:
         (..., D) array of the weight dtype (bf16: uint16 bits, or ``out`` as given).
@@ -286,14 +289,16 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     N = flat_ids.shape[0]
     if N == 0 or D == 0:
         return out
-    key, thr, inv = dropout_params(seed, p)
+    key, thr, inv = dropout_params(seed, p) if p else (np.uint64(0), np.uint64(0), 1.0)
     typ = np.float32 if bf16 else w.dtype.type
     has_pos = pt is not None
     if not has_pos:
         pt, pid = w[:1], np.zeros(1, np.int64)
     o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
     rows = max(1, TASK_BYTES // (D * o2.itemsize))
-    stream = o2.nbytes >= STREAM_BYTES and o2.ctypes.data % o2.itemsize == 0
+    if stream is None:
+        stream = o2.nbytes >= STREAM_BYTES
+    stream = bool(stream) and o2.ctypes.data % o2.itemsize == 0
     core = forward_bf16_core if bf16 else forward_core
     with parallel_guard():
         nbad = core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
