@@ -85,3 +85,63 @@ def test_draw_seed():
     drawn = [draw_seed(g) for _ in range(100)]
     assert all(0 <= s < SEED_MASK for s in drawn)
     assert len(set(drawn)) == 100
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_dropout_is_a_multiply_so_nan_and_inf_propagate(dtype):
+    """x * m: a NaN row stays NaN in kept and dropped elements; Inf * 0 is NaN; finite rows are x/(1-p) or 0."""
+    from tokenpos.tables.dropout import apply_dropout, dropout_multiplier
+
+    x = np.ones((3, 256), dtype)
+    x[0] = np.nan
+    x[1] = np.inf
+    y = apply_dropout(x, seed=5, p=0.5)
+    keep = dropout_keep_mask(5, x.shape, 0.5)
+    assert y.dtype == x.dtype
+    assert np.isnan(y[0]).all()
+    assert np.isinf(y[1][keep[1]]).all() and np.isnan(y[1][~keep[1]]).all()
+    assert np.array_equal(y[2], np.where(keep[2], dtype(2.0), dtype(0.0)))
+    m = dropout_multiplier(5, x.shape, 0.5)
+    assert m.dtype == np.float32 and np.array_equal(m != 0, keep)
+
+
+def test_float16_dropout_rounds_once_from_float32():
+    from tokenpos.tables.dropout import apply_dropout
+
+    x = np.random.default_rng(0).standard_normal(4096).astype(np.float16)
+    p = 0.1
+    y = apply_dropout(x, seed=3, p=p)
+    keep = dropout_keep_mask(3, x.shape, p)
+    want = (x.astype(np.float32) * np.where(keep, np.float32(1 / (1 - p)), np.float32(0))).astype(np.float16)
+    assert np.array_equal(y.view(np.uint16), want.view(np.uint16))
+
+
+def test_every_implementation_propagates_nan_with_bit_identical_masks():
+    """tables (NumPy), torch, the numba kernel and its reference: same mask, NaN everywhere in a NaN row."""
+    torch = pytest.importorskip("torch")
+    from tokenpos.kernels import embedding_forward
+    from tokenpos.kernels.reference import embedding_forward_ref
+    from tokenpos.tables.dropout import apply_dropout
+    from tokenpos.torch._dropout import dropout_keep_mask_torch, dropout_torch
+
+    seed, p, shape = 11, 0.3, (2, 3, 40)
+    keep = dropout_keep_mask(seed, shape, p)
+    assert np.array_equal(dropout_keep_mask_torch(seed, shape, p).numpy(), keep)
+    w = np.ones((4, 40), np.float32)
+    w[1] = np.nan
+    ids = np.array([[1, 0, 2], [3, 1, 0]])
+    x = w[ids]
+    outs = {
+        "tables": apply_dropout(x, seed, p),
+        "torch": dropout_torch(torch.from_numpy(x), p, seed).numpy(),
+        "kernel": embedding_forward(w, ids, dropout_p=p, seed=seed),
+        "reference": embedding_forward_ref(w, ids, dropout_p=p, seed=seed),
+    }
+    for name, y in outs.items():
+        nan_rows = ids == 1
+        assert np.isnan(y[nan_rows]).all(), name
+        assert np.array_equal(y[~nan_rows] != 0, keep[~nan_rows]), name
+        assert np.array_equal(y[~nan_rows], outs["tables"][~nan_rows]), name
+    xt = torch.from_numpy(x.copy()).requires_grad_()
+    dropout_torch(xt, p, seed).backward(torch.full(shape, float("nan")))
+    assert torch.isnan(xt.grad).all()                       # backward is grad * m too
