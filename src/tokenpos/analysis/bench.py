@@ -1,9 +1,11 @@
 """The kernel benchmark as a library: returns a :class:`BenchReport`, never prints.
 
 Every case times its implementations interleaved (rep 1 of each, rep 2 of each, ...) in one process,
-next to two references measured in the same loop: the copy bandwidth (torch ``copy_`` of the
-output's bytes into a preallocated tensor) and torch eager. The order is shuffled every round (no
-impl always follows the same neighbour, none runs twice in a row) and the embedding cases cycle
+next to references measured in the same loop: the case's physical limit (the random-row gather
+for the embedding cases, the copy bandwidth (torch ``copy_`` of the output's bytes into a
+preallocated tensor) for RoPE), torch eager and ``torch.compile`` of the same formula. The order
+is shuffled every round (no impl always follows the same neighbour, none twice in a row) and the
+embedding cases cycle
 through several id batches, so no impl finds its previous call's rows or buffers still in cache.
 A row's ``seconds`` is its best rep (the machine is shared: other load only ever adds time),
 and its ratios compare best with best; ``median_seconds`` and the note give the medians too.
@@ -14,7 +16,9 @@ Cases (default workload V=50257, D=768, B=16, L=512 fp32; RoPE B=8 H=12 L=512 Dh
 
 - ``forward``: inference forward ``W[ids] * sqrt(D) + P[pos]``.
 - ``dropout``: the training forward, the same plus dropout 0.1.
+- ``bf16``: the forward on bf16 tables (fused bf16 kernel vs torch eager/compile in bf16).
 - ``rope``: RoPE on q and k vs the HF-style eager ``q*cos + rotate_half(q)*sin``.
+- ``compiled``: ``torch.compile`` of a model containing TransformerEmbedding vs eager (full runs).
 - ``train_lazy`` / ``train_exact``: one embedding step (forward, backward, AdamW) on Zipf ids vs
   ``nn.Embedding`` + fused AdamW (dense gradient); the ratio is the speed-up over torch.
 - ``jit``: import and first-call latency of every kernel in a fresh process (cold = empty numba
@@ -22,7 +26,8 @@ Cases (default workload V=50257, D=768, B=16, L=512 fp32; RoPE B=8 H=12 L=512 Dh
 
 "tokenpos kernel" rows call :mod:`tokenpos.kernels` directly; "tokenpos numpy" / "tokenpos torch"
 rows call the public layers (``TransformerEmbedding(...)(ids)``, ``RotaryEmbedding(...).apply``),
-so they show what a user gets, whether or not the layers use the kernels yet.
+so they show what a user gets, whether or not the layers use the kernels yet. The cases
+themselves live in :mod:`.bench_cases` (bandwidth cases) and here (train steps, JIT).
 """
 
 from __future__ import annotations
@@ -37,124 +42,21 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.analysis.bench_cases import compiled_model_case, embedding_case, rope_case
 from tokenpos.analysis.bench_timing import (
-    COPY,
-    EAGER,
     NBATCH,
     BenchReport,
     BenchRow,
     add_impl,
     bench_rows,
-    copy_ref,
     cycle,
     machine,
+    note_rows,
     public,
     time_interleaved,
 )
 
-CASES = ("forward", "dropout", "rope", "train_lazy", "train_exact", "jit")
-
-
-def _embedding_case(cfg: dict, p: float, reps: int, compile_: bool) -> list[BenchRow]:
-    import torch
-
-    import tokenpos.kernels as K
-    V, D, B, L = cfg["V"], cfg["D"], cfg["B"], cfg["L"]
-    case = "dropout" if p else "forward"
-    rng = np.random.default_rng(0)
-    w = (rng.standard_normal((V, D), dtype=np.float32) * 0.02)
-    pt = (rng.standard_normal((L, D), dtype=np.float32) * 0.02)
-    batches = [rng.integers(0, V, (B, L)) for _ in range(NBATCH)]
-    pos = np.arange(L)
-    scale = float(np.sqrt(D))
-    tok, tpos = torch.nn.Embedding(V, D), torch.nn.Embedding(L, D)
-    with torch.no_grad():
-        tok.weight.copy_(torch.from_numpy(w))
-        tpos.weight.copy_(torch.from_numpy(pt))
-    tbatches = [torch.from_numpy(b) for b in batches]
-    tp = torch.arange(L)
-    ids_t = cycle(tbatches)
-
-    def eager() -> torch.Tensor:
-        x = tok(next(ids_t)) * scale + tpos(tp)
-        return torch.nn.functional.dropout(x, p, training=True) if p else x
-
-    seeds = iter(range(1, 1 << 30))
-    impls: dict[str, Callable[[], Any]] = {COPY: copy_ref(B * L * D * 4), EAGER: eager}
-    notes: dict[str, str] = {}
-    if compile_:
-        add_impl(impls, notes, "torch.compile", lambda: torch.compile(eager))
-    ids_k = cycle(batches)
-    impls["tokenpos kernel"] = lambda: K.embedding_forward(w, next(ids_k), scale=scale, pos_table=pt,
-                                                           pos_ids=pos, dropout_p=p, seed=next(seeds))
-
-    def public_layer(backend: str, layer_batches: list) -> Callable[[], Callable[[], Any]]:
-        def make() -> Callable[[], Any]:
-            cls = public(backend, "transformer", "TransformerEmbedding")
-            layer = cls(V, D, L, positional="learned", scale=True, dropout=p, seed=0)
-            layer.train() if p else layer.eval()
-            it = cycle(layer_batches)
-            return lambda: layer(next(it))
-        return make
-
-    add_impl(impls, notes, "tokenpos numpy (public layer)", public_layer("numpy", batches))
-    add_impl(impls, notes, "tokenpos torch (public layer)", public_layer("torch", tbatches))
-    grad = torch.is_grad_enabled()
-    torch.set_grad_enabled(bool(p))                        # inference: no autograd graph anywhere
-    try:
-        times = time_interleaved(impls, reps)
-    finally:
-        torch.set_grad_enabled(grad)
-    return bench_rows(case, times, 2 * B * L * D * 4, notes=notes) + [
-        BenchRow(case, k, float("nan"), float("nan"), None, None, v) for k, v in notes.items()]
-
-
-def _rope_tables(L: int, R: int) -> tuple[np.ndarray, np.ndarray]:
-    inv = 10000.0 ** (-np.arange(0, R, 2) / R)
-    ang = np.arange(L)[:, None] * inv                      # (L, R/2), float64
-    return np.cos(ang), np.sin(ang)
-
-
-def _rope_case(cfg: dict, reps: int, compile_: bool) -> list[BenchRow]:
-    import torch
-
-    import tokenpos.kernels as K
-    B, H, L, Dh = cfg["rB"], cfg["rH"], cfg["L_rope"], cfg["Dh"]
-    q = torch.randn(B, H, L, Dh)
-    k = torch.randn(B, H, L, Dh)
-    c64, s64 = _rope_tables(L, Dh)
-    c32, s32 = c64.astype(np.float32), s64.astype(np.float32)
-    cos = torch.from_numpy(np.concatenate([c32, c32], -1))[None, None]  # (1, 1, L, Dh) HF layout
-    sin = torch.from_numpy(np.concatenate([s32, s32], -1))[None, None]
-
-    def rotate_half(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x[..., : Dh // 2], x[..., Dh // 2:]
-        return torch.cat((-x2, x1), dim=-1)
-
-    def hf() -> tuple[torch.Tensor, torch.Tensor]:
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-
-    qn, kn = q.numpy(), k.numpy()
-    impls: dict[str, Callable[[], Any]] = {COPY: copy_ref(2 * q.numel() * 4), EAGER: hf}
-    notes: dict[str, str] = {}
-    if compile_:
-        add_impl(impls, notes, "torch.compile", lambda: torch.compile(hf))
-    impls["tokenpos kernel"] = lambda: K.rope_apply(qn, kn, c32, s32, layout="half")
-
-    def numpy_layer() -> Callable[[], Any]:
-        rope = public("numpy", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L)
-        return lambda: rope.apply(qn, kn)
-
-    def torch_layer() -> Callable[[], Any]:
-        rope = public("torch", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L)
-        return lambda: rope.apply(q, k)
-
-    add_impl(impls, notes, "tokenpos numpy (public layer)", numpy_layer)
-    add_impl(impls, notes, "tokenpos torch (public layer)", torch_layer)
-    with torch.no_grad():
-        times = time_interleaved(impls, reps)
-    return bench_rows("rope", times, 2 * 2 * q.numel() * 4, notes=notes) + [
-        BenchRow("rope", k, float("nan"), float("nan"), None, None, v) for k, v in notes.items()]
+CASES = ("forward", "dropout", "bf16", "rope", "compiled", "train_lazy", "train_exact", "jit")
 
 
 def zipf_ids(rng: np.random.Generator, V: int, shape: tuple[int, ...], s: float = 1.0) -> np.ndarray:
@@ -221,8 +123,7 @@ def _train_case(cfg: dict, mode: str, reps: int) -> list[BenchRow]:
     times = {"torch eager" if k.startswith("torch nn") else k: t for k, t in times.items()}
     rows = bench_rows(f"train_{mode}", times, 2 * B * L * D * 4, bandwidth=False, notes=notes)
     rows[0].impl = "torch nn.Embedding + fused AdamW"
-    return rows + [BenchRow(f"train_{mode}", k, float("nan"), float("nan"), None, None, v)
-                   for k, v in notes.items()]
+    return rows + note_rows(f"train_{mode}", notes)
 
 
 _JIT_SCRIPT = r"""
@@ -276,12 +177,20 @@ FULL = dict(V=50257, D=768, B=16, L=512, rB=8, rH=12, L_rope=512, Dh=64, reps=20
 QUICK = dict(FULL, reps=5, train_reps=3)   # the same workload (cache-resident shapes would flatter copy)
 
 
-def run_bench(*, quick: bool = False, compile: bool = False, cases: Sequence[str] | None = None,
+def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequence[str] | None = None,
               progress: Callable[[str, int, int], None] | None = None) -> BenchReport:
-    """Run the benchmark cases; ``progress(label, done, total)`` is called before each case and at the end."""
+    """Run the benchmark cases; ``progress(label, done, total)`` is called before each case and at the end.
+
+    ``compile``: time ``torch.compile`` rows (None: yes unless ``quick``; the "compiled" case
+    always compiles and is left out of quick runs unless named in ``cases``).
+    """
+    if compile is None:
+        compile = not quick
     import torch  # noqa: F401 - the references need it; fail early with a clear ImportError
 
     todo = list(CASES if cases is None else cases)
+    if cases is None and (quick or not compile):
+        todo.remove("compiled")
     bad = [c for c in todo if c not in CASES]
     if bad:
         raise ValueError(f"unknown bench case(s) {bad}; expected some of {list(CASES)}")
@@ -294,10 +203,13 @@ def run_bench(*, quick: bool = False, compile: bool = False, cases: Sequence[str
     for i, case in enumerate(todo):
         if progress:
             progress(case, i, len(todo))
-        if case in ("forward", "dropout"):
-            report.rows += _embedding_case(cfg, 0.1 if case == "dropout" else 0.0, cfg["reps"], compile)
+        if case in ("forward", "dropout", "bf16"):
+            report.rows += embedding_case(cfg, 0.1 if case == "dropout" else 0.0, cfg["reps"], compile,
+                                          bf16=case == "bf16")
         elif case == "rope":
-            report.rows += _rope_case(cfg, cfg["reps"], compile)
+            report.rows += rope_case(cfg, cfg["reps"], compile)
+        elif case == "compiled":
+            report.rows += compiled_model_case(cfg, cfg["reps"])
         elif case.startswith("train_"):
             report.rows += _train_case(cfg, case[len("train_"):], cfg["train_reps"])
         else:

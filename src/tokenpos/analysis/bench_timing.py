@@ -15,7 +15,10 @@ from typing import Any
 
 import numpy as np
 
-COPY, EAGER = "torch copy_ (copy bandwidth)", "torch eager"
+COPY, EAGER, COMPILE = "torch copy_ (copy bandwidth)", "torch eager", "torch.compile"
+GATHER = "gather limit: torch.index_select(out=)"
+GATHER_NUMBA = "gather limit: plain parallel numba gather"
+
 
 @dataclass
 class BenchRow:
@@ -27,6 +30,9 @@ class BenchRow:
     ratio_vs_reference: float | None
     note: str = ""
     median_seconds: float | None = None     # the median rep (seconds is the best rep)
+    ratio_vs_limit: float | None = None     # the case's limit (gather or copy) time / this time, best
+    ratio_vs_compile: float | None = None   # torch.compile time / this time, best
+    median_ratios: dict = field(default_factory=dict)   # "copy" / "eager" / "limit" / "compile", medians
 
 
 @dataclass
@@ -78,24 +84,41 @@ def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int) -> dict[str
 
 
 def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandwidth: bool = True,
-          notes: dict[str, str] | None = None) -> list[BenchRow]:
-    def ratios(stat: Callable[[list[float]], float], name: str) -> tuple[float | None, float | None]:
-        s = stat(times[name])
-        rc = stat(times[COPY]) / s if (bandwidth and COPY in times) else None
-        rr = stat(times[EAGER]) / s if EAGER in times else None
-        return rc, rr
+               notes: dict[str, str] | None = None, limit: tuple[str, ...] = (COPY,),
+               eager: str = EAGER, compiled: str = COMPILE) -> list[BenchRow]:
+    """One row per impl: best and median seconds, and ratios (reference time / impl time).
 
+    ``limit`` names the case's physical limit rows (the faster of them, by best and by median, is
+    the limit); ratios > 1 mean faster than the reference.
+    """
+    def ref(stat: Callable[[list[float]], float], names: tuple[str, ...]) -> float | None:
+        vals = [stat(times[n]) for n in names if n in times]
+        return min(vals) if vals else None
+
+    def ratio(r: float | None, t: float) -> float | None:
+        return None if r is None else r / t
+
+    med = lambda t: float(np.median(t))  # noqa: E731
     rows = []
     for name, ts in times.items():
-        best, med = float(min(ts)), float(np.median(ts))
-        rc, rr = ratios(min, name)
-        mc, mr = ratios(lambda t: float(np.median(t)), name)
-        note = f"median {med * 1e3:.2f} ms" + (f", x copy {mc:.2f}" if mc else "") + (
-            f", x torch {mr:.1f}" if mr else "") + f" ({len(ts)} reps)"
+        b, m = float(min(ts)), med(ts)
+        meds = {k: ratio(ref(med, names), m) for k, names in
+                (("copy", (COPY,) if bandwidth else ()), ("eager", (eager,)), ("limit", limit if bandwidth else ()),
+                 ("compile", (compiled,)))}
+        meds = {k: v for k, v in meds.items() if v is not None}
+        note = f"median {m * 1e3:.2f} ms" + "".join(f", x {k} {v:.2f}" for k, v in meds.items()) + f" ({len(ts)} reps)"
         if notes and name in notes:
             note = notes[name] + "; " + note
-        rows.append(BenchRow(case, name, best, nbytes / best / 1e9, rc, rr, note, med))
+        rows.append(BenchRow(case, name, b, nbytes / b / 1e9 if bandwidth else float("nan"),
+                             ratio(ref(min, (COPY,)), b) if bandwidth else None, ratio(ref(min, (eager,)), b),
+                             note, m, ratio(ref(min, limit), b) if bandwidth else None,
+                             ratio(ref(min, (compiled,)), b), meds))
     return rows
+
+
+def note_rows(case: str, notes: dict[str, str]) -> list[BenchRow]:
+    """Rows for impls that could not run (the note says why)."""
+    return [BenchRow(case, k, float("nan"), float("nan"), None, None, v) for k, v in notes.items()]
 
 
 def guard(fn: Callable[[], Any]) -> Callable[[], Any] | str:

@@ -8,7 +8,8 @@ import json
 import math
 from typing import Any
 
-HELP = "benchmark the fused kernels: GB/s and ratios vs copy bandwidth and torch eager, side by side"
+HELP = ("benchmark the fused kernels: GB/s and ratios vs the measured limit (gather or copy), torch.compile "
+        "and torch eager, side by side")
 
 
 def _cases(text: str) -> list[str]:
@@ -25,12 +26,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help=HELP, description=HELP + ".",
         epilog="GB/s = 2 x output bytes / time. Each row is the best of interleaved, shuffled reps; ratios "
-               "compare best with best (the note gives medians and median ratios). "
-               "Cases: forward, dropout, rope, train_lazy, train_exact, jit. "
+               "are reference time / row time, 'best/median' (> 1: faster than the reference). The limit "
+               "is the random-row gather (embedding cases) or the copy bandwidth (rope). "
+               "Cases: forward, dropout, bf16, rope, compiled, train_lazy, train_exact, jit. "
                "Example: tokenpos bench --quick --cases forward,rope",
     )
-    p.add_argument("--quick", action="store_true", help="small shapes and few reps (about 20-30 s)")
-    p.add_argument("--compile", action="store_true", help="also time torch.compile (compiles slowly)")
+    p.add_argument("--quick", action="store_true",
+                   help="the same shapes, few reps, no torch.compile rows (about 30 s)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="time torch.compile rows (default: yes, except with --quick)")
     p.add_argument("--cases", type=_cases, default=None, metavar="A,B",
                    help="comma-separated cases to run (default: all)")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the report as JSON to PATH")
@@ -42,12 +46,20 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def _pair(best: float | None, median: float | None) -> str:
+    """'best/median' of a ratio, '-' when there is none."""
+    return "-" if best is None else f"{_fmt(best, '.2f')}/{_fmt(median, '.2f')}"
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from tokenpos.analysis.bench import run_bench
+    from tokenpos.cli._output import atomic_write_text, check_output_path
     from tokenpos.cli._ui import console, progress_bars
 
+    if args.json:
+        check_output_path(args.json)                     # fail now, not after minutes of timing
     with progress_bars(not args.no_progress) as progress:
         def step(label: str, done: int, total: int) -> None:
             progress("bench cases", done, total)
@@ -55,19 +67,23 @@ def run(args: argparse.Namespace) -> int:
         report = run_bench(quick=args.quick, compile=args.compile, cases=args.cases, progress=step)
     con = console()
     table = Table(title=f"tokenpos bench ({report.command})", caption=report.machine)
-    for col, justify in (("case", "left"), ("impl", "left"), ("ms", "right"), ("GB/s", "right"),
-                         ("x copy", "right"), ("x torch", "right"), ("note", "left")):
+    for col, justify in (("case", "left"), ("impl", "left"), ("best ms", "right"), ("median ms", "right"),
+                         ("GB/s", "right"), ("x limit", "right"), ("x compile", "right"), ("x eager", "right"),
+                         ("note", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     last = None
     for r in report.rows:
         if last is not None and r.case != last:
             table.add_section()
         last = r.case
-        table.add_row(r.case, r.impl, _fmt(r.seconds * 1e3, ".2f"), _fmt(r.gbps, ".1f"),
-                      _fmt(r.ratio_vs_copy, ".2f"), _fmt(r.ratio_vs_reference, ".1f"), r.note)
+        m = r.median_ratios
+        note = r.note if r.seconds != r.seconds else r.note.split("; median")[0] if "; median" in r.note else ""
+        table.add_row(r.case, r.impl, _fmt(r.seconds * 1e3, ".2f"),
+                      _fmt(None if r.median_seconds is None else r.median_seconds * 1e3, ".2f"), _fmt(r.gbps, ".1f"),
+                      _pair(r.ratio_vs_limit, m.get("limit")), _pair(r.ratio_vs_compile, m.get("compile")),
+                      _pair(r.ratio_vs_reference, m.get("eager")), note)
     con.print(table)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(dataclasses.asdict(report), fh, indent=2, default=str)
+        atomic_write_text(args.json, json.dumps(dataclasses.asdict(report), indent=2, default=str))
         con.print(f"wrote {args.json}")
     return 0

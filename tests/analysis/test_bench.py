@@ -1,0 +1,103 @@
+"""The benchmark library and its CLI, on tiny shapes (timings themselves are never asserted)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tokenpos.analysis import bench, bench_cases  # noqa: E402
+from tokenpos.analysis.bench_timing import COPY, EAGER, GATHER, GATHER_NUMBA  # noqa: E402
+
+TINY = dict(V=64, D=32, B=2, L=8, rB=1, rH=2, L_rope=8, Dh=16)
+
+
+@pytest.mark.parametrize(("p", "bf16"), [(0.0, False), (0.1, False), (0.0, True)])
+def test_embedding_case_rows(p: float, bf16: bool) -> None:
+    """Every row the issue's targets need: both gather limits, eager, the kernel, the layers, with ratios."""
+    rows = bench_cases.embedding_case(TINY, p, reps=2, compile_=False, bf16=bf16)
+    by = {r.impl: r for r in rows}
+    assert by[COPY].ratio_vs_copy == pytest.approx(1.0)
+    assert by[EAGER].ratio_vs_reference == pytest.approx(1.0)
+    fastest_gather = max(by[GATHER].ratio_vs_limit, by[GATHER_NUMBA].ratio_vs_limit)
+    assert fastest_gather == pytest.approx(1.0)          # the limit is the faster gather
+    k = by["tokenpos kernel (out=)"]
+    assert k.case == ("bf16" if bf16 else "dropout" if p else "forward")
+    assert k.seconds > 0 and k.gbps > 0 and k.ratio_vs_limit > 0 and k.ratio_vs_reference > 0
+    assert k.median_seconds is not None and k.median_seconds >= k.seconds
+    assert set(k.median_ratios) >= {"copy", "eager", "limit"} and k.ratio_vs_compile is None
+    for r in rows:                                      # a public layer either ran or says why not
+        assert (r.seconds > 0) or r.note.startswith("skipped")
+
+
+def test_numba_gather_limit_is_a_gather() -> None:
+    import numpy as np
+
+    w = np.arange(12, dtype=np.float32).reshape(6, 2)
+    out = np.empty((3, 2), np.float32)
+    bench_cases.gather_rows(w, np.array([5, 0, 2]), out)
+    assert np.array_equal(out, w[[5, 0, 2]])
+
+
+def test_compile_rows_are_timed_when_asked() -> None:
+    """torch.compile rows (tiny shapes; compile time is not timed: the first call is the warm-up)."""
+    rows = bench_cases.embedding_case(TINY, 0.0, reps=2, compile_=True)
+    by = {r.impl: r for r in rows}
+    assert by["torch.compile"].ratio_vs_compile == pytest.approx(1.0) or by["torch.compile"].note.startswith(
+        "skipped")
+    rows = bench_cases.compiled_model_case(TINY, reps=2)
+    assert any(r.impl == "torch.compile(model)" for r in rows)
+
+
+def test_rope_and_train_rows() -> None:
+    rows = bench_cases.rope_case(TINY, reps=2, compile_=False)
+    assert any(r.impl == "tokenpos kernel (out=)" and r.gbps > 0 and r.ratio_vs_limit > 0 for r in rows)
+    for mode in ("lazy", "exact"):
+        rows = bench._train_case(TINY, mode, reps=2)
+        assert rows[0].impl.startswith("torch") and rows[0].ratio_vs_reference == pytest.approx(1.0)
+        assert all(r.ratio_vs_copy is None for r in rows)
+        assert any(r.impl == f"tokenpos kernel ({mode})" and r.ratio_vs_reference > 0 for r in rows)
+
+
+def test_zipf_ids_are_skewed() -> None:
+    import numpy as np
+
+    ids = bench.zipf_ids(np.random.default_rng(0), 1000, (20000,))
+    counts = np.bincount(ids, minlength=1000)
+    assert counts[0] > counts[10] > counts[500]
+
+
+def test_unknown_case() -> None:
+    with pytest.raises(ValueError, match="unknown bench case"):
+        bench.run_bench(cases=["nope"])
+
+
+def test_cli_parser() -> None:
+    from tokenpos.cli import bench as cli_bench
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    cli_bench.add_parser(sub)
+    args = parser.parse_args(["bench", "--quick", "--cases", "forward,rope", "--json", "x.json"])
+    assert args.quick and args.cases == ["forward", "rope"] and args.json == "x.json" and args.compile is None
+    assert parser.parse_args(["bench", "--no-compile"]).compile is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--cases", "forward,bogus"])
+    assert cli_bench._fmt(float("nan"), ".1f") == "-" and cli_bench._fmt(None, ".1f") == "-"
+    assert cli_bench._fmt(1.234, ".1f") == "1.2" and not math.isnan(1.0)
+
+
+def test_bench_json_path_is_checked_before_the_run(tmp_path, monkeypatch) -> None:
+    """A bad --json path fails at once: run_bench is never called."""
+    from tokenpos.cli import bench as cli_bench
+
+    called = []
+    monkeypatch.setattr(bench, "run_bench", lambda **kw: called.append(kw))
+    args = argparse.Namespace(json=str(tmp_path / "missing" / "x.json"), quick=True, compile=None, cases=None,
+                              no_progress=True)
+    with pytest.raises(FileNotFoundError):
+        cli_bench.run(args)
+    assert called == []
