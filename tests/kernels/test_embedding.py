@@ -150,7 +150,6 @@ def test_tasks_and_streaming_stores_do_not_change_results(task_rows: int, stream
 
     V, D, B, L = 50, 37, 5, 30
     monkeypatch.setattr(E, "TASK_BYTES", task_rows * D * 4)
-    monkeypatch.setattr(E, "STREAM_BYTES", 0 if stream else 1 << 62)
     w = rng.standard_normal((V, D)).astype(np.float32)
     pt = rng.standard_normal((L + 2, D)).astype(np.float32)
     ids = rng.integers(0, V, (B, L))
@@ -160,7 +159,8 @@ def test_tasks_and_streaming_stores_do_not_change_results(task_rows: int, stream
     for pos in (np.arange(L) + 2, rng.integers(0, L + 2, (B, L))):
         for p in (0.0, 0.5):
             kw = dict(scale=2.0, pos_table=pt, pos_ids=pos, dropout_p=p, seed=4)
-            assert np.array_equal(embedding_forward(w, ids, out=out, **kw), embedding_forward_ref(w, ids, **kw))
+            got = embedding_forward(w, ids, out=out, stream=stream, **kw)
+            assert np.array_equal(got, embedding_forward_ref(w, ids, **kw))
 
 
 def test_out_none_is_a_fresh_array_every_call(rng) -> None:

@@ -115,7 +115,7 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
             return lambda: fn(next(ids_t))
         add_impl(impls, notes, COMPILE, make_compiled)
     seeds = iter(range(1, 1 << 30))
-    for label, stream in (("tokenpos kernel (out=)", None), ("tokenpos kernel (out=, plain stores)", False)):
+    for label, stream in (("tokenpos kernel (out=)", False), ("tokenpos kernel (out=, streaming stores)", True)):
         ids_k = cycle(batches)
         impls[label] = (lambda ids_k=ids_k, stream=stream: K.embedding_forward(
             w, next(ids_k), scale=scale, pos_table=pt, pos_ids=pos, dropout_p=p, seed=next(seeds), out=out,

@@ -10,7 +10,7 @@ Each core is a plain ``prange`` over tasks of ``rows`` consecutive output rows. 
 ``m`` is a multiply (never a select), so NaN and Inf propagate through dropped elements as they
 do in ``torch.nn.Dropout``. With ``check`` a row whose id is outside [0, V) is skipped and counted;
 the core returns that count and the caller raises the shared :class:`TokenIdError` message. With
-``stream`` each row is built in an L1 scratch row and written with non-temporal stores
+``stream`` (opt-in) each row is built in an L1 scratch row and written with non-temporal stores
 (:mod:`._stream`); the result is the same bits either way.
 
 bf16 (:func:`forward_bf16_core`): weight, pos and out are uint16 arrays of bf16 bits. Each value is

@@ -3,8 +3,9 @@
 A normal store to a line that is not in cache first reads that line from memory ("read for
 ownership"), so writing an output of X bytes moves 2X bytes. A non-temporal store writes the whole
 64-byte line straight to memory: X bytes. For a 25 MB embedding output (larger than the caches,
-read by the next layer from memory anyway) that is what separates "gather * scale + pos" from a
-bare gather, which libc's ``memcpy`` already writes that way. Measured in BENCHMARKS.md.
+read by the next layer from memory anyway) that can separate "gather * scale + pos" from a bare
+gather. It is opt-in (``embedding_forward(..., stream=True)``): on the reference machine (300 MB
+L3, the output buffer stays cached) it measured slower than plain stores; see BENCHMARKS.md.
 
 :func:`stream_row` copies a finished row from an L1-resident scratch buffer to its destination:
 plain stores up to the first 64-byte boundary, then one 64-byte non-temporal vector store per

@@ -40,7 +40,6 @@ _BITS16 = (np.dtype(np.uint16), np.dtype(np.int16))
 PREFETCH_AHEAD = 2        # backward: gathered grad rows prefetched ahead into L1 (0 turns it off)
 PREFETCH_FAR = 16         # ... and this far ahead into L2 (0 turns it off)
 TASK_BYTES = 1 << 16      # forward: output bytes per parallel task
-STREAM_BYTES = 1 << 23    # forward: outputs of >= 8 MiB are written with non-temporal stores
 
 
 # ----------------------------------------------------------------------------------------------
@@ -250,7 +249,7 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, bf16: bool) -> 
 def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: Any = None,
                       pos_ids: Any = None, dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
                       out: np.ndarray | None = None, check: bool = True, bf16: bool = False,
-                      stream: bool | None = None) -> np.ndarray:
+                      stream: bool = False) -> np.ndarray:
     """Gather + scale + positional add + dropout in one pass.
 
     Args:
@@ -275,8 +274,9 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
             the table.
         bf16: weight, pos_table and out are bf16 bits; computed in float32 and rounded once to
             bf16 (round to nearest even), see :mod:`._forward`.
-        stream: write the output with non-temporal stores (:mod:`._stream`); None (default)
-            streams outputs of at least ``STREAM_BYTES``. The result is the same bits either way.
+        stream: write the output with non-temporal stores (:mod:`._stream`), bypassing the
+            caches. Off by default: measured slower here (BENCHMARKS.md), where the output buffer
+            stays in the large L3. The result is the same bits either way.
 
     Returns:
         (..., D) array of the weight dtype (bf16: uint16 bits, or ``out`` as given).
@@ -296,8 +296,6 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
         pt, pid = w[:1], np.zeros(1, np.int64)
     o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
     rows = max(1, TASK_BYTES // (D * o2.itemsize))
-    if stream is None:
-        stream = o2.nbytes >= STREAM_BYTES
     stream = bool(stream) and o2.ctypes.data % o2.itemsize == 0
     core = forward_bf16_core if bf16 else forward_core
     with parallel_guard():
