@@ -10,9 +10,9 @@ Embedding (:mod:`.embedding`), N ids of any shape (...), D model dim, P position
 
 - ``embedding_forward(weight (V, D), ids (...), *, scale=1.0, pos_table=None (P, D),
   pos_ids=None ((...) or a trailing part), dropout_p=0.0, seed=0, dropout_offset=0, out=None,
-  check=True, bf16=False) -> (..., D)``: gather * scale + positional row, then counter-based
-  dropout, in one pass; ids range-checked inside the loop unless ``check=False``; ``bf16=True``
-  takes bf16 bits as uint16 arrays.
+  check=True, bf16=False, stream=False) -> (..., D)``: gather * scale + positional row, then
+  counter-based dropout (``x * m``), in one pass; ids range-checked inside the loop unless
+  ``check=False``; ``bf16=True`` takes bf16 bits as uint16 arrays.
 - ``embedding_backward(grad_out (..., D), ids (...), *, scale=1.0, dropout_p=0.0, seed=0,
   dropout_offset=0, padding_idx=None, pos_ids=None, num_positions=None)
   -> (unique_ids (U,), rows (U, D), pos_grad (P, D) | None)``: row-sparse token gradient.
@@ -36,15 +36,15 @@ their twins bit for bit; sums and optimiser steps agree to float rounding.
 
 Machinery (private): :mod:`._threading` (the numba threading layer, chosen once at import: TBB,
 which is fork-safe and thread-safe), :mod:`._forward` (the compiled forward cores, float and bf16),
-:mod:`._stream` (non-temporal stores for large outputs), :mod:`._rng` (the hash),
+:mod:`._stream` (opt-in non-temporal stores, ``stream=True``), :mod:`._rng` (the hash),
 :mod:`._prefetch` (software prefetch, backward only), :mod:`._launch` (dynamic chunks for the
 backward and optimiser loops). There is no output cache: ``out=None`` allocates with ``np.empty``;
 callers that call repeatedly pass ``out=``. tokenpos never changes numba's thread count.
 
 Numba's on-disk cache (``cache=True``) lives in ``__pycache__`` next to these files (or numba's
 user cache directory when that is not writable). It is keyed on each file's own source, so after
-editing ``_rng.py`` / ``_prefetch.py`` clear ``__pycache__`` (functions inlined from them are not
-tracked across files).
+editing ``_rng.py`` / ``_prefetch.py`` / ``_stream.py`` / ``_forward.py`` clear ``__pycache__``
+(functions inlined from them are not tracked across files).
 """
 
 from __future__ import annotations
