@@ -101,3 +101,26 @@ def test_bench_json_path_is_checked_before_the_run(tmp_path, monkeypatch) -> Non
     with pytest.raises(FileNotFoundError):
         cli_bench.run(args)
     assert called == []
+
+
+def test_cli_prints_every_row_with_best_and_median_ratios(tmp_path, monkeypatch, capsys) -> None:
+    """The table shows each row's ratios as best/median and writes the JSON report atomically."""
+    import json
+
+    from tokenpos.analysis.bench_timing import BenchReport, bench_rows
+    from tokenpos.cli import bench as cli_bench
+
+    times = {COPY: [1.0, 1.2], GATHER: [0.8, 1.0], "torch.compile": [2.0, 2.0], EAGER: [4.0, 5.0],
+             "tokenpos kernel (out=)": [1.0, 1.25]}
+    rows = bench_rows("forward", times, 1e6, limit=(GATHER,))
+    monkeypatch.setattr(bench, "run_bench", lambda **kw: BenchReport("m", "tokenpos bench", {}, rows))
+    monkeypatch.setenv("COLUMNS", "250")
+    out = tmp_path / "r.json"
+    args = argparse.Namespace(json=str(out), quick=False, compile=None, cases=None, no_progress=True)
+    assert cli_bench.run(args) == 0
+    text = capsys.readouterr().out
+    assert "x limit" in text and "x compile" in text
+    assert "0.80/0.80" in text and "2.00/1.78" in text          # kernel: vs gather, vs compile (best/median)
+    saved = json.loads(out.read_text())
+    k = [r for r in saved["rows"] if r["impl"] == "tokenpos kernel (out=)"][0]
+    assert k["ratio_vs_limit"] == pytest.approx(0.8) and k["median_ratios"]["compile"] == pytest.approx(2.0 / 1.125)

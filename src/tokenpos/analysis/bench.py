@@ -184,6 +184,7 @@ def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequen
     ``compile``: time ``torch.compile`` rows (None: yes unless ``quick``; the "compiled" case
     always compiles and is left out of quick runs unless named in ``cases``).
     """
+    flag = "" if compile is None or compile == (not quick) else (" --compile" if compile else " --no-compile")
     if compile is None:
         compile = not quick
     import torch  # noqa: F401 - the references need it; fail early with a clear ImportError
@@ -195,7 +196,7 @@ def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequen
     if bad:
         raise ValueError(f"unknown bench case(s) {bad}; expected some of {list(CASES)}")
     cfg = dict(QUICK if quick else FULL)
-    command = "tokenpos bench" + (" --quick" if quick else "") + (" --compile" if compile else "") + (
+    command = "tokenpos bench" + (" --quick" if quick else "") + flag + (
         f" --cases {','.join(todo)}" if cases is not None else "")
     report = BenchReport(machine(), command, {**cfg, "dtype": "float32", "dropout": 0.1, "zipf_s": 1.0,
                                                "id_batches": NBATCH,

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             table.add_section()
         last = r.case
         m = r.median_ratios
-        note = r.note if r.seconds != r.seconds else r.note.split("; median")[0] if "; median" in r.note else ""
+        note = "" if r.note.startswith("median ") else r.note.split("; median ")[0]   # medians: own columns
         table.add_row(r.case, r.impl, _fmt(r.seconds * 1e3, ".2f"),
                       _fmt(None if r.median_seconds is None else r.median_seconds * 1e3, ".2f"), _fmt(r.gbps, ".1f"),
                       _pair(r.ratio_vs_limit, m.get("limit")), _pair(r.ratio_vs_compile, m.get("compile")),
