@@ -329,8 +329,8 @@ def test_finite_differences_with_kernels_off(kernels_off):
                 no_grad_rows={"token.weight": 1})
 
 
-def test_sinusoidal_options_reach_the_table():
-    layer = make("sinusoidal", base=100.0, sinusoidal_layout="half")
+def test_sinusoidal_settings_travel_with_the_scheme_object():
+    layer = make(tpn.SinusoidalPositionalEncoding(P, D, base=100.0, layout="half", dtype=np.float64))
     assert layer.position.base == 100.0 and layer.position.layout == "half"
     np.testing.assert_allclose(layer(IDS) - layer.token(IDS),
                                np.broadcast_to(sinusoidal_encoding(np.arange(4), D, base=100.0, layout="half"),

@@ -36,6 +36,7 @@ class LearnedPositionalEmbedding(Module):
     """
 
     kind = "additive"
+    name = "learned"
 
     def __init__(self, max_seq_len: int, d_model: int, *, init: str = "normal", std: float = 0.02,
                  padding_idx: int | None = None, dtype: Any = np.float32, seed: int | None = None,

@@ -38,6 +38,13 @@ class LayerNorm(Module):
         self.bias = Parameter(np.zeros(self.d_model, dt))
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
+    def reset_parameters(self) -> None:
+        """weight = 1, bias = 0 (the identity affine map)."""
+        self.weight.data[...] = 1
+        self.bias.data[...] = 0
+        self.weight.zero_grad()
+        self.bias.zero_grad()
+
     def forward(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x)
         check_feature_dim("x", x.shape, self.d_model)
@@ -73,6 +80,11 @@ class RMSNorm(Module):
         dt = check_dtype("dtype", dtype)
         self.weight = Parameter(np.ones(self.d_model, dt))
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
+
+    def reset_parameters(self) -> None:
+        """weight = 1."""
+        self.weight.data[...] = 1
+        self.weight.zero_grad()
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x)

@@ -31,6 +31,7 @@ class SinusoidalPositionalEncoding(Module):
     """
 
     kind = "additive"
+    name = "sinusoidal"
 
     def __init__(self, max_seq_len: int, d_model: int, *, base: float = 10000.0, layout: str = "interleaved",
                  dtype: Any = np.float32, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
@@ -43,6 +44,9 @@ class SinusoidalPositionalEncoding(Module):
         self.dtype = check_dtype("dtype", dtype)
         self.table = sinusoidal_table(self.max_seq_len, self.d_model, base=self.base,
                                       layout=self.layout).astype(self.dtype)   # (P, D) buffer
+
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """Nothing to draw: the table is fixed (seed/rng accepted so every scheme resets alike)."""
 
     def forward(self, seq_len_or_positions: Any) -> np.ndarray:
         """Rows of the table; positions >= max_seq_len are computed in float64, then cast."""

@@ -17,14 +17,13 @@ from tokenpos.kernels.embedding import embedding_backward, embedding_forward
 from tokenpos.numpy.learned import LearnedPositionalEmbedding
 from tokenpos.numpy.module import Module
 from tokenpos.numpy.norm import build_norm
-from tokenpos.numpy.schemes import POSITIONAL_BUILDERS
+from tokenpos.numpy.schemes import build_shortcut
 from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.numpy.token import TokenEmbedding
 from tokenpos.tables.dropout import draw_seed, dropout_keep_mask
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import resolve_rng
-from tokenpos.tables.positional_config import PositionalConfig
 from tokenpos.tables.positions import default_positions, positions_from_padding
 from tokenpos.tables.validation import (
     check_positions,
@@ -39,14 +38,15 @@ class TransformerEmbedding(Module):
 
     Args:
         vocab_size, d_model, max_seq_len: V, D, and the positions a learned table can hold.
-        positional: "learned", "sinusoidal", "rope", "alibi", "t5", "none" (or None). Attention-level
-            schemes (rope, alibi, t5) add nothing here; ``self.position`` is the object that
-            ``scaled_dot_product_attention(..., positional=emb.position)`` uses.
+        positional: a shortcut "learned", "sinusoidal", "rope", "alibi", "t5", "none" (or None), built
+            with its defaults, or a NumPy scheme object carrying its own settings (for example
+            ``RotaryEmbedding(64, scaling={...})`` or ``SinusoidalPositionalEncoding(P, D, layout="half")``).
+            Attention-level schemes (rotary, bias) add nothing here; ``self.position`` is the object
+            that ``scaled_dot_product_attention(..., positional=emb.position)`` uses.
+        num_heads: H for the "rope" (head_dim = D // H), "alibi" and "t5" shortcuts; must divide D.
         scale: multiply token vectors by sqrt(D).
         dropout: drop probability in [0, 1), active only in training mode.
         padding_idx, init, std: token-table options (see TokenEmbedding).
-        base, sinusoidal_layout, num_heads, head_dim, rope_scaling, rope_interleaved, rotary_dim,
-        t5_num_buckets, t5_max_distance, t5_bidirectional: scheme options (see PositionalConfig).
         num_token_types: > 0 adds a (num_token_types, D) segment table (BERT).
         norm, norm_eps: None, "layernorm" or "rmsnorm" after the sum (BERT uses layernorm).
         position_ids: "default" (start_pos + arange(L)) or "padding" (RoBERTa: derived from
@@ -58,38 +58,42 @@ class TransformerEmbedding(Module):
     """
 
     def __init__(self, vocab_size: int, d_model: int, max_seq_len: int = 512, *,
-                 positional: Any = "learned", scale: bool = False, dropout: float = 0.0,
-                 padding_idx: int | None = None, init: str = "normal", std: float = 0.02,
-                 base: float = 10000.0, sinusoidal_layout: str = "interleaved",
-                 num_heads: int | None = None, head_dim: int | None = None,
-                 rope_scaling: dict[str, Any] | None = None, rope_interleaved: bool = False,
-                 rotary_dim: int | None = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
-                 t5_bidirectional: bool = True, num_token_types: int = 0, norm: str | None = None,
-                 norm_eps: float = 1e-5, position_ids: str = "default", dtype: Any = np.float32,
+                 positional: Any = "learned", num_heads: int | None = None, scale: bool = False,
+                 dropout: float = 0.0, padding_idx: int | None = None, init: str = "normal", std: float = 0.02,
+                 num_token_types: int = 0, norm: str | None = None, norm_eps: float = 1e-5,
+                 position_ids: str = "default", dtype: Any = np.float32,
                  seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         super().__init__()
-        args = check_embedding_args(positional=positional, max_seq_len=max_seq_len, dropout=dropout,
-                                    num_token_types=num_token_types, position_ids=position_ids,
-                                    padding_idx=padding_idx)
+        args = check_embedding_args(positional=positional, d_model=d_model, max_seq_len=max_seq_len,
+                                    dropout=dropout, num_token_types=num_token_types, position_ids=position_ids,
+                                    padding_idx=padding_idx, num_heads=num_heads, scale=scale,
+                                    backend="numpy", scheme_base=Module)
         self.positional, self.max_seq_len, self.dropout = args.positional, args.max_seq_len, args.dropout
         self.num_token_types, self.position_ids = args.num_token_types, args.position_ids
+        self.num_heads = args.num_heads
         self._rng = resolve_rng(seed, rng)
-        self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=scale,
+        self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=args.scale,
                                     padding_idx=padding_idx, dtype=dtype, rng=self._rng)
         self.d_model, self.dtype = self.token.d_model, self.token.dtype
-        cfg = PositionalConfig(
-            d_model=self.d_model, max_seq_len=self.max_seq_len, base=base, sinusoidal_layout=sinusoidal_layout,
-            num_heads=num_heads, head_dim=head_dim, rope_scaling=rope_scaling, rope_interleaved=rope_interleaved,
-            rotary_dim=rotary_dim, t5_num_buckets=t5_num_buckets, t5_max_distance=t5_max_distance,
-            t5_bidirectional=t5_bidirectional, init=init, std=std,
+        self.position: Any = args.scheme if args.scheme is not None else build_shortcut(
+            args.positional, d_model=self.d_model, max_seq_len=self.max_seq_len, num_heads=args.num_heads,
             position_padding_idx=padding_idx if self.position_ids == "padding" else None,
-            dtype=self.dtype, rng=self._rng)
-        self.position: Any = POSITIONAL_BUILDERS[self.positional](cfg)
+            init=init, std=std, dtype=self.dtype, rng=self._rng)
         self.token_type: TokenEmbedding | None = (
             TokenEmbedding(self.num_token_types, self.d_model, init=init, std=std, dtype=dtype, rng=self._rng)
             if self.num_token_types else None)
         self.norm: Any = build_norm(norm, self.d_model, norm_eps, self.dtype)
         self._cache: dict[str, Any] | None = None
+
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """Re-draw every table (token, position, token type) from one generator, in that order."""
+        gen = resolve_rng(seed, rng)
+        self.token.reset_parameters(rng=gen)
+        self.position.reset_parameters(rng=gen)
+        if self.token_type is not None:
+            self.token_type.reset_parameters(rng=gen)
+        if self.norm is not None:
+            self.norm.reset_parameters()
 
     @property
     def vocab_size(self) -> int:
