@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice, check_int, check_positive_int, check_probability
 
@@ -109,9 +111,9 @@ def check_scheme_width(scheme: Any, d_model: int) -> None:
 
 def check_scale(scale: Any) -> bool:
     """``scale`` is a bool switch (multiply token vectors by sqrt(D)); strings and numbers are refused."""
-    if not isinstance(scale, bool):
+    if not isinstance(scale, (bool, np.bool_)):
         raise ConfigError(f"scale must be True or False, got {scale!r} ({type(scale).__name__})")
-    return scale
+    return bool(scale)
 
 
 @dataclass(frozen=True)
