@@ -38,7 +38,8 @@ def dropout_forward(x: np.ndarray, *, p: float, seed: int, offset: int = 0) -> t
     if p == 0.0:
         return x, cache
     ct = compute_dtype(x.dtype)
-    out = x.astype(ct) * dropout_multiplier(seed, x.shape, p, ct, offset)
+    with np.errstate(invalid="ignore"):                 # inf * 0 = nan is the intended result
+        out = x.astype(ct) * dropout_multiplier(seed, x.shape, p, ct, offset)
     return out.astype(x.dtype, copy=False), cache
 
 
@@ -47,5 +48,6 @@ def dropout_backward(dout: np.ndarray, cache: DropoutCache) -> np.ndarray:
     if cache.p == 0.0:
         return dout
     ct = compute_dtype(dout.dtype)
-    dx = dout.astype(ct) * dropout_multiplier(cache.seed, dout.shape, cache.p, ct, cache.offset)
+    with np.errstate(invalid="ignore"):
+        dx = dout.astype(ct) * dropout_multiplier(cache.seed, dout.shape, cache.p, ct, cache.offset)
     return dx.astype(dout.dtype, copy=False)
