@@ -313,8 +313,3 @@ def test_refilling_the_ids_buffer_before_backward_cannot_redirect_the_gradient(k
     layer.backward(np.ones_like(out))
     assert set(np.flatnonzero(layer.weight.grad.any(axis=1))) == {1, 2, 3, 4}
 
-
-@pytest.mark.parametrize("bad", ["yes", 1, None])
-def test_scale_is_a_bool_switch(bad):
-    with pytest.raises(tpn.ConfigError, match=r"scale must be True or False"):
-        tpn.TokenEmbedding(4, 2, scale=bad)

@@ -12,7 +12,6 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.embedding_args import check_scale
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import RESIZE_INITS, init_weight, resolve_rng
 from tokenpos.tables.validation import (
@@ -49,7 +48,7 @@ class TokenEmbedding(Module):
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
         self.padding_idx = check_padding_idx(padding_idx, self.vocab_size)
-        self.scale = check_scale(scale)
+        self.scale = bool(scale)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
         self.weight = Parameter(np.empty((self.vocab_size, self.d_model), self.dtype))
