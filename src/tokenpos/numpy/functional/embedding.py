@@ -73,7 +73,7 @@ def embedding_forward(weight: np.ndarray, ids: np.ndarray, *, scale: float = 1.0
         x += table[np.broadcast_to(pos, ids.shape)]                    # (..., D)
     if p > 0.0:
         with np.errstate(invalid="ignore"):                           # inf * 0 = nan, as torch.nn.Dropout
-            x *= dropout_multiplier(seed, x.shape, p, ct)
+            x *= dropout_multiplier(seed, x.shape, p, 0, ct)
     return x.astype(weight.dtype, copy=False), cache
 
 
@@ -95,7 +95,7 @@ def embedding_backward(dout: np.ndarray, cache: EmbeddingCache
         g = dout.astype(ct)                                            # (..., D), a fresh array
         if cache.p > 0.0:
             with np.errstate(invalid="ignore"):
-                g *= dropout_multiplier(cache.seed, g.shape, cache.p, ct)
+                g *= dropout_multiplier(cache.seed, g.shape, cache.p, 0, ct)
         flat_ids, flat_g = cache.ids.reshape(-1), g.reshape(-1, d)    # (N,), (N, D)
         if cache.padding_idx is not None:
             keep = flat_ids != cache.padding_idx
