@@ -74,10 +74,10 @@ def check_positional(positional: Any, *, backend: str, scheme_base: type) -> Any
         if positional not in POSITIONAL_SHORTCUTS:
             raise ConfigError(positional_choice_message(positional, backend))
         return positional
+    if getattr(type(positional), "kind", None) in SCHEME_KINDS and not isinstance(positional, scheme_base):
+        raise ConfigError(scheme_backend_message(positional, backend))      # e.g. a torch scheme given to NumPy
     if not is_scheme(positional):
         raise ConfigError(positional_choice_message(positional, backend))
-    if not isinstance(positional, scheme_base):
-        raise ConfigError(scheme_backend_message(positional, backend))
     return positional
 
 
