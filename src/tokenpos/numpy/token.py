@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos._config import kernels_enabled
-from tokenpos.kernels.embedding import embedding_backward, embedding_forward
+from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import RESIZE_INITS, init_weight, resolve_rng
@@ -24,8 +23,6 @@ from tokenpos.tables.validation import (
     check_token_ids,
 )
 
-_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
 
 class TokenEmbedding(Module):
     """Token ids -> vectors, optionally scaled by sqrt(d_model).
@@ -35,7 +32,7 @@ class TokenEmbedding(Module):
         d_model: D > 0.
         init: "normal" (N(0, std)), "trunc_normal" (+-2 std), "xavier_uniform", "standard_normal", "zeros".
         std: the std of the normal schemes.
-        scale: multiply the output by sqrt(D) (Vaswani et al.).
+        scale: a bool switch: multiply the output by ``multiplier`` = sqrt(D) (Vaswani et al.).
         padding_idx: that row starts at zero and never receives gradient from lookups.
         dtype: float16, float32 (default) or float64.
         seed / rng: the explicit source of the initial weights.
@@ -56,12 +53,15 @@ class TokenEmbedding(Module):
         self.dtype = check_dtype("dtype", dtype)
         self.weight = Parameter(np.empty((self.vocab_size, self.d_model), self.dtype))
         self.reset_parameters(rng=resolve_rng(seed, rng))
-        self._cache: tuple[np.ndarray, tuple[int, ...]] | None = None
-        self._attend_cache: np.ndarray | None = None
+        self._cache: F.EmbeddingCache | None = None
+        self._attend_cache: F.AttendCache | None = None
 
     @property
     def multiplier(self) -> float:
-        """sqrt(D) when ``scale`` else 1.0."""
+        """The float the rows are multiplied by: sqrt(D) when the switch ``scale`` is True, else 1.0.
+
+        A Python float, never rounded to the table dtype first (float16 tables multiply in float32).
+        """
         return math.sqrt(self.d_model) if self.scale else 1.0
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
@@ -84,44 +84,29 @@ class TokenEmbedding(Module):
 
     # -- lookup ------------------------------------------------------------------------------
     def forward(self, ids: Any) -> np.ndarray:
-        """ids (...) -> (..., D). Bad ids raise TokenIdError naming the value and the range."""
+        """ids (...) -> W[ids] * multiplier, (..., D). Bad ids raise TokenIdError naming the value and the range."""
         ids = check_token_ids(ids, self.vocab_size)
-        if kernels_enabled() and self.dtype in _FUSED_DTYPES:
-            out = embedding_forward(self.weight.data, ids, scale=self.multiplier)
-        else:
-            out = self.weight.data[ids]                               # (..., D)
-            if self.scale:
-                out *= self.dtype.type(self.multiplier)
-        self._cache = (ids.reshape(-1), ids.shape)
+        out, self._cache = F.embedding_forward(self.weight.data, ids, scale=self.multiplier,
+                                               padding_idx=self.padding_idx)
         return out
 
     def backward(self, grad_output: np.ndarray) -> None:
         """Accumulate the row-sparse gradient of the last forward; returns None (ids are not float)."""
-        flat_ids, shape = self._cached(self._cache)
+        cache = self._cached(self._cache)
         grad = np.asarray(grad_output)
-        if grad.shape != shape + (self.d_model,):
-            raise ValueError(f"grad_output must have shape {shape + (self.d_model,)}, got {grad.shape}")
-        if kernels_enabled() and grad.dtype in _FUSED_DTYPES and self.weight.requires_grad:
-            uniq, rows, _ = embedding_backward(grad.reshape(-1, self.d_model), flat_ids, scale=self.multiplier,
-                                               padding_idx=self.padding_idx)
-            self.weight.accumulate_rows(uniq, rows, coalesced=True)
-            return
-        self.accumulate_lookup_grad(flat_ids, grad.reshape(-1, self.d_model) * self.multiplier)
-
-    def accumulate_lookup_grad(self, flat_ids: np.ndarray, rows: np.ndarray) -> None:
-        """Add ``rows`` (n, D) to the rows ``flat_ids`` (n,), skipping the padding row."""
-        if self.padding_idx is not None:
-            keep = flat_ids != self.padding_idx
-            flat_ids, rows = flat_ids[keep], rows[keep]
-        self.weight.accumulate_rows(flat_ids, rows)
+        if grad.shape != cache.ids.shape + (self.d_model,):
+            raise ValueError(f"grad_output must have shape {cache.ids.shape + (self.d_model,)}, got {grad.shape}")
+        if self.weight.requires_grad:
+            (ids, rows), _ = F.embedding_backward(grad, cache)
+            self.weight.accumulate_rows(ids, rows, coalesced=True)
 
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: np.ndarray) -> np.ndarray:
         """Logits against the same table: h (..., D) -> (..., V) = h @ W.T (flax's ``attend``)."""
         h = np.asarray(h)
         check_feature_dim("h", h.shape, self.d_model)
-        self._attend_cache = h
-        return h @ self.weight.data.T
+        logits, self._attend_cache = F.attend_forward(h, self.weight.data)
+        return logits
 
     def attend_backward(self, grad_logits: np.ndarray) -> np.ndarray:
         """grad (..., V) -> grad_h (..., D); adds the dense (V, D) weight gradient.
@@ -129,13 +114,13 @@ class TokenEmbedding(Module):
         Like a tied ``nn.Linear``, the projection is dense: every row, the padding row included,
         receives gradient here.
         """
-        h = self._cached(self._attend_cache, "attend_backward")
+        cache = self._cached(self._attend_cache, "attend_backward")
         g = np.asarray(grad_logits)
-        if g.shape != h.shape[:-1] + (self.vocab_size,):
-            raise ValueError(f"grad_logits must have shape {h.shape[:-1] + (self.vocab_size,)}, got {g.shape}")
-        g2 = g.reshape(-1, self.vocab_size)
-        self.weight.accumulate(g2.T @ h.reshape(-1, self.d_model))
-        return g @ self.weight.data
+        if g.shape != cache.h.shape[:-1] + (self.vocab_size,):
+            raise ValueError(f"grad_logits must have shape {cache.h.shape[:-1] + (self.vocab_size,)}, got {g.shape}")
+        dh, dweight = F.attend_backward(g, cache)
+        self.weight.accumulate(dweight)
+        return dh
 
     # -- resizing ----------------------------------------------------------------------------
     def resize(self, new_vocab_size: int, *, pad_to_multiple_of: int | None = None, init: str = "mean",

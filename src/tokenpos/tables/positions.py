@@ -9,13 +9,30 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.tables.errors import PositionError
 from tokenpos.tables.validation import check_int
+
+INT64_MAX = int(np.iinfo(np.int64).max)     # positions are int64
+
+
+def check_start_pos(start_pos: Any, length: int) -> int:
+    """``start_pos`` >= 0 such that the positions ``start_pos + arange(length)`` fit in int64.
+
+    Raises:
+        ConfigError: not an integer, or negative.
+        PositionError: ``start_pos + length`` beyond 2**63 - 1 (the positions would overflow int64).
+    """
+    start = check_int("start_pos", start_pos, minimum=0)
+    if start + int(length) > INT64_MAX:
+        raise PositionError(f"start_pos {start} with {int(length)} positions overflows int64: the positions would "
+                            f"run to {start + int(length) - 1}; expected start_pos + length <= {INT64_MAX}")
+    return start
 
 
 def default_positions(seq_len: int, start_pos: int = 0) -> np.ndarray:
     """``start_pos + arange(L)``: shape (L,), int64 (decoding with a cache passes start_pos > 0)."""
-    start_pos = check_int("start_pos", start_pos, minimum=0)
-    return np.arange(start_pos, start_pos + seq_len, dtype=np.int64)
+    start_pos = check_start_pos(start_pos, seq_len)
+    return np.arange(seq_len, dtype=np.int64) + np.int64(start_pos)
 
 
 def positions_from_padding(ids: Any, padding_idx: int, start_pos: int = 0) -> np.ndarray:
@@ -29,7 +46,7 @@ def positions_from_padding(ids: Any, padding_idx: int, start_pos: int = 0) -> np
     Returns:
         int64 array of the same shape.
     """
-    start_pos = check_int("start_pos", start_pos, minimum=0)
     ids = np.asarray(ids)
+    start_pos = check_start_pos(start_pos, padding_idx + 1 + (ids.shape[-1] if ids.ndim else 1))
     mask = (ids != padding_idx).astype(np.int64)
     return (np.cumsum(mask, axis=-1) + start_pos) * mask + padding_idx
