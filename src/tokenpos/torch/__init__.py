@@ -11,7 +11,7 @@ Id/position value checks run on CPU tensors always, on other devices only after
 """
 
 from tokenpos.tables.errors import ConfigError, PositionError, StateDictError, TokenIdError
-from tokenpos.torch._checks import device_checks_enabled, set_device_checks
+from tokenpos._config import device_checks_enabled, set_device_checks
 from tokenpos.torch._dropout import dropout_keep_mask_torch
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.alibi import ALiBi

@@ -41,9 +41,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _forward_plain(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
-                   pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor) -> torch.Tensor:
+                   pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
+                   padding_idx: int = -1) -> torch.Tensor:
+    """The formula in differentiable torch ops (also the path under torch.func transforms)."""
     ct = _compute_dtype(weight.dtype)
-    x = F.embedding(_index(ids), weight).to(ct) * scale                      # (..., D)
+    pad = None if padding_idx < 0 else padding_idx
+    x = F.embedding(_index(ids), weight, pad).to(ct) * scale                 # (..., D)
     if table is not None and pos is not None:
         x = x + F.embedding(_index(pos), table).to(ct)                       # (..., D), broadcast over batch
     if p > 0.0:
@@ -80,7 +83,7 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | Non
         tk = triton_kernels()
         if tk is not None:
             return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)
-    return _forward_plain(weight, ids, table, pos, scale, p, seed)
+    return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
 
 
 @embedding.register_fake
@@ -239,3 +242,18 @@ def _backward_vmap(info: Any, in_dims: tuple[Any, ...], grad: torch.Tensor, ids:
 
 
 torch.library.register_vmap("tokenpos::embedding_backward", _backward_vmap)
+
+
+def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None,
+          pos: torch.Tensor | None = None, *, scale: float = 1.0, p: float = 0.0,
+          seed: torch.Tensor | None = None, padding_idx: int = -1) -> torch.Tensor:
+    """The one call the layers make: ``tokenpos::embedding``, or, under ``torch.func`` transforms
+    (whose grad level cannot run a custom op's autograd), the same formula in plain torch ops.
+
+    weight (V, D), ids (...), table (P, D) | None, pos (...) | trailing part | None -> (..., D).
+    """
+    if seed is None:
+        seed = torch.zeros((), dtype=torch.int64, device=weight.device)
+    if torch._C._are_functorch_transforms_active():
+        return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
+    return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)

@@ -157,3 +157,18 @@ def _rope_qk_vmap(info: Any, in_dims: tuple[Any, ...], q: torch.Tensor, k: torch
 
 
 torch.library.register_vmap("tokenpos::rope_qk", _rope_qk_vmap)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """``tokenpos::rope``, or the plain formula under ``torch.func`` transforms: (B, H, L, Dh) -> same."""
+    if torch._C._are_functorch_transforms_active():
+        return _rope_plain(x, cos, sin, interleaved)
+    return torch.ops.tokenpos.rope(x, cos, sin, interleaved)
+
+
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tokenpos::rope_qk`` (one pass over q and k), or the plain formula under transforms."""
+    if torch._C._are_functorch_transforms_active():
+        return _rope_plain(q, cos, sin, interleaved), _rope_plain(k, cos, sin, interleaved)
+    return torch.ops.tokenpos.rope_qk(q, k, cos, sin, interleaved)
