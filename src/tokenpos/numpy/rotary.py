@@ -74,9 +74,11 @@ class RotaryEmbedding(Module):
     """
 
     kind = "rotary"
+    name = "rope"
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, max_seq_len: int = 2048, scaling: Any = None,
-                 interleaved: bool = False, rotary_dim: int | None = None) -> None:
+                 interleaved: bool = False, rotary_dim: int | None = None, seed: int | None = None,
+                 rng: np.random.Generator | None = None) -> None:
         super().__init__()
         self.head_dim, self.max_seq_len, self.interleaved, self.freqs = rotary_frequencies(
             head_dim, max_seq_len, interleaved, base=base, scaling=scaling, rotary_dim=rotary_dim)
@@ -88,6 +90,9 @@ class RotaryEmbedding(Module):
         self._last: RotaryCache | None = None
         self._halves_of: np.ndarray | None = None                   # the cache the kernel tables were cut from
         self._halves: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """Nothing to draw: the frequencies are fixed (seed/rng accepted so every scheme resets alike)."""
 
     @classmethod
     def from_hf_config(cls, config: Any, **kwargs: Any) -> RotaryEmbedding:
