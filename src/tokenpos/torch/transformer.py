@@ -27,7 +27,7 @@ from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.learned import LearnedPositionalEmbedding
 from tokenpos.torch.norm import build_norm
 from tokenpos.torch.ops import embed
-from tokenpos.torch.schemes import build_positional
+from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.torch.token import TokenEmbedding, checked_ids, token_rows
 
@@ -72,23 +72,22 @@ class TransformerEmbedding(TokenposModule):
                  seed: int | None = None, rng: np.random.Generator | None = None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
-        shortcut = positional is None or isinstance(positional, str)
-        args = check_embedding_args(positional=positional if shortcut else "none", max_seq_len=max_seq_len,
+        args = check_embedding_args(positional=positional, d_model=d_model, max_seq_len=max_seq_len,
                                     dropout=dropout, num_token_types=num_token_types, position_ids=position_ids,
-                                    padding_idx=padding_idx)
-        self.max_seq_len, self.dropout = args.max_seq_len, args.dropout
+                                    padding_idx=padding_idx, num_heads=num_heads, scale=scale,
+                                    backend="torch", scheme_base=TokenposModule)
+        self.positional, self.max_seq_len, self.dropout = args.positional, args.max_seq_len, args.dropout
         self.num_token_types, self.position_ids = args.num_token_types, args.position_ids
         dtype = resolve_dtype(dtype)
         self.generator = generator
         init_rng = resolve_torch_rng(seed, rng, generator)
-        self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=scale, padding_idx=padding_idx,
-                                    device=device, dtype=dtype, rng=init_rng)
+        self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=args.scale,
+                                    padding_idx=padding_idx, device=device, dtype=dtype, rng=init_rng)
         self.d_model = self.token.d_model
-        self.position = build_positional(
-            positional, d_model=self.d_model, max_seq_len=self.max_seq_len, num_heads=num_heads, init=init,
-            std=std, position_padding_idx=padding_idx if self.position_ids == "padding" else None,
-            device=device, dtype=dtype, rng=init_rng)
-        self.positional: str = args.positional if shortcut else _scheme_name(self.position)
+        self.position = args.scheme if args.scheme is not None else build_shortcut(
+            args.positional, d_model=self.d_model, max_seq_len=self.max_seq_len, num_heads=args.num_heads,
+            position_padding_idx=padding_idx if self.position_ids == "padding" else None, init=init, std=std,
+            rng=init_rng, device=device, dtype=dtype)
         self.token_type = (TokenEmbedding(self.num_token_types, self.d_model, init=init, std=std, device=device,
                                           dtype=dtype, rng=init_rng) if self.num_token_types else None)
         self.norm = build_norm(norm, self.d_model, norm_eps, device=device, dtype=dtype)
@@ -217,10 +216,6 @@ def _pad(padding_idx: int | None) -> int:
 def _wrapped(t: torch.Tensor) -> bool:
     """A torch.func-wrapped tensor (vmap / grad): its values cannot be read."""
     return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
-
-
-def _scheme_name(scheme: Any) -> str:
-    return str(getattr(scheme, "name", {"rotary": "rope"}.get(scheme.kind, scheme.kind)))
 
 
 EmbeddingLayer = TransformerEmbedding
