@@ -111,7 +111,7 @@ class TransformerEmbedding(TokenposModule):
         init_rng = resolve_torch_rng(seed, rng, generator)
         for m in (self.token, self.position, self.token_type, self.norm):
             if m is not None:
-                m.reset_parameters(rng=init_rng)
+                m.reset_parameters(rng=init_rng)  # type: ignore[operator]
 
     # -- inputs (checked once, here) -------------------------------------------------------------
     def resolve_positions(self, ids: torch.Tensor, positions: Any, start_pos: int) -> torch.Tensor:
