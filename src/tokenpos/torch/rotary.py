@@ -106,9 +106,14 @@ class RotaryEmbedding(TokenposModule):
         self.reset_parameters()
 
     @classmethod
-    def from_hf_config(cls, config: Any, **kwargs: Any) -> RotaryEmbedding:
-        """Build from an HF config (``rope_parameters`` of transformers 5 or ``rope_scaling`` of 4)."""
-        return cls(**{**rope_kwargs_from_hf_config(config), **kwargs})
+    def from_hf_config(cls, config: Any, *, layer_type: str | None = None, **kwargs: Any) -> RotaryEmbedding:
+        """Build from an HF config (``rope_parameters`` of transformers 5 or ``rope_scaling`` of 4).
+
+        ``layer_type`` picks one entry of per-layer-type parameters (Gemma 3 / 4); see
+        ``tokenpos.tables.rope_hf_config`` for every key read (a key that changes the rotation is
+        honoured or refused, never ignored).
+        """
+        return cls(**{**rope_kwargs_from_hf_config(config, layer_type=layer_type), **kwargs})
 
     # -- buffers ---------------------------------------------------------------------------------
     @torch.no_grad()
