@@ -26,13 +26,23 @@ cache covers are gathered from it. The plain path above serves everything else.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 import numpy as np
 import torch
 
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope import rope_cos_sin, rope_length_message, rope_positions_message, rope_shape_message
+from tokenpos.tables.rope import (
+    check_heads,
+    check_qk_layout,
+    rope_cos_sin,
+    rope_dtype_message,
+    rope_layout_shape_message,
+    rope_length_message,
+    rope_positions_message,
+)
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.rope_state import rope_kwargs_from_hf_config, rotary_frequencies
 from tokenpos.tables.validation import check_int
@@ -69,21 +79,33 @@ class RotaryEmbedding(TokenposModule):
         scaling: None or an HF ``rope_scaling`` / ``rope_parameters`` dict (see ``tables.rope_inv_freq``).
         interleaved: False = half-split pairs (HF / GPT-NeoX), True = adjacent pairs (Meta / GPT-J).
         rotary_dim: R (partial rotary); None = Dh.
+        qk_layout: "bhld" = q, k are (B, H, L, Dh) (HF's unsqueeze_dim=1); "blhd" = (B, L, H, Dh)
+            (unsqueeze_dim=2, flash-attention).
+        num_heads: H of q when known: q's head axis must equal it and k's must divide it.
+        seed, rng: accepted for the common scheme signature; RoPE has no random state.
         device: where the cache lives. dtype: accepted for a uniform signature; outputs follow the
             input dtype and the tables stay float64.
 
+    Threads: in eager mode the frequency variant and the cache rows of one call are taken together
+    under a lock (the cache buffers are replaced, never written in place); the rotation runs outside.
+
     Shape:
-        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (B, L) | None) -> (q', k').
+        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (1, L) | (B, L) | None) -> (q', k')
+        (with qk_layout="blhd": (B, L, Hq, Dh), (B, L, Hk, Dh)).
     """
 
     kind = "rotary"
+    name = "rope"
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, max_seq_len: int = 2048, scaling: Any = None,
-                 interleaved: bool = False, rotary_dim: int | None = None, device: Any = None,
+                 interleaved: bool = False, rotary_dim: int | None = None, qk_layout: str = "bhld",
+                 num_heads: int | None = None, seed: Any = None, rng: Any = None, device: Any = None,
                  dtype: Any = None) -> None:
         super().__init__()
         self.head_dim, self.max_seq_len, self.interleaved, self.freqs = rotary_frequencies(
             head_dim, max_seq_len, interleaved, base=base, scaling=scaling, rotary_dim=rotary_dim)
+        self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
+        self._lock = threading.RLock()
         self.base, self.rotary_dim = self.freqs.base, self.freqs.rotary_dim
         self.scaling = dict(self.freqs.params)
         self.attention_factor = self.freqs.attention_factor
@@ -116,9 +138,23 @@ class RotaryEmbedding(TokenposModule):
         return cls(**{**rope_kwargs_from_hf_config(config, layer_type=layer_type), **kwargs})
 
     # -- buffers ---------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else dict(self.__dict__)
+        state = dict(state)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._lock = threading.RLock()
+
+    def _guard(self) -> Any:
+        """The lock in eager mode; nothing under torch.compile (which mutates no state)."""
+        return contextlib.nullcontext() if is_compiling() else self._lock
+
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """(Re)compute the frequencies and the cache from ``tokenpos.tables`` in float64."""
+    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
+        """(Re)compute the frequencies and the cache from ``tokenpos.tables`` in float64 (no randomness)."""
         if self.inv_freq.is_meta:
             return
         dev, calc = self.inv_freq.device, _calc_dtype(self.inv_freq.device)
@@ -188,10 +224,11 @@ class RotaryEmbedding(TokenposModule):
     def cos_sin_range(self, start: int, length: int, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (L, R) in float64 for positions ``start + arange(length)`` (Python ints)."""
         need = start + length
-        inv_t = self._cover(need, seq_len)
-        if inv_t is not None:
-            return self._formula(torch.arange(start, need, device=self.inv_freq.device), inv_t)
-        return self.cos_cached[start:need], self.sin_cached[start:need]
+        with self._guard():
+            inv_t = self._cover(need, seq_len)
+            if inv_t is None:
+                return self.cos_cached[start:need], self.sin_cached[start:need]
+        return self._formula(torch.arange(start, need, device=self.inv_freq.device), inv_t)
 
     def cos_sin_positions(self, pos: torch.Tensor, need: torch.Tensor | int | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,6 +236,11 @@ class RotaryEmbedding(TokenposModule):
 
         ``need`` (default ``max(pos) + 1``) selects the longrope / dynamic variant.
         """
+        with self._guard():
+            return self._cos_sin_positions(pos, need)
+
+    def _cos_sin_positions(self, pos: torch.Tensor,
+                           need: torch.Tensor | int | None) -> tuple[torch.Tensor, torch.Tensor]:
         if self.rope_type == "longrope":
             need = pos.max() + 1 if need is None else need
             orig = int(self.scaling["original_max_position_embeddings"])
@@ -268,12 +310,23 @@ class RotaryEmbedding(TokenposModule):
 
     # -- checks ----------------------------------------------------------------------------------
     def _check(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or x.shape[-1] != self.head_dim:
-            raise ConfigError(rope_shape_message(name, tuple(x.shape), self.head_dim))
-        return x
+        """x in the declared layout -> a (B, H, L, Dh) view (float dtype, heads checked)."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != self.head_dim:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(np.shape(x))
+            raise ConfigError(rope_layout_shape_message(name, shape, self.head_dim, self.qk_layout))
+        if not x.is_floating_point():
+            raise ConfigError(rope_dtype_message(name, str(x.dtype).replace("torch.", "")))
+        check_heads(name, tuple(x.shape), self.qk_layout, self.num_heads)
+        return x.transpose(1, 2) if self.qk_layout == "blhd" else x
+
+    def _out(self, x: torch.Tensor) -> torch.Tensor:
+        """A (B, H, L, Dh) result back in the declared layout."""
+        return x.transpose(1, 2) if self.qk_layout == "blhd" else x
 
     def _positions(self, positions: Any, batch: int, length: int) -> torch.Tensor:
         pos = check_position_tensor(positions, device=self.inv_freq.device)
+        if tuple(pos.shape) == (1, length):                          # HF's (1, L): shared by the batch
+            return pos[0]
         if tuple(pos.shape) not in ((length,), (batch, length)):
             raise ConfigError(rope_positions_message(tuple(pos.shape), batch, length))
         return pos
@@ -291,23 +344,27 @@ class RotaryEmbedding(TokenposModule):
     # -- rotation --------------------------------------------------------------------------------
     def rotate(self, x: torch.Tensor, positions: Any = None, *, start_pos: int = 0,
                seq_len: int | None = None) -> torch.Tensor:
-        """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (B, L) (default start_pos + arange(L))."""
+        """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L))."""
         x = self._check("x", x)
         if self._fusable(x):
             pos = None if positions is None else self._positions(positions, x.shape[0], x.shape[2])
             start = 0 if pos is not None else self._start(start_pos)
-            return _fused.rope(x, None, self._kernel_tables(pos, start, x.shape[2], seq_len, x.dtype), None,
-                               self.layout)
+            with self._guard():
+                tables = self._kernel_tables(pos, start, x.shape[2], seq_len, x.dtype)
+            return self._out(_fused.rope(x, None, tables, None, self.layout))
         if positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
-            cos, sin = self.cos_sin_range(start_pos, x.shape[2], seq_len)
+            with self._guard():
+                cos, sin = self.cos_sin_range(start_pos, x.shape[2], seq_len)
         else:
-            cos, sin = self.cos_sin_positions(self._positions(positions, x.shape[0], x.shape[2]), seq_len)
-        return self._rotate_with(x, cos, sin)
+            pos = self._positions(positions, x.shape[0], x.shape[2])
+            with self._guard():
+                cos, sin = self.cos_sin_positions(pos, seq_len)
+        return self._out(self._rotate_with(x, cos, sin))
 
     def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
               key_positions: Any = None) -> Any:
-        """Rotate q and k (B, H, L, Dh) at positions (L,) | (B, L) (default start_pos + arange(L)).
+        """Rotate q and k (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L)).
 
         ``key_positions`` (Lk,) | (B, Lk) rotates k at other positions (a KV cache); by default k
         uses q's positions. One frequency variant serves both (chosen by the largest position).
@@ -322,11 +379,13 @@ class RotaryEmbedding(TokenposModule):
         if key_positions is None and (q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
             raise ConfigError(rope_length_message(tuple(q.shape), tuple(k.shape)))
         if self._fusable(q, k):
-            return self._apply_fused(q, k, positions, start_pos, key_positions)
+            q_out, k_out = self._apply_fused(q, k, positions, start_pos, key_positions)
+            return self._out(q_out), self._out(k_out)
         if positions is None and key_positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
-            cos, sin = self.cos_sin_range(start_pos, q.shape[2])
-            return self._rotate_with(q, cos, sin), self._rotate_with(k, cos, sin)
+            with self._guard():
+                cos, sin = self.cos_sin_range(start_pos, q.shape[2])
+            return self._out(self._rotate_with(q, cos, sin)), self._out(self._rotate_with(k, cos, sin))
         if positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
             pos_q = torch.arange(start_pos, start_pos + q.shape[2], device=self.inv_freq.device)
@@ -334,9 +393,10 @@ class RotaryEmbedding(TokenposModule):
             pos_q = self._positions(positions, q.shape[0], q.shape[2])
         pos_k = pos_q if key_positions is None else self._positions(key_positions, k.shape[0], k.shape[2])
         need = torch.maximum(pos_q.max(), pos_k.max()) + 1 if pos_q.numel() and pos_k.numel() else 0
-        cq, sq = self.cos_sin_positions(pos_q, need)
-        ck, sk = self.cos_sin_positions(pos_k, need)
-        return self._rotate_with(q, cq, sq), self._rotate_with(k, ck, sk)
+        with self._guard():                                              # one variant for q and k
+            cq, sq = self.cos_sin_positions(pos_q, need)
+            ck, sk = self.cos_sin_positions(pos_k, need)
+        return self._out(self._rotate_with(q, cq, sq)), self._out(self._rotate_with(k, ck, sk))
 
     forward = apply
 
@@ -346,7 +406,8 @@ class RotaryEmbedding(TokenposModule):
         L = q.shape[2]
         if positions is None and key_positions is None:
             start_pos = self._start(start_pos)
-            tables = self._kernel_tables(None, start_pos, L, None, q.dtype)
+            with self._lock:
+                tables = self._kernel_tables(None, start_pos, L, None, q.dtype)
             return _fused.rope(q, k, tables, None, self.layout)  # type: ignore[no-any-return]
         if positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
@@ -355,10 +416,12 @@ class RotaryEmbedding(TokenposModule):
             pos_q = self._positions(positions, q.shape[0], L)
         pos_k = pos_q if key_positions is None else self._positions(key_positions, k.shape[0], k.shape[2])
         need = max(int(pos_q.max()), int(pos_k.max())) + 1 if pos_q.numel() and pos_k.numel() else 0
-        tables_q = self._kernel_tables(pos_q, 0, 0, need, q.dtype)
-        tables_k = None if key_positions is None else self._kernel_tables(pos_k, 0, 0, need, k.dtype)
+        with self._lock:                                                 # one variant for q and k
+            tables_q = self._kernel_tables(pos_q, 0, 0, need, q.dtype)
+            tables_k = None if key_positions is None else self._kernel_tables(pos_k, 0, 0, need, k.dtype)
         return _fused.rope(q, k, tables_q, tables_k, self.layout)  # type: ignore[no-any-return]
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
-                f"max_seq_len={self.max_seq_len}, rope_type={self.rope_type!r}, layout={self.layout!r}")
+                f"max_seq_len={self.max_seq_len}, rope_type={self.rope_type!r}, layout={self.layout!r}, "
+                f"qk_layout={self.qk_layout!r}")
