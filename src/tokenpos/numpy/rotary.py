@@ -46,6 +46,20 @@ CACHE_GROWTH_LIMIT = 16
 _FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> np.ndarray:
+    """q or k in the declared layout -> a (B, H, L, Dh) view; float dtype and head count checked.
+
+    A (B, H, L, Dh) result goes back with the same transpose (it is its own inverse).
+    """
+    x = np.asarray(x)
+    if x.ndim != 4 or x.shape[-1] != head_dim:
+        raise ConfigError(rope_layout_shape_message(name, x.shape, head_dim, qk_layout))
+    if not np.issubdtype(x.dtype, np.floating):
+        raise ConfigError(rope_dtype_message(name, x.dtype))
+    check_heads(name, x.shape, qk_layout, num_heads)
+    return x.transpose(0, 2, 1, 3) if qk_layout == "blhd" else x
+
+
 @dataclass(frozen=True)
 class RotaryCache:
     """What ``apply_backward`` needs: cos/sin (input dtype) for q and for k.
@@ -234,17 +248,9 @@ class RotaryEmbedding(Module):
 
     # -- checks ----------------------------------------------------------------------------------
     def _check(self, name: str, x: Any) -> np.ndarray:
-        """x in the declared layout -> a (B, H, L, Dh) view (float dtype, heads checked)."""
-        x = np.asarray(x)
-        if x.ndim != 4 or x.shape[-1] != self.head_dim:
-            raise ConfigError(rope_layout_shape_message(name, x.shape, self.head_dim, self.qk_layout))
-        if not np.issubdtype(x.dtype, np.floating):
-            raise ConfigError(rope_dtype_message(name, x.dtype))
-        check_heads(name, x.shape, self.qk_layout, self.num_heads)
-        return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
+        return to_bhld(name, x, self.head_dim, self.qk_layout, self.num_heads)
 
     def _out(self, x: np.ndarray) -> np.ndarray:
-        """A (B, H, L, Dh) result back in the declared layout."""
         return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
 
     def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> np.ndarray:

@@ -69,6 +69,20 @@ def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
 
+def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> torch.Tensor:
+    """q or k in the declared layout -> a (B, H, L, Dh) view; float dtype and head count checked.
+
+    A (B, H, L, Dh) result goes back with the same transpose (it is its own inverse).
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != head_dim:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(np.shape(x))
+        raise ConfigError(rope_layout_shape_message(name, shape, head_dim, qk_layout))
+    if not x.is_floating_point():
+        raise ConfigError(rope_dtype_message(name, str(x.dtype).replace("torch.", "")))
+    check_heads(name, tuple(x.shape), qk_layout, num_heads)
+    return x.transpose(1, 2) if qk_layout == "blhd" else x
+
+
 class RotaryEmbedding(TokenposModule):
     """Rotary position embedding with every HF scaling (default, linear, dynamic, yarn, longrope, llama3).
 
@@ -310,17 +324,9 @@ class RotaryEmbedding(TokenposModule):
 
     # -- checks ----------------------------------------------------------------------------------
     def _check(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """x in the declared layout -> a (B, H, L, Dh) view (float dtype, heads checked)."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != self.head_dim:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(np.shape(x))
-            raise ConfigError(rope_layout_shape_message(name, shape, self.head_dim, self.qk_layout))
-        if not x.is_floating_point():
-            raise ConfigError(rope_dtype_message(name, str(x.dtype).replace("torch.", "")))
-        check_heads(name, tuple(x.shape), self.qk_layout, self.num_heads)
-        return x.transpose(1, 2) if self.qk_layout == "blhd" else x
+        return to_bhld(name, x, self.head_dim, self.qk_layout, self.num_heads)
 
     def _out(self, x: torch.Tensor) -> torch.Tensor:
-        """A (B, H, L, Dh) result back in the declared layout."""
         return x.transpose(1, 2) if self.qk_layout == "blhd" else x
 
     def _positions(self, positions: Any, batch: int, length: int) -> torch.Tensor:
