@@ -1,11 +1,13 @@
 """tokenpos: the input block of a transformer, token ids to position-aware vectors.
 
 Backends are imported explicitly (``import tokenpos.numpy`` / ``import tokenpos.torch``); importing
-``tokenpos`` itself loads nothing heavy (no torch, no numba compilation).
+``tokenpos`` itself loads nothing heavy (no torch, no numba compilation). Process-wide switches live
+in :mod:`tokenpos._config` (re-exported here).
 """
 
-from tokenpos._config import kernels_enabled, set_kernels
+from tokenpos._config import device_checks_enabled, kernels_enabled, set_device_checks, set_kernels, use_kernels
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "kernels_enabled", "set_kernels"]
+__all__ = ["__version__", "device_checks_enabled", "kernels_enabled", "set_device_checks", "set_kernels",
+           "use_kernels"]

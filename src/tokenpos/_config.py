@@ -1,22 +1,62 @@
-"""Process-wide switches. The only global state in tokenpos; randomness is never global."""
+"""Process-wide switches: the only global state in tokenpos (randomness is never global).
+
+- ``set_kernels(enabled)`` / ``kernels_enabled()`` / ``use_kernels(enabled)``: whether the fused
+  kernels (numba on CPU, Triton on CUDA) run where they apply, in both backends. Off, every layer and
+  op runs its plain NumPy / plain torch path: the same results up to float rounding, the same
+  dropout masks bit for bit. Read by the torch ops at run time (so a compiled graph follows it too).
+- ``set_device_checks(enabled)`` / ``device_checks_enabled()``: whether the torch layers read id /
+  position values on non-CPU devices to check their range (one host sync per call). CPU tensors are
+  always checked; nothing is read inside ``torch.compile`` or ``torch.func`` transforms.
+
+Both are plain module attributes written under the GIL: set them once at start-up, not while other
+threads are calling layers (a call sees either the old or the new value, never a mix within one op).
+Nothing else is process-wide: no output-buffer pool, no per-call change of numba's thread count
+in the torch layers, no cached tables shared across layers.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 _KERNELS_ENABLED = True
+_DEVICE_CHECKS = False
+
+
+def _check_bool(name: str, enabled: object) -> bool:
+    if not isinstance(enabled, bool):
+        raise TypeError(f"{name} expects a bool, got {enabled!r}")
+    return enabled
 
 
 def set_kernels(enabled: bool) -> None:
-    """Turn the fused numba kernels on or off for both backends.
-
-    When off, every layer runs the plain-NumPy / plain-torch reference path, which gives the same
-    results up to float rounding (dropout masks are identical).
-    """
+    """Turn the fused kernels on or off for both backends."""
     global _KERNELS_ENABLED
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_kernels expects a bool, got {enabled!r}")
-    _KERNELS_ENABLED = enabled
+    _KERNELS_ENABLED = _check_bool("set_kernels", enabled)
 
 
 def kernels_enabled() -> bool:
     """Whether the fused kernels are used where they apply."""
     return _KERNELS_ENABLED
+
+
+@contextmanager
+def use_kernels(enabled: bool) -> Iterator[None]:
+    """``with use_kernels(False): ...`` runs the block on the plain paths, then restores the switch."""
+    old = _KERNELS_ENABLED
+    set_kernels(enabled)
+    try:
+        yield
+    finally:
+        set_kernels(old)
+
+
+def set_device_checks(enabled: bool) -> None:
+    """Opt in to value checks of ids / positions on non-CPU devices (costs a host sync per call)."""
+    global _DEVICE_CHECKS
+    _DEVICE_CHECKS = _check_bool("set_device_checks", enabled)
+
+
+def device_checks_enabled() -> bool:
+    """Whether non-CPU ids / positions are value-checked (CPU ones always are)."""
+    return _DEVICE_CHECKS

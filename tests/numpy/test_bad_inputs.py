@@ -154,7 +154,7 @@ def test_eval_mode_survives_a_failed_call():
     (lambda: tpn.TransformerEmbedding(10, 4, dropout=-0.1), r"dropout must be >= 0.0, got -0.1"),
     (lambda: tpn.TransformerEmbedding(10, 4, norm="batchnorm"), r"norm must be one of 'layernorm', 'rmsnorm'; got"),
     (lambda: tpn.TransformerEmbedding(10, 4, num_token_types=-1), r"num_token_types must be >= 0, got -1"),
-    (lambda: tpn.TransformerEmbedding(10, 4, sinusoidal_layout="x", positional="sinusoidal"), r"layout must be"),
+    (lambda: tpn.SinusoidalPositionalEncoding(10, 4, layout="x"), r"layout must be"),
 ])
 def test_bad_constructor_arguments(build, pattern):
     with pytest.raises(ValueError, match=pattern) as err:

@@ -105,3 +105,12 @@ def test_roberta_positions_keep_the_padding_position_row_out_of_training():
     assert np.any(emb.position.weight.grad[2] != 0)
     with pytest.raises(ValueError, match="padding_idx"):
         tpn.LearnedPositionalEmbedding(8, 4, padding_idx=8)
+
+
+def test_refilling_the_positions_buffer_before_backward_cannot_redirect_the_gradient(kernel_mode):
+    layer = tpn.LearnedPositionalEmbedding(8, 3, seed=0)
+    pos = np.array([0, 1, 2])
+    out = layer(pos)
+    pos[...] = 7
+    layer.backward(np.ones_like(out))
+    assert set(np.flatnonzero(layer.weight.grad.any(axis=1))) == {0, 1, 2}

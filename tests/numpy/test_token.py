@@ -289,3 +289,32 @@ def test_from_pretrained_torch_tensor():
     t = torch.randn(5, 2)
     layer = tpn.TokenEmbedding.from_pretrained(t)
     np.testing.assert_array_equal(layer.weight.data, t.numpy())
+
+
+# -- float16 scaling rounds once; kept ids are copies ---------------------------------------------
+
+def test_float16_scale_is_not_rounded_to_float16_before_the_multiply(kernel_mode):
+    """d=3072: sqrt(d) rounded to float16 first makes ~31 % of outputs 1 ulp off; we round once."""
+    d = 3072
+    layer = tpn.TokenEmbedding(64, d, scale=True, dtype=np.float16, seed=0)
+    ids = np.arange(64)
+    exact = layer.weight.data.astype(np.float64) * math.sqrt(d)              # float64, rounded once below
+    np.testing.assert_array_equal(layer(ids), exact.astype(np.float16))
+    g = np.random.default_rng(1).standard_normal((64, d)).astype(np.float16)
+    layer.backward(g)                                                        # unique ids: no sums
+    np.testing.assert_array_equal(layer.weight.grad, (g.astype(np.float64) * math.sqrt(d)).astype(np.float16))
+
+
+def test_refilling_the_ids_buffer_before_backward_cannot_redirect_the_gradient(kernel_mode):
+    layer = tpn.TokenEmbedding(10, 3, seed=0)
+    batch = np.array([[1, 2], [3, 4]])
+    out = layer(batch)
+    batch[...] = 9                                                           # the next batch, loaded early
+    layer.backward(np.ones_like(out))
+    assert set(np.flatnonzero(layer.weight.grad.any(axis=1))) == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_scale_is_a_bool_switch(bad):
+    with pytest.raises(tpn.ConfigError, match=r"scale must be True or False"):
+        tpn.TokenEmbedding(4, 2, scale=bad)

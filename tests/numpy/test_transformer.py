@@ -15,6 +15,7 @@ from tests.numpy.gradcheck import check_grads
 from tests.numpy.helpers import SLOW, dense_lookup_grad, dtypes, id_arrays
 from tests.tolerances import TOL
 from tokenpos.tables import sinusoidal_encoding
+from tokenpos.tables.dropout import dropout_keep_mask
 from tokenpos.tables.positions import positions_from_padding
 
 V, D, P = 7, 4, 6
@@ -329,9 +330,92 @@ def test_finite_differences_with_kernels_off(kernels_off):
                 no_grad_rows={"token.weight": 1})
 
 
-def test_sinusoidal_options_reach_the_table():
-    layer = make("sinusoidal", base=100.0, sinusoidal_layout="half")
+def test_sinusoidal_settings_travel_with_the_scheme_object():
+    layer = make(tpn.SinusoidalPositionalEncoding(P, D, base=100.0, layout="half", dtype=np.float64))
     assert layer.position.base == 100.0 and layer.position.layout == "half"
     np.testing.assert_allclose(layer(IDS) - layer.token(IDS),
                                np.broadcast_to(sinusoidal_encoding(np.arange(4), D, base=100.0, layout="half"),
                                                (2, 4, D)), **TOL["forward.float64"])
+
+
+# -- scheme objects, reset, kept inputs, big start_pos, float16 rounding ---------------------------
+
+def test_a_rope_scheme_object_carries_its_settings():
+    rope = tpn.RotaryEmbedding(4, base=500.0, scaling={"rope_type": "linear", "factor": 2.0}, interleaved=True)
+    layer = tpn.TransformerEmbedding(V, 8, P, positional=rope, seed=0)
+    assert layer.position is rope and layer.positional == "rope"
+    np.testing.assert_array_equal(layer(IDS), layer.token(IDS)), "a rotary scheme adds nothing here"
+
+
+@pytest.mark.parametrize("shortcut, heads, kind", [("rope", 2, "rotary"), ("alibi", 4, "bias"), ("t5", 2, "bias")])
+def test_headed_shortcuts_are_built_from_num_heads(shortcut, heads, kind):
+    layer = tpn.TransformerEmbedding(V, 8, P, positional=shortcut, num_heads=heads, seed=0)
+    assert layer.position.kind == kind and layer.position.name == shortcut
+    if shortcut == "rope":
+        assert layer.position.head_dim == 8 // heads
+    else:
+        assert layer.position.num_heads == heads
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope", "alibi", "t5", "none"])
+def test_reset_parameters_redraws_every_table_from_one_generator(positional):
+    a = tpn.TransformerEmbedding(V, 8, P, positional=positional, num_heads=2, num_token_types=2, norm="layernorm",
+                                 seed=0)
+    b = tpn.TransformerEmbedding(V, 8, P, positional=positional, num_heads=2, num_token_types=2, norm="layernorm",
+                                 seed=1)
+    a.norm.weight.data[...] = 3.0
+    a.reset_parameters(seed=5)
+    b.reset_parameters(seed=5)
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        np.testing.assert_array_equal(pa.data, pb.data, err_msg=name)
+    np.testing.assert_array_equal(a.norm.weight.data, 1.0)
+
+
+def test_refilling_the_callers_ids_and_positions_before_backward_cannot_redirect_gradients(kernel_mode):
+    layer = make("learned", dtype=np.float32)
+    ids, pos = IDS.copy(), np.array([5, 4, 3, 2])
+    out = layer(ids, pos)
+    ids[...] = 0                                                           # the caller loads the next batch
+    pos[...] = 0
+    layer.backward(np.ones_like(out))
+    assert set(np.flatnonzero(layer.token.weight.grad.any(axis=1))) == set(IDS.ravel().tolist())
+    assert set(np.flatnonzero(layer.position.weight.grad.any(axis=1))) == {2, 3, 4, 5}
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "none"])
+@pytest.mark.parametrize("start_pos", [2**63 - 3, 2**63 - 1, 2**63, 2**64])
+def test_start_pos_whose_positions_overflow_int64_is_a_position_error(positional, start_pos):
+    layer = make(positional)
+    with pytest.raises(tpn.PositionError, match=rf"start_pos {start_pos} \+ seq_len 4 puts the last position at "
+                                                rf"{start_pos + 3}, beyond the largest int64 position {2**63 - 1}"):
+        layer(IDS, start_pos=start_pos)
+
+
+def test_start_pos_just_below_int64_max_is_a_range_error_for_learned_and_computed_for_sinusoidal():
+    start = 2**63 - 4                                                      # last position = 2**63 - 1
+    with pytest.raises(tpn.PositionError, match=rf"position {start} at index \(0, 0\) is out of range \[0, {P}\)"):
+        make("learned")(IDS, start_pos=start)
+    out = make("sinusoidal")(IDS, start_pos=start)
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("positional", ["none", "learned", "sinusoidal"])
+def test_float16_embedding_computes_in_float32_and_rounds_once(kernel_mode, positional):
+    """COMMON rule: gather, widen to fp32, w * sqrt(D) (+ pos), dropout multiply, round once to fp16."""
+    d = 3072
+    layer = tpn.TransformerEmbedding(40, d, 8, positional=positional, scale=True, dropout=0.1, dtype=np.float16,
+                                     seed=0)
+    state = layer._rng.bit_generator.state
+    ids = np.arange(32).reshape(4, 8)
+    out = layer(ids)
+    replay = np.random.default_rng()
+    replay.bit_generator.state = state
+    seed = int(replay.integers(0, (1 << 63) - 1, dtype=np.int64))
+    x = layer.token.weight.data.astype(np.float32)[ids] * np.float32(math.sqrt(d))
+    if positional != "none":
+        x = x + layer.position.table_for(np.arange(8), ids.shape)[0].astype(np.float32)[np.arange(8)]
+    keep = dropout_keep_mask(seed, x.shape, 0.1)
+    np.testing.assert_array_equal(out, (x * np.where(keep, np.float32(1 / 0.9), np.float32(0))).astype(np.float16))
+    if positional == "none":                                               # one rounding of the exact value
+        exact = np.where(keep, layer.token.weight.data.astype(np.float64)[ids] * math.sqrt(d) / 0.9, 0.0)
+        np.testing.assert_array_equal(out, exact.astype(np.float16))

@@ -5,7 +5,7 @@ State crosses the backends through ``state_dict`` in both directions. One line p
 
 from __future__ import annotations
 
-import copy
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tests.numpy.helpers import FAST, id_arrays
 from tests.parity.helpers import assert_parity
-from tokenpos.tables.dropout import draw_seed
+from tokenpos.tables.dropout import SEED_MASK
 
 RNG = np.random.default_rng(1234)
 IDS = RNG.integers(0, 50, size=(3, 7))
@@ -70,9 +70,21 @@ def test_attend_parity() -> None:
                   backward="attend_backward")
 
 
+class _OneSeed:
+    """Stands in for the NumPy layer's generator: its next dropout seed is ``seed``."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def integers(self, *args: Any, **kwargs: Any) -> int:
+        return self.seed
+
+
 def _same_dropout_seed(np_layer, t_layer) -> None:
-    """Pin torch's dropout seed to the one the NumPy layer is about to draw."""
-    t_layer._fixed_dropout_seed = draw_seed(copy.deepcopy(np_layer._rng))
+    """Both layers draw the same dropout seed: torch's from its generator, NumPy the same number."""
+    t_layer.generator = torch.Generator().manual_seed(1234)
+    seed = torch.randint(0, SEED_MASK, (), generator=torch.Generator().manual_seed(1234), dtype=torch.int64)
+    np_layer._rng = _OneSeed(int(seed))
 
 
 @pytest.mark.parametrize("norm", [None, "layernorm"])

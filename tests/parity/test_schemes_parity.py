@@ -114,9 +114,14 @@ def test_one_block_runs_every_scheme_in_both_backends(kind: str) -> None:
     import tokenpos.torch as tpt
 
     heads, d_model = 2, 16
-    kw = {"positional": kind, "num_heads": heads, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
-    np_emb = tpn.TransformerEmbedding(40, d_model, 16, dtype=np.float64, seed=0, **kw)
-    t_emb = tpt.TransformerEmbedding(40, d_model, 16, dtype=torch.float64, seed=1, **kw)
+    np_kw: dict = {"positional": kind, "num_heads": heads}
+    t_kw = dict(np_kw)
+    if kind == "t5":                          # a scheme object carries non-default settings in each backend
+        t5 = {"num_buckets": 8, "max_distance": 12, "bidirectional": False}
+        np_kw["positional"] = tpn.T5RelativePositionBias(heads, dtype=np.float64, seed=0, **t5)
+        t_kw["positional"] = tpt.T5RelativePositionBias(heads, dtype=torch.float64, seed=1, **t5)
+    np_emb = tpn.TransformerEmbedding(40, d_model, 16, dtype=np.float64, seed=0, **np_kw)
+    t_emb = tpt.TransformerEmbedding(40, d_model, 16, dtype=torch.float64, seed=1, **t_kw)
     t_emb.load_state_dict(np_emb.state_dict())
     ids = np.array([[3, 7, 1, 9, 2], [4, 4, 8, 0, 5]])
 

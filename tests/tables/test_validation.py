@@ -137,12 +137,3 @@ def test_check_state_dict():
     with pytest.raises(StateDictError, match=r"missing keys \['weight'\], unexpected keys \['w'\]"):
         v.check_state_dict({"w": np.zeros((3, 4), np.float32)}, exp)
     v.check_state_dict({"extra": np.zeros(2)}, exp, strict=False)
-
-
-def test_both_backend_registries_cover_exactly_the_positional_kinds():
-    from tokenpos.numpy.schemes import POSITIONAL_BUILDERS as NP_BUILDERS
-    from tokenpos.tables.embedding_args import POSITIONAL_KINDS
-
-    assert sorted(NP_BUILDERS) == sorted(POSITIONAL_KINDS)
-    torch_schemes = pytest.importorskip("tokenpos.torch.schemes")
-    assert sorted(torch_schemes.POSITIONAL_BUILDERS) == sorted(POSITIONAL_KINDS)

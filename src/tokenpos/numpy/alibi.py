@@ -28,12 +28,17 @@ class ALiBi(Module):
     """
 
     kind = "bias"
+    name = "alibi"
 
-    def __init__(self, num_heads: int, *, dtype: Any = np.float32) -> None:
+    def __init__(self, num_heads: int, *, dtype: Any = np.float32, seed: int | None = None,
+                 rng: np.random.Generator | None = None) -> None:
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.dtype = check_dtype("dtype", dtype)
         self.slopes = alibi_slopes(self.num_heads)          # (H,) float64, fixed
+
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """Nothing to draw: the slopes are fixed (seed/rng accepted so every scheme resets alike)."""
 
     def bias(self, q_len: int, k_len: int) -> np.ndarray:
         """The (H, Lq, Lk) bias; raises ConfigError when q_len > k_len."""

@@ -9,11 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.init import init_weight, resolve_rng
 from tokenpos.tables.validation import (
     check_dtype,
     check_padding_idx,
+    check_positions,
     check_positive_int,
     check_seq_len_or_positions,
 )
@@ -36,6 +38,7 @@ class LearnedPositionalEmbedding(Module):
     """
 
     kind = "additive"
+    name = "learned"
 
     def __init__(self, max_seq_len: int, d_model: int, *, init: str = "normal", std: float = 0.02,
                  padding_idx: int | None = None, dtype: Any = np.float32, seed: int | None = None,
@@ -48,7 +51,7 @@ class LearnedPositionalEmbedding(Module):
         self.dtype = check_dtype("dtype", dtype)
         self.weight = Parameter(np.empty((self.max_seq_len, self.d_model), self.dtype))
         self.reset_parameters(rng=resolve_rng(seed, rng))
-        self._cache: tuple[np.ndarray, tuple[int, ...]] | None = None
+        self._cache: F.EmbeddingCache | None = None
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         self.weight.data[...] = init_weight(self.weight.data.shape, self.init, std=self.std,
@@ -58,20 +61,24 @@ class LearnedPositionalEmbedding(Module):
     def forward(self, seq_len_or_positions: Any) -> np.ndarray:
         """An int L gives rows 0..L-1, (L, D); positions (...) give (..., D)."""
         pos = check_seq_len_or_positions(seq_len_or_positions, self.max_seq_len)
-        self._cache = (pos.reshape(-1), pos.shape)
-        return self.weight.data[pos]
+        out, self._cache = F.embedding_forward(self.weight.data, pos, padding_idx=self.padding_idx)
+        return out
+
+    def table_for(self, positions: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, Parameter]:
+        """The additive-scheme lookup: (table (P, D), row index of each position, the Parameter that
+        receives the table gradient). ``positions`` broadcast to ``shape`` must lie in [0, P)."""
+        check_positions(np.broadcast_to(positions, shape), self.max_seq_len)
+        return self.weight.data, positions, self.weight
 
     def backward(self, grad_output: np.ndarray) -> None:
         """Accumulate the gradient of the last forward into the rows used (duplicates add up)."""
-        flat, shape = self._cached(self._cache)
+        cache = self._cached(self._cache)
         grad = np.asarray(grad_output)
-        if grad.shape != shape + (self.d_model,):
-            raise ValueError(f"grad_output must have shape {shape + (self.d_model,)}, got {grad.shape}")
-        rows = grad.reshape(-1, self.d_model)
-        if self.padding_idx is not None:
-            keep = flat != self.padding_idx
-            flat, rows = flat[keep], rows[keep]
-        self.weight.accumulate_rows(flat, rows)
+        if grad.shape != cache.ids.shape + (self.d_model,):
+            raise ValueError(f"grad_output must have shape {cache.ids.shape + (self.d_model,)}, got {grad.shape}")
+        if self.weight.requires_grad:
+            (rows_at, rows), _ = F.embedding_backward(grad, cache)
+            self.weight.accumulate_rows(rows_at, rows, coalesced=True)
 
     def extra_repr(self) -> str:
         return f"{self.max_seq_len}, {self.d_model}, dtype={self.dtype}"

@@ -1,13 +1,16 @@
-"""The positional-scheme registry of the NumPy backend: kind name -> builder(PositionalConfig).
+"""The positional schemes of the NumPy backend: the string shortcuts and the NoPE object.
 
-Every scheme object has a ``kind`` class attribute (docs/DESIGN.md): "additive" (added to the
-embeddings), "rotary" (rotates q and k), "bias" (added to attention logits) or "none".
+Every scheme class has two class attributes (docs/DESIGN.md): ``kind``, its category ("additive"
+is added to the embeddings, "rotary" rotates q and k, "bias" is added to attention logits, "none"),
+and ``name``, its registry string. ``TransformerEmbedding(positional=...)`` takes a scheme object
+(settings travel with it) or one of the shortcuts below, built here with their defaults.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from tokenpos.numpy.alibi import ALiBi
 from tokenpos.numpy.learned import LearnedPositionalEmbedding
@@ -15,13 +18,21 @@ from tokenpos.numpy.module import Module
 from tokenpos.numpy.rotary import RotaryEmbedding
 from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.numpy.t5_bias import T5RelativePositionBias
-from tokenpos.tables.positional_config import PositionalConfig
+from tokenpos.tables.embedding_args import positional_choice_message
+from tokenpos.tables.errors import ConfigError
 
 
 class NoPositionalEncoding(Module):
     """NoPE: no positional information at all (causal attention alone carries order)."""
 
     kind = "none"
+    name = "none"
+
+    def __init__(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        super().__init__()
+
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """Nothing to draw."""
 
     def forward(self, seq_len_or_positions: Any) -> None:  # pragma: no cover - never added
         return None
@@ -30,42 +41,26 @@ class NoPositionalEncoding(Module):
         return "NoPE"
 
 
-def _learned(cfg: PositionalConfig) -> Module:
-    return LearnedPositionalEmbedding(cfg.max_seq_len, cfg.d_model, init=cfg.init, std=cfg.std,
-                                      padding_idx=cfg.position_padding_idx, dtype=cfg.dtype, rng=cfg.rng)
+def build_shortcut(name: str, *, d_model: int, max_seq_len: int, num_heads: int | None,
+                   position_padding_idx: int | None, init: str, std: float, dtype: Any,
+                   rng: np.random.Generator) -> Module:
+    """The scheme a string shortcut of ``tables.embedding_args.POSITIONAL_SHORTCUTS`` stands for,
+    with its defaults (arguments already checked; H is set for "rope", "alibi" and "t5").
 
-
-def _sinusoidal(cfg: PositionalConfig) -> Module:
-    return SinusoidalPositionalEncoding(cfg.max_seq_len, cfg.d_model, base=cfg.base,
-                                        layout=cfg.sinusoidal_layout, dtype=cfg.dtype)
-
-
-def _none(cfg: PositionalConfig) -> Module:
-    return NoPositionalEncoding()
-
-
-# --- attention-level schemes (issue #4): rotary rotates q/k, bias schemes add to the logits ---
-def _rope(cfg: PositionalConfig) -> Module:
-    return RotaryEmbedding(cfg.resolved_head_dim(), base=cfg.base, max_seq_len=cfg.max_seq_len,
-                           scaling=cfg.rope_scaling, interleaved=cfg.rope_interleaved,
-                           rotary_dim=cfg.rotary_dim)
-
-
-def _alibi(cfg: PositionalConfig) -> Module:
-    return ALiBi(cfg.resolved_num_heads("alibi"), dtype=cfg.dtype)
-
-
-def _t5(cfg: PositionalConfig) -> Module:
-    return T5RelativePositionBias(cfg.resolved_num_heads("t5"), bidirectional=cfg.t5_bidirectional,
-                                  num_buckets=cfg.t5_num_buckets, max_distance=cfg.t5_max_distance,
-                                  init=cfg.init, std=cfg.std, dtype=cfg.dtype, rng=cfg.rng)
-
-
-POSITIONAL_BUILDERS: dict[str, Callable[[PositionalConfig], Module]] = {
-    "learned": _learned,
-    "sinusoidal": _sinusoidal,
-    "none": _none,
-    "rope": _rope,
-    "alibi": _alibi,
-    "t5": _t5,
-}
+    Pass a scheme object to TransformerEmbedding for any other setting (rope scaling, layouts,
+    T5 buckets, ...).
+    """
+    if name == "learned":          # position_padding_idx: RoBERTa's padding position, or None
+        return LearnedPositionalEmbedding(max_seq_len, d_model, init=init, std=std, padding_idx=position_padding_idx,
+                                          dtype=dtype, rng=rng)
+    if name == "sinusoidal":
+        return SinusoidalPositionalEncoding(max_seq_len, d_model, dtype=dtype)
+    if name == "rope":
+        return RotaryEmbedding(d_model // int(num_heads), max_seq_len=max_seq_len)   # type: ignore[arg-type]
+    if name == "alibi":
+        return ALiBi(int(num_heads), dtype=dtype)                                  # type: ignore[arg-type]
+    if name == "t5":
+        return T5RelativePositionBias(int(num_heads), init=init, std=std, dtype=dtype, rng=rng)  # type: ignore[arg-type]
+    if name == "none":
+        return NoPositionalEncoding()
+    raise ConfigError(positional_choice_message(name, "numpy"))

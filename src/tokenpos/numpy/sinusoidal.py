@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module
 from tokenpos.tables.sinusoidal import LAYOUTS, sinusoidal_encoding, sinusoidal_table
 from tokenpos.tables.validation import (
@@ -31,6 +32,7 @@ class SinusoidalPositionalEncoding(Module):
     """
 
     kind = "additive"
+    name = "sinusoidal"
 
     def __init__(self, max_seq_len: int, d_model: int, *, base: float = 10000.0, layout: str = "interleaved",
                  dtype: Any = np.float32, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
@@ -44,12 +46,25 @@ class SinusoidalPositionalEncoding(Module):
         self.table = sinusoidal_table(self.max_seq_len, self.d_model, base=self.base,
                                       layout=self.layout).astype(self.dtype)   # (P, D) buffer
 
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """Nothing to draw: the table is fixed (seed/rng accepted so every scheme resets alike)."""
+
     def forward(self, seq_len_or_positions: Any) -> np.ndarray:
-        """Rows of the table; positions >= max_seq_len are computed in float64, then cast."""
+        """Rows of the table, (L, D) or (..., D); positions >= max_seq_len are computed in float64, then cast."""
         pos = check_seq_len_or_positions(seq_len_or_positions)
-        if pos.size == 0 or int(pos.max()) < self.max_seq_len:
-            return self.table[pos]
-        return sinusoidal_encoding(pos, self.d_model, base=self.base, layout=self.layout).astype(self.dtype)
+        table, index, _ = self.table_for(pos, pos.shape)
+        return F.embedding_forward(table, index)[0]
+
+    def table_for(self, positions: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, None]:
+        """The additive-scheme lookup: (table (P', D), row index of each position, None: no gradient).
+
+        Inside the precomputed rows: the table itself. Beyond them: the rows of exactly these
+        positions, computed now (flattened, (N, D)), indexed by ``arange(N)`` in ``positions``' shape.
+        """
+        if positions.size == 0 or int(positions.max()) < self.max_seq_len:
+            return self.table, positions, None
+        rows = sinusoidal_encoding(positions.reshape(-1), self.d_model, base=self.base, layout=self.layout)
+        return rows.astype(self.dtype), np.arange(positions.size).reshape(positions.shape), None
 
     def backward(self, grad_output: np.ndarray) -> None:
         """Nothing to learn: the table is fixed."""

@@ -33,6 +33,7 @@ class T5RelativePositionBias(Module):
     """
 
     kind = "bias"
+    name = "t5"
 
     def __init__(self, num_heads: int, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128,
                  init: str = "normal", std: float = 0.02, dtype: Any = np.float32, seed: int | None = None,

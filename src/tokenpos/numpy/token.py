@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos._config import kernels_enabled
-from tokenpos.kernels.embedding import embedding_backward, embedding_forward
+from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
+from tokenpos.tables.embedding_args import check_scale
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import RESIZE_INITS, init_weight, resolve_rng
 from tokenpos.tables.validation import (
@@ -24,8 +24,6 @@ from tokenpos.tables.validation import (
     check_token_ids,
 )
 
-_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
 
 class TokenEmbedding(Module):
     """Token ids -> vectors, optionally scaled by sqrt(d_model).
@@ -35,7 +33,7 @@ class TokenEmbedding(Module):
         d_model: D > 0.
         init: "normal" (N(0, std)), "trunc_normal" (+-2 std), "xavier_uniform", "standard_normal", "zeros".
         std: the std of the normal schemes.
-        scale: multiply the output by sqrt(D) (Vaswani et al.).
+        scale: a bool switch: multiply the output by ``multiplier`` = sqrt(D) (Vaswani et al.).
         padding_idx: that row starts at zero and never receives gradient from lookups.
         dtype: float16, float32 (default) or float64.
         seed / rng: the explicit source of the initial weights.
@@ -51,17 +49,20 @@ class TokenEmbedding(Module):
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
         self.padding_idx = check_padding_idx(padding_idx, self.vocab_size)
-        self.scale = bool(scale)
+        self.scale = check_scale(scale)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
         self.weight = Parameter(np.empty((self.vocab_size, self.d_model), self.dtype))
         self.reset_parameters(rng=resolve_rng(seed, rng))
-        self._cache: tuple[np.ndarray, tuple[int, ...]] | None = None
+        self._cache: F.EmbeddingCache | None = None
         self._attend_cache: np.ndarray | None = None
 
     @property
     def multiplier(self) -> float:
-        """sqrt(D) when ``scale`` else 1.0."""
+        """The float the rows are multiplied by: sqrt(D) when the switch ``scale`` is True, else 1.0.
+
+        A Python float, never rounded to the table dtype first (float16 tables multiply in float32).
+        """
         return math.sqrt(self.d_model) if self.scale else 1.0
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
@@ -84,36 +85,21 @@ class TokenEmbedding(Module):
 
     # -- lookup ------------------------------------------------------------------------------
     def forward(self, ids: Any) -> np.ndarray:
-        """ids (...) -> (..., D). Bad ids raise TokenIdError naming the value and the range."""
+        """ids (...) -> W[ids] * multiplier, (..., D). Bad ids raise TokenIdError naming the value and the range."""
         ids = check_token_ids(ids, self.vocab_size)
-        if kernels_enabled() and self.dtype in _FUSED_DTYPES:
-            out = embedding_forward(self.weight.data, ids, scale=self.multiplier)
-        else:
-            out = self.weight.data[ids]                               # (..., D)
-            if self.scale:
-                out *= self.dtype.type(self.multiplier)
-        self._cache = (ids.reshape(-1), ids.shape)
+        out, self._cache = F.embedding_forward(self.weight.data, ids, scale=self.multiplier,
+                                               padding_idx=self.padding_idx)
         return out
 
     def backward(self, grad_output: np.ndarray) -> None:
         """Accumulate the row-sparse gradient of the last forward; returns None (ids are not float)."""
-        flat_ids, shape = self._cached(self._cache)
+        cache = self._cached(self._cache)
         grad = np.asarray(grad_output)
-        if grad.shape != shape + (self.d_model,):
-            raise ValueError(f"grad_output must have shape {shape + (self.d_model,)}, got {grad.shape}")
-        if kernels_enabled() and grad.dtype in _FUSED_DTYPES and self.weight.requires_grad:
-            uniq, rows, _ = embedding_backward(grad.reshape(-1, self.d_model), flat_ids, scale=self.multiplier,
-                                               padding_idx=self.padding_idx)
-            self.weight.accumulate_rows(uniq, rows, coalesced=True)
-            return
-        self.accumulate_lookup_grad(flat_ids, grad.reshape(-1, self.d_model) * self.multiplier)
-
-    def accumulate_lookup_grad(self, flat_ids: np.ndarray, rows: np.ndarray) -> None:
-        """Add ``rows`` (n, D) to the rows ``flat_ids`` (n,), skipping the padding row."""
-        if self.padding_idx is not None:
-            keep = flat_ids != self.padding_idx
-            flat_ids, rows = flat_ids[keep], rows[keep]
-        self.weight.accumulate_rows(flat_ids, rows)
+        if grad.shape != cache.ids.shape + (self.d_model,):
+            raise ValueError(f"grad_output must have shape {cache.ids.shape + (self.d_model,)}, got {grad.shape}")
+        if self.weight.requires_grad:
+            (ids, rows), _ = F.embedding_backward(grad, cache)
+            self.weight.accumulate_rows(ids, rows, coalesced=True)
 
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: np.ndarray) -> np.ndarray:

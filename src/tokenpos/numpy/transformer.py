@@ -1,37 +1,47 @@
 """TransformerEmbedding: token table (+ sqrt(D) scale) + positions + token types, norm, dropout.
 
-    x = W[ids] * s + P(positions) + T[token_type_ids]      (P only for additive schemes)
-    y = dropout(norm(x))
+    x = W[ids] * s + P[positions] + T[token_type_ids]      (P only for additive schemes, T only with token types)
+    y = dropout(norm(x))                                  (s = sqrt(D) when scale=True, else 1)
+
+Each step is one call of ``tokenpos.numpy.functional``; without norm and token types the first call
+also applies the dropout (one fused pass on the kernel path).
 
 Shapes: B batch, L length, D d_model; ids (B, L) -> (B, L, D) and ids (L,) -> (L, D).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tokenpos._config import kernels_enabled
-from tokenpos.kernels.embedding import embedding_backward, embedding_forward
-from tokenpos.numpy.learned import LearnedPositionalEmbedding
-from tokenpos.numpy.module import Module
+from tokenpos.numpy import functional as F
+from tokenpos.numpy.module import Module, Parameter
 from tokenpos.numpy.norm import build_norm
-from tokenpos.numpy.schemes import POSITIONAL_BUILDERS
-from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
+from tokenpos.numpy.schemes import build_shortcut
 from tokenpos.numpy.token import TokenEmbedding
-from tokenpos.tables.dropout import draw_seed, dropout_keep_mask
+from tokenpos.tables.dropout import draw_seed
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import resolve_rng
-from tokenpos.tables.positional_config import PositionalConfig
 from tokenpos.tables.positions import default_positions, positions_from_padding
-from tokenpos.tables.validation import (
-    check_positions,
-    check_token_ids,
-)
+from tokenpos.tables.validation import check_positions, check_token_ids
 
-_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+@dataclass(frozen=True)
+class TransformerCache:
+    """One forward's caches, in order: embedding (token + positions), token types, norm, dropout.
+
+    ``table_param`` is the learned positional Parameter that receives the table gradient, or None.
+    """
+
+    embedding: F.EmbeddingCache
+    token_type: F.EmbeddingCache | None
+    norm: F.NormCache | None
+    dropout: F.DropoutCache | None
+    table_param: Parameter | None
+    shape: tuple[int, ...]
 
 
 class TransformerEmbedding(Module):
@@ -39,14 +49,15 @@ class TransformerEmbedding(Module):
 
     Args:
         vocab_size, d_model, max_seq_len: V, D, and the positions a learned table can hold.
-        positional: "learned", "sinusoidal", "rope", "alibi", "t5", "none" (or None). Attention-level
-            schemes (rope, alibi, t5) add nothing here; ``self.position`` is the object that
-            ``scaled_dot_product_attention(..., positional=emb.position)`` uses.
+        positional: a shortcut "learned", "sinusoidal", "rope", "alibi", "t5", "none" (or None), built
+            with its defaults, or a NumPy scheme object carrying its own settings (for example
+            ``RotaryEmbedding(64, scaling={...})`` or ``SinusoidalPositionalEncoding(P, D, layout="half")``).
+            Attention-level schemes (rotary, bias) add nothing here; ``self.position`` is the object
+            that ``scaled_dot_product_attention(..., positional=emb.position)`` uses.
+        num_heads: H for the "rope" (head_dim = D // H), "alibi" and "t5" shortcuts; must divide D.
         scale: multiply token vectors by sqrt(D).
         dropout: drop probability in [0, 1), active only in training mode.
         padding_idx, init, std: token-table options (see TokenEmbedding).
-        base, sinusoidal_layout, num_heads, head_dim, rope_scaling, rope_interleaved, rotary_dim,
-        t5_num_buckets, t5_max_distance, t5_bidirectional: scheme options (see PositionalConfig).
         num_token_types: > 0 adds a (num_token_types, D) segment table (BERT).
         norm, norm_eps: None, "layernorm" or "rmsnorm" after the sum (BERT uses layernorm).
         position_ids: "default" (start_pos + arange(L)) or "padding" (RoBERTa: derived from
@@ -58,38 +69,42 @@ class TransformerEmbedding(Module):
     """
 
     def __init__(self, vocab_size: int, d_model: int, max_seq_len: int = 512, *,
-                 positional: Any = "learned", scale: bool = False, dropout: float = 0.0,
-                 padding_idx: int | None = None, init: str = "normal", std: float = 0.02,
-                 base: float = 10000.0, sinusoidal_layout: str = "interleaved",
-                 num_heads: int | None = None, head_dim: int | None = None,
-                 rope_scaling: dict[str, Any] | None = None, rope_interleaved: bool = False,
-                 rotary_dim: int | None = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
-                 t5_bidirectional: bool = True, num_token_types: int = 0, norm: str | None = None,
-                 norm_eps: float = 1e-5, position_ids: str = "default", dtype: Any = np.float32,
+                 positional: Any = "learned", num_heads: int | None = None, scale: bool = False,
+                 dropout: float = 0.0, padding_idx: int | None = None, init: str = "normal", std: float = 0.02,
+                 num_token_types: int = 0, norm: str | None = None, norm_eps: float = 1e-5,
+                 position_ids: str = "default", dtype: Any = np.float32,
                  seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         super().__init__()
-        args = check_embedding_args(positional=positional, max_seq_len=max_seq_len, dropout=dropout,
-                                    num_token_types=num_token_types, position_ids=position_ids,
-                                    padding_idx=padding_idx)
+        args = check_embedding_args(positional=positional, d_model=d_model, max_seq_len=max_seq_len,
+                                    dropout=dropout, num_token_types=num_token_types, position_ids=position_ids,
+                                    padding_idx=padding_idx, num_heads=num_heads, scale=scale,
+                                    backend="numpy", scheme_base=Module)
         self.positional, self.max_seq_len, self.dropout = args.positional, args.max_seq_len, args.dropout
         self.num_token_types, self.position_ids = args.num_token_types, args.position_ids
+        self.num_heads = args.num_heads
         self._rng = resolve_rng(seed, rng)
-        self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=scale,
+        self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=args.scale,
                                     padding_idx=padding_idx, dtype=dtype, rng=self._rng)
         self.d_model, self.dtype = self.token.d_model, self.token.dtype
-        cfg = PositionalConfig(
-            d_model=self.d_model, max_seq_len=self.max_seq_len, base=base, sinusoidal_layout=sinusoidal_layout,
-            num_heads=num_heads, head_dim=head_dim, rope_scaling=rope_scaling, rope_interleaved=rope_interleaved,
-            rotary_dim=rotary_dim, t5_num_buckets=t5_num_buckets, t5_max_distance=t5_max_distance,
-            t5_bidirectional=t5_bidirectional, init=init, std=std,
+        self.position: Any = args.scheme if args.scheme is not None else build_shortcut(
+            args.positional, d_model=self.d_model, max_seq_len=self.max_seq_len, num_heads=args.num_heads,
             position_padding_idx=padding_idx if self.position_ids == "padding" else None,
-            dtype=self.dtype, rng=self._rng)
-        self.position: Any = POSITIONAL_BUILDERS[self.positional](cfg)
+            init=init, std=std, dtype=self.dtype, rng=self._rng)
         self.token_type: TokenEmbedding | None = (
             TokenEmbedding(self.num_token_types, self.d_model, init=init, std=std, dtype=dtype, rng=self._rng)
             if self.num_token_types else None)
         self.norm: Any = build_norm(norm, self.d_model, norm_eps, self.dtype)
-        self._cache: dict[str, Any] | None = None
+        self._cache: TransformerCache | None = None
+
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """Re-draw every table (token, position, token type) from one generator, in that order."""
+        gen = resolve_rng(seed, rng)
+        self.token.reset_parameters(rng=gen)
+        self.position.reset_parameters(rng=gen)
+        if self.token_type is not None:
+            self.token_type.reset_parameters(rng=gen)
+        if self.norm is not None:
+            self.norm.reset_parameters()
 
     @property
     def vocab_size(self) -> int:
@@ -111,87 +126,62 @@ class TransformerEmbedding(Module):
             return positions_from_padding(ids, self.token.padding_idx, start_pos)
         return default_positions(ids.shape[-1], start_pos)
 
+    def _token_types(self, ids: np.ndarray, token_type_ids: Any) -> np.ndarray | None:
+        if self.token_type is None:
+            if token_type_ids is not None:
+                raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
+            return None
+        tt = np.zeros_like(ids) if token_type_ids is None else check_token_ids(token_type_ids, self.num_token_types)
+        if tt.shape != ids.shape:
+            raise ConfigError(f"token_type_ids must have shape {ids.shape}, got {tt.shape}")
+        return tt
+
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
                 token_type_ids: Any = None) -> np.ndarray:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any state changes."""
         ids = check_token_ids(ids, self.vocab_size)
         if ids.ndim not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
-        pos = self.resolve_positions(ids, positions, start_pos)
-        if self.num_token_types:
-            tt = np.zeros_like(ids) if token_type_ids is None else check_token_ids(token_type_ids, self.num_token_types)
-            if tt.shape != ids.shape:
-                raise ConfigError(f"token_type_ids must have shape {ids.shape}, got {tt.shape}")
-        elif token_type_ids is not None:
-            raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
-        additive = self.position.kind == "additive"
-        if isinstance(self.position, LearnedPositionalEmbedding):
-            check_positions(np.broadcast_to(pos, ids.shape), self.max_seq_len)   # before any state changes
-        seed = draw_seed(self._rng) if self.training and self.dropout > 0.0 else None
-        pos_table = self._fusable_pos_table(pos) if additive else None
-        if kernels_enabled() and self.norm is None and self.token_type is None and self.dtype in _FUSED_DTYPES \
-                and (pos_table is not None or not additive):
-            x = embedding_forward(self.token.weight.data, ids, scale=self.token.multiplier, pos_table=pos_table,
-                                  pos_ids=pos if pos_table is not None else None,
-                                  dropout_p=self.dropout if seed is not None else 0.0, seed=seed or 0)
-            self._cache = {"shape": x.shape, "seed": seed, "additive": additive, "fused": (ids, pos)}
-            return x
-        if additive:
-            pos_rows = self.position(np.broadcast_to(pos, ids.shape))   # checks range first (learned)
-        x = self.token(ids)                                            # (..., D)
-        if self.token_type is not None:                                # HF's order: token + type + position
-            x += self.token_type(tt)
-        if additive:
-            x += pos_rows
-        if self.norm is not None:
-            x = self.norm(x)
-        if seed is not None:
-            keep = dropout_keep_mask(seed, x.shape, self.dropout)
-            x = np.where(keep, x * self.dtype.type(1.0 / (1.0 - self.dropout)), self.dtype.type(0.0))
-        self._cache = {"shape": x.shape, "seed": seed, "additive": additive, "fused": None}
-        return x.astype(self.dtype, copy=False)
-
-    def _fusable_pos_table(self, pos: np.ndarray) -> np.ndarray | None:
-        """The (P, D) table the fused kernel can index with ``pos``, or None (use the plain path)."""
-        if isinstance(self.position, LearnedPositionalEmbedding):
-            # the kernel's positional gradient has no padding row to skip (RoBERTa): plain path
-            return self.position.weight.data if self.position.padding_idx is None else None
-        if isinstance(self.position, SinusoidalPositionalEncoding) and (pos.size == 0 or
-                                                                          int(pos.max()) < self.max_seq_len):
-            return self.position.table
-        return None
+        pos = self.resolve_positions(ids, positions, start_pos)                 # (L,) or (B, L)
+        tt = self._token_types(ids, token_type_ids)
+        table, index, table_param = (self.position.table_for(pos, ids.shape) if self.position.kind == "additive"
+                                     else (None, None, None))                    # checks learned positions
+        p = self.dropout if self.training else 0.0
+        seed = draw_seed(self._rng) if p > 0.0 else 0                          # the last state change
+        late = self.norm is not None or tt is not None                          # dropout after the sum and norm
+        x, c_emb = F.embedding_forward(                                         # W[ids] * s + P[pos]
+            self.token.weight.data, ids, scale=self.token.multiplier, table=table, pos=index,
+            p=0.0 if late else p, seed=seed, padding_idx=self.token.padding_idx,
+            table_grad=table_param is not None and table_param.requires_grad,
+            table_padding_idx=getattr(self.position, "padding_idx", None))
+        c_tt = c_norm = c_drop = None
+        if tt is not None:                                                      # + T[token_type_ids]
+            t, c_tt = F.embedding_forward(self.token_type.weight.data, tt)      # type: ignore[union-attr]
+            x = x + t
+        if self.norm is not None:                                               # norm
+            x, c_norm = self.norm.norm_forward(x)
+        if late:                                                                # dropout
+            x, c_drop = F.dropout_forward(x, p=p, seed=seed)
+        self._cache = TransformerCache(c_emb, c_tt, c_norm, c_drop, table_param, x.shape)
+        return x
 
     def backward(self, grad_output: np.ndarray) -> None:
         """Gradients flow to the token table (row-sparse), learned positions, token types and norm."""
         cache = self._cached(self._cache)
         g = np.asarray(grad_output)
-        if g.shape != cache["shape"]:
-            raise ValueError(f"grad_output must have shape {cache['shape']}, got {g.shape}")
-        if cache["fused"] is not None:
-            fused_ids, fused_pos = cache["fused"]
-            self._fused_backward(g, fused_ids, fused_pos, cache["seed"])
-            return
-        if cache["seed"] is not None:
-            keep = dropout_keep_mask(cache["seed"], g.shape, self.dropout)
-            g = np.where(keep, g * (1.0 / (1.0 - self.dropout)), 0.0).astype(g.dtype)
-        if self.norm is not None:
-            g = self.norm.backward(g)
-        self.token.backward(g)
-        if cache["additive"]:
-            self.position.backward(g)
-        if self.token_type is not None:
-            self.token_type.backward(g)
-
-    def _fused_backward(self, g: np.ndarray, ids: np.ndarray, pos: np.ndarray, seed: int | None) -> None:
-        """The fused kernel's backward: row-sparse token rows and the dense learned-position gradient."""
-        learned = isinstance(self.position, LearnedPositionalEmbedding)
-        uniq, rows, pos_grad = embedding_backward(
-            g, ids, scale=self.token.multiplier, dropout_p=self.dropout if seed is not None else 0.0,
-            seed=seed or 0, padding_idx=self.token.padding_idx, pos_ids=pos if learned else None,
-            num_positions=self.max_seq_len if learned else None)
-        self.token.weight.accumulate_rows(uniq, rows, coalesced=True)
-        if learned and pos_grad is not None:
-            self.position.weight.accumulate(pos_grad)
+        if g.shape != cache.shape:
+            raise ValueError(f"grad_output must have shape {cache.shape}, got {g.shape}")
+        if cache.dropout is not None:
+            g = F.dropout_backward(g, cache.dropout)
+        if cache.norm is not None:
+            g = self.norm.norm_backward(g, cache.norm)
+        if cache.token_type is not None:
+            (ids, rows), _ = F.embedding_backward(g, cache.token_type)
+            self.token_type.weight.accumulate_rows(ids, rows, coalesced=True)   # type: ignore[union-attr]
+        (ids, rows), table_grad = F.embedding_backward(g, cache.embedding)
+        self.token.weight.accumulate_rows(ids, rows, coalesced=True)
+        if table_grad is not None:
+            cache.table_param.accumulate(table_grad)
 
     def extra_repr(self) -> str:
         s = f"{self.vocab_size}, {self.d_model}, max_seq_len={self.max_seq_len}, positional={self.positional!r}"

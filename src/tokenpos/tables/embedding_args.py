@@ -1,7 +1,16 @@
 """The checks of ``TransformerEmbedding``'s own arguments, shared by both backends.
 
-Scheme-specific options are checked by the scheme that uses them; token-table options by
-``TokenEmbedding``. What is left (the kind, lengths, dropout, token types, position ids) is here.
+``positional=`` is a string shortcut (built by the backend's ``schemes.py`` with its defaults) or a
+positional-scheme object. A scheme object is recognised by two class attributes:
+
+- ``kind``: its category, one of :data:`SCHEME_KINDS` ("additive" is added to the embeddings,
+  "rotary" rotates q and k, "bias" is added to the attention logits, "none" adds nothing);
+- ``name``: its registry string ("learned", "sinusoidal", "rope", "alibi", "t5", "none", ...).
+
+Scheme settings (rope scaling, T5 buckets, sinusoidal layout, ...) travel with the object; only
+``num_heads`` remains here, for the "rope" / "alibi" / "t5" shortcuts. Token-table options are
+checked by ``TokenEmbedding``. Everything is checked before any table is built, so a bad argument
+never leaves a half-made layer.
 """
 
 from __future__ import annotations
@@ -9,38 +18,150 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice, check_int, check_positive_int, check_probability
 
-POSITIONAL_KINDS = ("alibi", "learned", "none", "rope", "sinusoidal", "t5")
+POSITIONAL_SHORTCUTS = ("alibi", "learned", "none", "rope", "sinusoidal", "t5")
+SCHEME_KINDS = ("additive", "bias", "none", "rotary")
+HEADED_SHORTCUTS = ("alibi", "rope", "t5")          # the shortcuts that need num_heads
 POSITION_IDS = ("default", "padding")
 
 
-def resolve_positional_kind(positional: Any) -> str:
-    """None means "none"; anything else must be one of POSITIONAL_KINDS (the error lists them)."""
-    return check_choice("positional", "none" if positional is None else positional, POSITIONAL_KINDS)
+# ----------------------------------------------------------------------------------------------
+# Messages (both backends raise these texts)
+# ----------------------------------------------------------------------------------------------
+
+
+def positional_choice_message(value: Any, backend: str) -> str:
+    """``positional must be one of 'alibi', ...; or a numpy positional-scheme object; got 'x'``."""
+    listed = ", ".join(repr(c) for c in POSITIONAL_SHORTCUTS)
+    shown = repr(value) if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
+    return (f"positional must be one of {listed}, None, or a {backend} positional-scheme object "
+            f"(class attributes kind in {SCHEME_KINDS} and name); got {shown}")
+
+
+def scheme_backend_message(scheme: Any, backend: str) -> str:
+    """A scheme object of the other backend (e.g. a torch RotaryEmbedding given to a NumPy layer)."""
+    cls = type(scheme)
+    return (f"positional scheme {cls.__module__}.{cls.__qualname__} does not belong to the {backend} backend; "
+            f"expected an instance from tokenpos.{backend} (for example tokenpos.{backend}.{cls.__name__})")
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks
+# ----------------------------------------------------------------------------------------------
+
+
+def is_scheme(obj: Any) -> bool:
+    """Whether ``obj`` is a positional-scheme object: class attributes ``kind`` and ``name``."""
+    cls = type(obj)
+    return getattr(cls, "kind", None) in SCHEME_KINDS and isinstance(getattr(cls, "name", None), str)
+
+
+def check_positional(positional: Any, *, backend: str, scheme_base: type) -> Any:
+    """A shortcut string (None means "none") or a scheme object of ``backend`` (an instance of
+    ``scheme_base``, the backend's module class); returns the string or the object unchanged.
+
+    Raises:
+        ConfigError: anything else (the message lists the shortcuts), or a scheme object of the
+            other backend.
+    """
+    if positional is None:
+        return "none"
+    if isinstance(positional, str):
+        if positional not in POSITIONAL_SHORTCUTS:
+            raise ConfigError(positional_choice_message(positional, backend))
+        return positional
+    if not is_scheme(positional):
+        raise ConfigError(positional_choice_message(positional, backend))
+    if not isinstance(positional, scheme_base):
+        raise ConfigError(scheme_backend_message(positional, backend))
+    return positional
+
+
+def check_num_heads(num_heads: Any, d_model: int, positional: Any) -> int | None:
+    """H for the shortcuts that need it: a positive integer dividing D (Dh = D // H).
+
+    None is allowed where no shortcut needs it. With a scheme object, a given ``num_heads`` must
+    equal the object's own ``num_heads`` (when it has one).
+    """
+    shortcut = positional if isinstance(positional, str) else None
+    if num_heads is None:
+        if shortcut in HEADED_SHORTCUTS:
+            raise ConfigError(f"positional={shortcut!r} needs num_heads= (a positive divisor of d_model={d_model}); "
+                              f"got None")
+        return None
+    h = check_positive_int("num_heads", num_heads)
+    if d_model % h:
+        raise ConfigError(f"num_heads must divide d_model={d_model} (head_dim = d_model // num_heads); got {h}")
+    own = getattr(positional, "num_heads", None) if shortcut is None else None
+    if own is not None and own != h:
+        raise ConfigError(f"num_heads={h} disagrees with the positional scheme's num_heads={own}")
+    return h
+
+
+def check_scheme_width(scheme: Any, d_model: int) -> None:
+    """An additive scheme object must produce rows of width D."""
+    if type(scheme).kind == "additive" and getattr(scheme, "d_model", d_model) != d_model:
+        raise ConfigError(f"the additive positional scheme has d_model={scheme.d_model}, "
+                          f"expected the embedding's d_model={d_model}")
+
+
+def check_scale(scale: Any) -> bool:
+    """``scale`` is a bool switch (multiply token vectors by sqrt(D)); strings and numbers are refused."""
+    if not isinstance(scale, (bool, np.bool_)):
+        raise ConfigError(f"scale must be True or False, got {scale!r} ({type(scale).__name__})")
+    return bool(scale)
 
 
 @dataclass(frozen=True)
 class EmbeddingArgs:
-    """The validated arguments: positional kind, max_seq_len, dropout p, num_token_types, position_ids."""
+    """The validated arguments of TransformerEmbedding.
+
+    Attributes:
+        positional: the scheme's registry name (the shortcut, or ``type(scheme).name``).
+        scheme: the scheme object that was passed, or None for a shortcut (the backend builds it).
+        num_heads: H or None.
+        d_model, max_seq_len, dropout, num_token_types, position_ids, scale: as passed, checked.
+    """
 
     positional: str
+    scheme: Any
+    num_heads: int | None
+    d_model: int
     max_seq_len: int
     dropout: float
     num_token_types: int
     position_ids: str
+    scale: bool
 
 
-def check_embedding_args(*, positional: Any, max_seq_len: Any, dropout: Any, num_token_types: Any,
-                         position_ids: Any, padding_idx: Any) -> EmbeddingArgs:
-    """Validate before any table is built, so a bad argument never leaves a half-made layer."""
+def check_embedding_args(*, positional: Any, d_model: Any, max_seq_len: Any, dropout: Any, num_token_types: Any,
+                         position_ids: Any, padding_idx: Any, num_heads: Any, scale: Any, backend: str,
+                         scheme_base: type) -> EmbeddingArgs:
+    """Validate every TransformerEmbedding argument that is not the token table's own.
+
+    Args:
+        backend: "numpy" or "torch" (named in messages).
+        scheme_base: the backend's module base class; scheme objects must be instances of it.
+    """
+    d = check_positive_int("d_model", d_model)
+    choice = check_positional(positional, backend=backend, scheme_base=scheme_base)
+    scheme = None if isinstance(choice, str) else choice
+    if scheme is not None:
+        check_scheme_width(scheme, d)
     args = EmbeddingArgs(
-        positional=resolve_positional_kind(positional),
+        positional=choice if scheme is None else type(scheme).name,
+        scheme=scheme,
+        num_heads=check_num_heads(num_heads, d, choice),
+        d_model=d,
         max_seq_len=check_positive_int("max_seq_len", max_seq_len),
         dropout=check_probability("dropout", dropout),
         num_token_types=check_int("num_token_types", num_token_types, minimum=0),
         position_ids=check_choice("position_ids", position_ids, POSITION_IDS),
+        scale=check_scale(scale),
     )
     if args.position_ids == "padding" and padding_idx is None:
         raise ConfigError("position_ids='padding' (RoBERTa) needs padding_idx; got None")

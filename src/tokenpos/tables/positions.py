@@ -9,13 +9,34 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.tables.errors import PositionError
 from tokenpos.tables.validation import check_int
+
+MAX_POSITION = int(np.iinfo(np.int64).max)     # positions are int64
+
+
+def start_pos_overflow_message(start_pos: int, seq_len: int) -> str:
+    """``start_pos 9223372036854775806 + seq_len 3 ... exceeds ...``: the last position is not an int64."""
+    return (f"start_pos {start_pos} + seq_len {seq_len} puts the last position at {start_pos + seq_len - 1}, "
+            f"beyond the largest int64 position {MAX_POSITION}; expected start_pos <= {MAX_POSITION - seq_len + 1}")
+
+
+def check_start_pos(start_pos: Any, seq_len: int) -> int:
+    """A non-negative int whose positions ``start_pos .. start_pos + L - 1`` fit in int64.
+
+    Raises:
+        ConfigError: not an integer, or negative. PositionError: the last position overflows int64.
+    """
+    start_pos = check_int("start_pos", start_pos, minimum=0)
+    if seq_len > 0 and start_pos + seq_len - 1 > MAX_POSITION:
+        raise PositionError(start_pos_overflow_message(start_pos, seq_len))
+    return start_pos
 
 
 def default_positions(seq_len: int, start_pos: int = 0) -> np.ndarray:
     """``start_pos + arange(L)``: shape (L,), int64 (decoding with a cache passes start_pos > 0)."""
-    start_pos = check_int("start_pos", start_pos, minimum=0)
-    return np.arange(start_pos, start_pos + seq_len, dtype=np.int64)
+    start_pos = check_start_pos(start_pos, seq_len)
+    return np.arange(seq_len, dtype=np.int64) + np.int64(start_pos)
 
 
 def positions_from_padding(ids: Any, padding_idx: int, start_pos: int = 0) -> np.ndarray:
@@ -29,7 +50,7 @@ def positions_from_padding(ids: Any, padding_idx: int, start_pos: int = 0) -> np
     Returns:
         int64 array of the same shape.
     """
-    start_pos = check_int("start_pos", start_pos, minimum=0)
     ids = np.asarray(ids)
+    start_pos = check_start_pos(start_pos, padding_idx + 1 + (ids.shape[-1] if ids.ndim else 1))
     mask = (ids != padding_idx).astype(np.int64)
     return (np.cumsum(mask, axis=-1) + start_pos) * mask + padding_idx

@@ -7,11 +7,13 @@ state_dict keys of ``tokenpos.numpy``, built on the same ``tokenpos.tables``.
     torch.Size([2, 4, 768])
 
 Id/position value checks run on CPU tensors always, on other devices only after
-``set_device_checks(True)``, and never inside ``torch.compile`` (see ``tokenpos.torch._checks``).
+``set_device_checks(True)`` (``tokenpos._config``), and never inside ``torch.compile`` (see
+``tokenpos.torch._checks``). The fused computations are the custom ops of ``tokenpos.torch.ops``.
 """
 
+from tokenpos._config import device_checks_enabled, set_device_checks
 from tokenpos.tables.errors import ConfigError, PositionError, StateDictError, TokenIdError
-from tokenpos.torch._checks import device_checks_enabled, set_device_checks
+from tokenpos.torch import ops
 from tokenpos.torch._dropout import dropout_keep_mask_torch
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.alibi import ALiBi
@@ -47,6 +49,7 @@ __all__ = [
     "device_checks_enabled",
     "dropout_keep_mask_torch",
     "from_hf",
+    "ops",
     "scaled_dot_product_attention",
     "set_device_checks",
 ]

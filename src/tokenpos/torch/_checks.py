@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tokenpos._config import device_checks_enabled
 from tokenpos.tables.errors import ConfigError, PositionError, TokenIdError
 from tokenpos.tables.validation import (
     check_positions,
@@ -33,22 +34,8 @@ from tokenpos.tables.validation import (
 )
 from tokenpos.tables.validation import check_token_ids as np_check_token_ids
 
-_DEVICE_CHECKS = False
-
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-
-
-def set_device_checks(enabled: bool) -> None:
-    """Opt in to value checks of ids/positions on non-CPU devices (costs a host sync per call)."""
-    global _DEVICE_CHECKS
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_device_checks expects a bool, got {enabled!r}")
-    _DEVICE_CHECKS = enabled
-
-
-def device_checks_enabled() -> bool:
-    return _DEVICE_CHECKS
 
 
 def is_compiling() -> bool:
@@ -56,9 +43,9 @@ def is_compiling() -> bool:
 
 
 def _value_checks_apply(t: torch.Tensor) -> bool:
-    if is_compiling():
+    if is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(t):    # vmap: no .item() to read
         return False
-    return t.device.type == "cpu" or _DEVICE_CHECKS
+    return t.device.type == "cpu" or device_checks_enabled()
 
 
 def resolve_dtype(dtype: Any) -> torch.dtype:

@@ -1,21 +1,10 @@
-"""The fused numba kernels behind the torch layers: autograd Functions over zero-copy ``.numpy()`` views.
+"""TRANSITIONAL: the RoPE autograd Function that ``torch/rotary.py`` still calls.
 
-A layer asks :func:`fusable` first: the kernels apply when ``tokenpos.kernels_enabled()``, outside
-``torch.compile`` tracing and ``torch.func`` transforms (grad, vmap, ...: their wrapped tensors have
-no NumPy view), to CPU tensors of one dtype, float32 or float64. Everything else (GPUs, bf16 / fp16,
-compiled graphs, transforms) takes the layer's plain torch path, which gives the same numbers up to
-float rounding and the same dropout masks bit for bit.
+The embedding path moved to the ``tokenpos::embedding`` custom op (``tokenpos.torch.ops``). RoPE has
+its op too (``tokenpos::rope`` / ``tokenpos::rope_qk``); once ``torch/rotary.py`` calls those, this
+module is dead and is deleted.
 
-Outputs are the kernels' own arrays wrapped by ``torch.from_numpy`` (no copy). The kernels hand out
-large outputs from a small pool of dead same-size buffers (``tokenpos.kernels._pool``), which saves
-the page faults a fresh ``torch.empty`` of tens of MB costs on every call.
-
-When nothing needs a gradient (``torch.no_grad()``, ``inference_mode``, frozen tables) the kernel is
-called directly; otherwise through a ``torch.autograd.Function`` whose backward is the kernel's own
-(the dropout mask is recomputed from the seed; nothing but the ids and positions is saved).
-
-Shapes: V vocab, D model dim, P positions, ids (...); q (B, H, L, Dh), k (B, Hk, L, Dh), cos / sin
-(L, R/2) or (B, L, R/2) with R the rotary dim.
+Shapes: q (B, H, L, Dh), k (B, Hk, L, Dh), cos / sin (L, R/2) or (B, L, R/2) with R the rotary dim.
 """
 
 from __future__ import annotations
@@ -27,10 +16,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from tokenpos._config import kernels_enabled
-from tokenpos.kernels.embedding import embedding_backward, embedding_forward
 from tokenpos.kernels.rope import rope_apply, rope_apply_backward
-from tokenpos.tables.validation import check_token_ids as np_check_token_ids
-from tokenpos.torch._checks import _INT_DTYPES as INT_DTYPES
 
 FUSED_DTYPES = (torch.float32, torch.float64)
 # torch.func transforms wrap tensors (no storage to view); a private flag, so look it up defensively
@@ -53,62 +39,6 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy() if t.requires_grad else t.numpy()
 
 
-# ----------------------------------------------------------------------------------------------
-# embedding: gather * scale + positional row + dropout
-# ----------------------------------------------------------------------------------------------
-
-
-def checked_ids(ids: Any, vocab_size: int) -> np.ndarray | None:
-    """The zero-copy int64 view of CPU integer ids with every value checked in [0, vocab_size), or
-    None when ids are not a CPU integer tensor (the caller then runs the torch check).
-
-    Raises:
-        TokenIdError: a value out of range, with the shared message (the torch check raises through
-            this same NumPy check).
-    """
-    if not isinstance(ids, torch.Tensor) or not ids.is_cpu or ids.dtype not in INT_DTYPES:
-        return None
-    return np_check_token_ids(ids.numpy(), vocab_size)
-
-
-Positions = torch.Tensor | np.ndarray | None
-
-
-def _pos_np(pos: Positions) -> np.ndarray | None:
-    return pos if pos is None or isinstance(pos, np.ndarray) else pos.numpy()
-
-
-class _Embedding(torch.autograd.Function):
-    """weight (V, D), table (P, D) | None, ids (...), pos (...) | trailing part | None -> (..., D)."""
-
-    @staticmethod
-    def forward(ctx: Any, weight: torch.Tensor, table: torch.Tensor | None, ids: torch.Tensor, pos: Positions,
-                scale: float, p: float, seed: int, padding_idx: int | None) -> torch.Tensor:
-        # tensors through save_for_backward (version-checked, as F.embedding); a NumPy pos is the layer's own
-        tensor_pos = isinstance(pos, torch.Tensor)
-        ctx.save_for_backward(ids, pos if tensor_pos else None)
-        ctx.args = (weight.shape, None if table is None else table.shape[0], scale, p, seed, padding_idx,
-                    None if tensor_pos else pos)
-        return _embedding_forward(weight, table, ids, pos, scale, p, seed)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        need_w, need_t = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        ids, pos = ctx.saved_tensors
-        shape, P, scale, p, seed, padding_idx, pos_np = ctx.args
-        uniq, rows, pos_grad = embedding_backward(
-            _np(grad), ids.numpy(), scale=scale, dropout_p=p, seed=seed, padding_idx=padding_idx,
-            pos_ids=_pos_np(pos if pos_np is None else pos_np) if need_t else None,
-            num_positions=P if need_t else None)
-        grad_w = None
-        if need_w:                                     # dense, like F.embedding(sparse=False)
-            grad_w = torch.zeros(shape, dtype=grad.dtype)
-            grad_w.index_copy_(0, torch.from_numpy(uniq), torch.from_numpy(rows))
-        grad_t = torch.from_numpy(pos_grad) if need_t and pos_grad is not None else None
-        return grad_w, grad_t, None, None, None, None, None, None
-
-
 def _direct_apply(fn: type[torch.autograd.Function]) -> Any:
     """``fn.apply`` without its Python preamble, which only serves ``torch.func`` transforms (they
     never reach here: :func:`fusable` refuses them) and ``setup_context`` Functions (not these).
@@ -116,31 +46,6 @@ def _direct_apply(fn: type[torch.autograd.Function]) -> Any:
     """
     return super(torch.autograd.Function, fn).apply  # type: ignore[misc]
 
-
-def _embedding_forward(weight: torch.Tensor, table: torch.Tensor | None, ids: torch.Tensor,
-                       pos: Positions, scale: float, p: float, seed: int) -> torch.Tensor:
-    out = embedding_forward(_np(weight), ids.numpy(), scale=scale,
-                            pos_table=None if table is None else _np(table),
-                            pos_ids=_pos_np(pos), dropout_p=p, seed=seed)
-    return torch.from_numpy(out)
-
-
-_EMBEDDING_APPLY = _direct_apply(_Embedding)
-
-
-def embedding(weight: torch.Tensor, ids: torch.Tensor, *, scale: float = 1.0, table: torch.Tensor | None = None,
-              pos: Positions = None, dropout_p: float = 0.0, seed: int = 0,
-              padding_idx: int | None = None) -> torch.Tensor:
-    """``dropout(weight[ids] * scale + table[pos])`` on CPU through the fused kernel: (...) -> (..., D).
-
-    ``ids`` is a checked CPU integer tensor, ``pos`` checked CPU integer positions (a tensor or a
-    NumPy array that nobody writes; the ids' shape or a trailing part); ``table`` has the weight's
-    dtype. Gradients reach ``weight`` (dense; ``padding_idx`` gets none) and ``table`` when they
-    require grad and grad mode is on.
-    """
-    if torch.is_grad_enabled() and (weight.requires_grad or (table is not None and table.requires_grad)):
-        return _EMBEDDING_APPLY(weight, table, ids, pos, scale, dropout_p, seed, padding_idx)
-    return _embedding_forward(weight, table, ids, pos, scale, dropout_p, seed)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from tokenpos.tables.alibi import alibi_slopes, bias_length_message
@@ -30,14 +31,17 @@ class ALiBi(TokenposModule):
     Args:
         num_heads: H (non-powers of two follow the paper / HF Bloom).
         device: factory kwarg. dtype: the dtype of the returned bias (None = torch's default).
+        seed, rng: accepted as by every scheme; unused (the slopes are deterministic).
 
     Shape:
         bias(q_len, k_len) -> (H, Lq, Lk).
     """
 
     kind = "bias"
+    name = "alibi"
 
-    def __init__(self, num_heads: int, *, device: Any = None, dtype: Any = None) -> None:
+    def __init__(self, num_heads: int, *, device: Any = None, dtype: Any = None, seed: int | None = None,
+                 rng: np.random.Generator | None = None) -> None:
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.dtype = resolve_dtype(dtype)
@@ -48,8 +52,8 @@ class ALiBi(TokenposModule):
         self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """(Re)fill the slopes from ``tokenpos.tables``."""
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """(Re)fill the slopes from ``tokenpos.tables`` (seed / rng unused: nothing is random)."""
         if not self.slopes.is_meta:
             self.slopes = torch.from_numpy(alibi_slopes(self.num_heads)).to(self.slopes.device,
                                                                              _calc_dtype(self.slopes.device))

@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tokenpos.tables.init import INIT_SCHEMES
 from tokenpos.tables.validation import check_choice, check_padding_idx, check_positive_int
-from tokenpos.torch._checks import as_index, check_position_tensor, check_seq_len, is_seq_len, resolve_dtype
+from tokenpos.torch._checks import check_position_tensor, check_seq_len, is_seq_len, resolve_dtype
 from tokenpos.torch._init import fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
+from tokenpos.torch.ops import embed
 
 
 class LearnedPositionalEmbedding(TokenposModule):
@@ -26,6 +26,8 @@ class LearnedPositionalEmbedding(TokenposModule):
         max_seq_len: P > 0, the number of positions.
         d_model: D > 0.
         init, std: the init scheme (see ``tokenpos.tables.init_weight``).
+        padding_idx: a position whose row starts at zero and never receives gradient (RoBERTa's
+            padding position); None for none.
         device, dtype: factory kwargs (dtype: float16, bfloat16, float32, float64; None = default).
         seed / rng: NumPy-backend-identical initialisation; generator: a torch.Generator to seed from.
 
@@ -37,6 +39,7 @@ class LearnedPositionalEmbedding(TokenposModule):
     """
 
     kind = "additive"
+    name = "learned"
 
     def __init__(self, max_seq_len: int, d_model: int, *, init: str = "normal", std: float = 0.02,
                  padding_idx: int | None = None, device: Any = None, dtype: Any = None, seed: int | None = None,
@@ -56,15 +59,14 @@ class LearnedPositionalEmbedding(TokenposModule):
         fill_init_(self.weight, self.init, self.std, resolve_torch_rng(seed, rng, generator), self.padding_idx)
 
     def forward(self, seq_len_or_positions: Any) -> torch.Tensor:
-        """An int L gives rows 0..L-1, (L, D); positions (...) give (..., D)."""
+        """An int L gives rows 0..L-1, (L, D); positions (...) give (..., D). Always a new tensor
+        (never a view of ``weight``, so in-place ops on the output leave the layer unchanged)."""
         if is_seq_len(seq_len_or_positions):
             L = check_seq_len(seq_len_or_positions, self.max_seq_len)
-            if self.padding_idx is None:
-                return self.weight[:L]
             pos = torch.arange(L, device=self.weight.device)
         else:
             pos = check_position_tensor(seq_len_or_positions, self.max_seq_len, device=self.weight.device)
-        return F.embedding(as_index(pos), self.weight, padding_idx=self.padding_idx)   # (..., D)
+        return embed(self.weight, pos, padding_idx=-1 if self.padding_idx is None else self.padding_idx)
 
     def extra_repr(self) -> str:
         return f"{self.max_seq_len}, {self.d_model}, dtype={self.weight.dtype}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,7 +34,8 @@ class LayerNorm(TokenposModule):
         self.bias = nn.Parameter(torch.empty(self.d_model, **factory))
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """weight = 1, bias = 0 (seed / rng accepted like every layer's; nothing is random)."""
         nn.init.ones_(self.weight)
         nn.init.zeros_(self.bias)
 
@@ -55,7 +57,8 @@ class RMSNorm(TokenposModule):
         self.weight = nn.Parameter(torch.empty(self.d_model, device=device, dtype=resolve_dtype(dtype)))
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """weight = 1 (seed / rng accepted like every layer's; nothing is random)."""
         nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,22 +1,24 @@
-"""The positional-scheme registry of the torch backend: kind name -> builder(PositionalConfig).
+"""The positional schemes of the torch backend: the string shortcuts and the NoPE object.
 
-Mirrors ``tokenpos/numpy/schemes.py``. Every scheme object has a ``kind`` class attribute
-(docs/DESIGN.md): "additive" (added to the embeddings), "rotary" (rotates q and k), "bias" (added to
-attention logits) or "none".
+Every scheme class has two class attributes (docs/DESIGN.md): ``kind``, its category ("additive" is
+added to the embeddings, "rotary" rotates q and k, "bias" is added to attention logits, "none"), and
+``name``, its registry string. ``TransformerEmbedding(positional=...)`` takes a torch scheme object
+(settings travel with it; the checks and messages are ``tables.embedding_args``'s, shared with
+NumPy) or one of the shortcuts below, built here with their defaults. Mirrors ``numpy/schemes.py``.
 
-In the torch backend ``cfg.dtype`` is a ``torch.dtype``, ``cfg.device`` the factory device, and
-``cfg.rng`` the ``np.random.Generator`` that initialises learned tables (already resolved by
-TransformerEmbedding, seeded from torch's generator when no seed was given).
+    TransformerEmbedding(V, D, positional=T5RelativePositionBias(12, num_buckets=64, bidirectional=False))
+    TransformerEmbedding(V, D, positional="rope", num_heads=12)            # shortcut, default settings
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from torch import nn
 
-from tokenpos.tables.positional_config import PositionalConfig
+from tokenpos.tables.embedding_args import positional_choice_message
+from tokenpos.tables.errors import ConfigError
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.alibi import ALiBi
 from tokenpos.torch.learned import LearnedPositionalEmbedding
@@ -29,52 +31,40 @@ class NoPositionalEncoding(TokenposModule):
     """NoPE: no positional information at all (causal attention alone carries order)."""
 
     kind = "none"
+    name = "none"
 
-    def forward(self, seq_len_or_positions: Any) -> None:  # pragma: no cover - never added
+    def __init__(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        super().__init__()
+
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """Nothing to draw."""
+
+    def forward(self, seq_len_or_positions: Any) -> None:
         return None
 
     def extra_repr(self) -> str:
         return "NoPE"
 
 
-def _learned(cfg: PositionalConfig) -> nn.Module:
-    return LearnedPositionalEmbedding(cfg.max_seq_len, cfg.d_model, init=cfg.init, std=cfg.std,
-                                      padding_idx=cfg.position_padding_idx, device=cfg.device, dtype=cfg.dtype,
-                                      rng=cfg.rng)
-
-
-def _sinusoidal(cfg: PositionalConfig) -> nn.Module:
-    return SinusoidalPositionalEncoding(cfg.max_seq_len, cfg.d_model, base=cfg.base,
-                                        layout=cfg.sinusoidal_layout, device=cfg.device, dtype=cfg.dtype)
-
-
-def _none(cfg: PositionalConfig) -> nn.Module:
-    return NoPositionalEncoding()
-
-
-# --- attention-level schemes (issue #4): rotary rotates q/k, bias schemes add to the logits ---
-def _rope(cfg: PositionalConfig) -> nn.Module:
-    return RotaryEmbedding(cfg.resolved_head_dim(), base=cfg.base, max_seq_len=cfg.max_seq_len,
-                           scaling=cfg.rope_scaling, interleaved=cfg.rope_interleaved,
-                           rotary_dim=cfg.rotary_dim,
-                           device=cfg.device)
-
-
-def _alibi(cfg: PositionalConfig) -> nn.Module:
-    return ALiBi(cfg.resolved_num_heads("alibi"), dtype=cfg.dtype, device=cfg.device)
-
-
-def _t5(cfg: PositionalConfig) -> nn.Module:
-    return T5RelativePositionBias(cfg.resolved_num_heads("t5"), bidirectional=cfg.t5_bidirectional,
-                                  num_buckets=cfg.t5_num_buckets, max_distance=cfg.t5_max_distance,
-                                  init=cfg.init, std=cfg.std, dtype=cfg.dtype, rng=cfg.rng, device=cfg.device)
-
-
-POSITIONAL_BUILDERS: dict[str, Callable[[PositionalConfig], nn.Module]] = {
-    "learned": _learned,
-    "sinusoidal": _sinusoidal,
-    "none": _none,
-    "rope": _rope,
-    "alibi": _alibi,
-    "t5": _t5,
-}
+def build_shortcut(name: str, *, d_model: int, max_seq_len: int, num_heads: int | None,
+                   position_padding_idx: int | None, init: str, std: float, rng: np.random.Generator,
+                   device: Any = None, dtype: Any = None) -> nn.Module:
+    """The scheme a string shortcut of ``tables.embedding_args.POSITIONAL_SHORTCUTS`` stands for,
+    with its defaults (arguments already checked; H is set for "rope", "alibi" and "t5").
+    """
+    if name == "learned":          # position_padding_idx: RoBERTa's padding position, or None
+        return LearnedPositionalEmbedding(max_seq_len, d_model, init=init, std=std, padding_idx=position_padding_idx,
+                                          device=device, dtype=dtype, rng=rng)
+    if name == "sinusoidal":
+        return SinusoidalPositionalEncoding(max_seq_len, d_model, device=device, dtype=dtype)
+    if name == "rope":
+        return RotaryEmbedding(d_model // int(num_heads), max_seq_len=max_seq_len,   # type: ignore[arg-type]
+                               device=device)
+    if name == "alibi":
+        return ALiBi(int(num_heads), device=device, dtype=dtype)                   # type: ignore[arg-type]
+    if name == "t5":
+        return T5RelativePositionBias(int(num_heads), init=init, std=std, device=device,  # type: ignore[arg-type]
+                                      dtype=dtype, rng=rng)
+    if name == "none":
+        return NoPositionalEncoding()
+    raise ConfigError(positional_choice_message(name, "torch"))

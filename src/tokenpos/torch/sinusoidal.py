@@ -43,6 +43,7 @@ class SinusoidalPositionalEncoding(TokenposModule):
     """
 
     kind = "additive"
+    name = "sinusoidal"
     table: torch.Tensor
     inv_freq: torch.Tensor
 
@@ -64,8 +65,11 @@ class SinusoidalPositionalEncoding(TokenposModule):
         self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """(Re)compute the buffers from ``tokenpos.tables`` (e.g. after materialising from meta)."""
+    def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+        """(Re)compute the buffers from ``tokenpos.tables`` (e.g. after materialising from meta).
+
+        seed / rng are accepted (every scheme takes them) and unused: the table is deterministic.
+        """
         if self.table.is_meta:
             return
         table = sinusoidal_table(self.max_seq_len, self.d_model, base=self.base, layout=self.layout)
@@ -98,16 +102,16 @@ class SinusoidalPositionalEncoding(TokenposModule):
         return out.to(self.table.dtype)
 
     def forward(self, seq_len_or_positions: Any) -> torch.Tensor:
-        """Rows of the table; positions >= max_seq_len are computed, then cast."""
+        """Rows of the table (a new tensor, never a view of it); positions >= max_seq_len are computed."""
         if is_seq_len(seq_len_or_positions):
             L = check_seq_len(seq_len_or_positions, None)
             if L <= self.max_seq_len:
-                return self.table[:L]
+                return self.table[:L].clone()                                        # (L, D)
             return self.encode(torch.arange(L, device=self.table.device))
         pos = check_position_tensor(seq_len_or_positions, device=self.table.device)
         if is_compiling() or (pos.numel() and int(pos.max()) >= self.max_seq_len):
             return self.encode(pos)
-        return self.table[as_index(pos)]
+        return self.table[as_index(pos)]                                             # (..., D), a copy
 
     def extra_repr(self) -> str:
         return f"{self.max_seq_len}, {self.d_model}, base={self.base}, layout={self.layout!r}"

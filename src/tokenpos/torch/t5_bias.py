@@ -44,6 +44,7 @@ class T5RelativePositionBias(TokenposModule):
     """
 
     kind = "bias"
+    name = "t5"
 
     def __init__(self, num_heads: int, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128,
                  init: str = "normal", std: float = 0.02, device: Any = None, dtype: Any = None,

@@ -13,13 +13,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.errors import ConfigError, TokenIdError
 from tokenpos.tables.init import INIT_SCHEMES, RESIZE_INITS, init_weight
 from tokenpos.tables.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
-from tokenpos.torch import _fused
 from tokenpos.torch._checks import as_index, check_token_ids, resolve_dtype
 from tokenpos.torch._init import fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
+from tokenpos.torch.ops import embed
+
+
+def checked_ids(ids: Any, vocab_size: int, weight: torch.Tensor) -> torch.Tensor:
+    """The public-entry check of token ids for a table ``weight``: integer dtype, every value in
+    [0, vocab_size) (see ``torch._checks``), and values that exist: meta-device ids (no data) are
+    refused unless the table is on meta too.
+
+    Raises:
+        TokenIdError: the dtype, a value, or meta ids for a table with data.
+    """
+    if isinstance(ids, torch.Tensor) and ids.is_meta and not weight.is_meta:
+        raise TokenIdError(f"token ids are on the meta device (they hold no values), but the table is on "
+                           f"{weight.device}; expected ids on {weight.device} (or the CPU)")
+    return check_token_ids(ids, vocab_size, weight.device)
+
+
+def token_rows(token: TokenEmbedding, ids: torch.Tensor) -> torch.Tensor:
+    """``W[ids] * multiplier`` for checked ids (...) -> (..., D): the ``tokenpos::embedding`` op, or
+    ``F.embedding`` for a ``sparse=True`` table (row-sparse gradient)."""
+    if token.sparse:
+        out = F.embedding(as_index(ids), token.weight, token.padding_idx, sparse=True)      # (..., D)
+        return out * token.multiplier if token.scale else out
+    return embed(token.weight, ids, scale=token.multiplier, padding_idx=_pad(token.padding_idx))
+
+
+def _pad(padding_idx: int | None) -> int:
+    """The op's spelling of padding_idx: -1 for none."""
+    return -1 if padding_idx is None else padding_idx
 
 
 class TokenEmbedding(TokenposModule):
@@ -60,7 +88,7 @@ class TokenEmbedding(TokenposModule):
 
     @property
     def multiplier(self) -> float:
-        """sqrt(D) when ``scale`` else 1.0."""
+        """The float the rows are multiplied by: sqrt(D) when the bool ``scale`` is set, else 1.0."""
         return math.sqrt(self.d_model) if self.scale else 1.0
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None,
@@ -86,24 +114,8 @@ class TokenEmbedding(TokenposModule):
 
     # -- lookup ------------------------------------------------------------------------------
     def forward(self, ids: Any) -> torch.Tensor:
-        """ids (...) -> (..., D). Bad ids raise TokenIdError naming the value and the range."""
-        w = self.weight
-        if not self.sparse and _fused.fusable(w) and w.is_contiguous():
-            if _fused.checked_ids(ids, self.vocab_size) is not None:         # CPU int ids, checked on their view
-                return _fused.embedding(w, ids, scale=self.multiplier, padding_idx=self.padding_idx)
-        return self.lookup(check_token_ids(ids, self.vocab_size, self.weight.device))
-
-    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        """The lookup without validation (ids already checked): (...) -> (..., D).
-
-        CPU float32/float64 tables use the fused gather-and-scale kernel (dense gradient, as here);
-        ``sparse=True``, other devices and dtypes, and ``torch.compile`` use ``F.embedding``.
-        """
-        w = self.weight
-        if not self.sparse and _fused.fusable(w) and ids.is_cpu and w.is_contiguous():
-            return _fused.embedding(w, ids, scale=self.multiplier, padding_idx=self.padding_idx)
-        out = F.embedding(as_index(ids), self.weight, self.padding_idx, sparse=self.sparse)     # (..., D)
-        return out * self.multiplier if self.scale else out
+        """ids (...) -> (..., D) = W[ids] * multiplier. Bad ids raise TokenIdError naming the value and the range."""
+        return token_rows(self, checked_ids(ids, self.vocab_size, self.weight))
 
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: torch.Tensor) -> torch.Tensor:

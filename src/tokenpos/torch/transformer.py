@@ -4,13 +4,13 @@
     y = dropout(norm(x))
 
 (Hugging Face's summation order, in both backends, so ``from_hf`` reproduces BERT/RoBERTa bit for bit.)
+Without token types and norm, the whole line is ONE ``tokenpos::embedding`` op call.
 
 Shapes: B batch, L length, D d_model; ids (B, L) -> (B, L, D) and ids (L,) -> (L, D).
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import numpy as np
@@ -19,20 +19,17 @@ import torch
 from tokenpos.tables.dropout import SEED_MASK
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.positional_config import PositionalConfig
-from tokenpos.tables.validation import (
-    check_int,
-)
-from tokenpos.torch import _fused
+from tokenpos.tables.validation import check_int
 from tokenpos.torch._checks import check_position_tensor, check_token_ids, is_compiling, resolve_dtype
 from tokenpos.torch._dropout import dropout_torch
 from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.learned import LearnedPositionalEmbedding
 from tokenpos.torch.norm import build_norm
-from tokenpos.torch.schemes import POSITIONAL_BUILDERS
+from tokenpos.torch.ops import embed
+from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
-from tokenpos.torch.token import TokenEmbedding
+from tokenpos.torch.token import TokenEmbedding, checked_ids, token_rows
 
 
 def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int = 0) -> torch.Tensor:
@@ -44,13 +41,21 @@ def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int =
 class TransformerEmbedding(TokenposModule):
     """The input block of a transformer (the torch twin of ``tokenpos.numpy.TransformerEmbedding``).
 
-    Args: as the NumPy layer (vocab_size, d_model, max_seq_len, positional, scale, dropout,
-        padding_idx, init, std, scheme options, num_token_types, norm, norm_eps, position_ids), plus
-        device / dtype (factory kwargs), seed / rng (NumPy-identical initialisation) and generator
-        (a torch.Generator for the initial weights and the dropout seeds; default: torch's global one).
+    Args:
+        vocab_size, d_model, max_seq_len: V, D, and the number of positions of a learned table.
+        positional: a string shortcut ("learned", "sinusoidal", "rope", "alibi", "t5", "none"; None =
+            "none"), built with default settings, or a tokenpos.torch scheme object carrying its own
+            settings (``RotaryEmbedding(64, scaling=...)``, ``T5RelativePositionBias(12, ...)``, ...).
+        num_heads: H, for the "rope" (head_dim = D / H), "alibi" and "t5" shortcuts.
+        scale: multiply token rows by sqrt(D). dropout: p of the output dropout.
+        padding_idx, init, std: the token table's. num_token_types, norm, norm_eps, position_ids: as
+            the NumPy layer. device / dtype: factory kwargs. seed / rng: NumPy-identical init;
+            generator: a torch.Generator for the initial weights and the dropout seeds (default:
+            torch's global one).
 
     Dropout uses the counter-based mask of ``tokenpos.tables.dropout``: a fresh 63-bit seed per
-    training forward, drawn from torch's generator, so ``torch.manual_seed`` reproduces a run.
+    training forward, drawn from torch's generator, so ``torch.manual_seed`` (or ``generator=``)
+    reproduces a run.
 
     Shape:
         forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids) -> (..., D)
@@ -62,36 +67,27 @@ class TransformerEmbedding(TokenposModule):
     def __init__(self, vocab_size: int, d_model: int, max_seq_len: int = 512, *,
                  positional: Any = "learned", scale: bool = False, dropout: float = 0.0,
                  padding_idx: int | None = None, init: str = "normal", std: float = 0.02,
-                 base: float = 10000.0, sinusoidal_layout: str = "interleaved",
-                 num_heads: int | None = None, head_dim: int | None = None,
-                 rope_scaling: dict[str, Any] | None = None, rope_interleaved: bool = False,
-                 rotary_dim: int | None = None, t5_num_buckets: int = 32, t5_max_distance: int = 128,
-                 t5_bidirectional: bool = True, num_token_types: int = 0, norm: str | None = None,
+                 num_heads: int | None = None, num_token_types: int = 0, norm: str | None = None,
                  norm_eps: float = 1e-5, position_ids: str = "default", device: Any = None, dtype: Any = None,
                  seed: int | None = None, rng: np.random.Generator | None = None,
                  generator: torch.Generator | None = None) -> None:
         super().__init__()
-        args = check_embedding_args(positional=positional, max_seq_len=max_seq_len, dropout=dropout,
-                                    num_token_types=num_token_types, position_ids=position_ids,
-                                    padding_idx=padding_idx)
+        args = check_embedding_args(positional=positional, d_model=d_model, max_seq_len=max_seq_len,
+                                    dropout=dropout, num_token_types=num_token_types, position_ids=position_ids,
+                                    padding_idx=padding_idx, num_heads=num_heads, scale=scale,
+                                    backend="torch", scheme_base=TokenposModule)
         self.positional, self.max_seq_len, self.dropout = args.positional, args.max_seq_len, args.dropout
         self.num_token_types, self.position_ids = args.num_token_types, args.position_ids
         dtype = resolve_dtype(dtype)
         self.generator = generator
-        self._fixed_dropout_seed: int | None = None      # tests: pin the dropout seed of every call
-        self._arange = np.arange(0, dtype=np.int64)         # default positions for the fused path, grown on demand
         init_rng = resolve_torch_rng(seed, rng, generator)
-        self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=scale, padding_idx=padding_idx,
-                                    device=device, dtype=dtype, rng=init_rng)
+        self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=args.scale,
+                                    padding_idx=padding_idx, device=device, dtype=dtype, rng=init_rng)
         self.d_model = self.token.d_model
-        cfg = PositionalConfig(
-            d_model=self.d_model, max_seq_len=self.max_seq_len, base=base, sinusoidal_layout=sinusoidal_layout,
-            num_heads=num_heads, head_dim=head_dim, rope_scaling=rope_scaling, rope_interleaved=rope_interleaved,
-            rotary_dim=rotary_dim, t5_num_buckets=t5_num_buckets, t5_max_distance=t5_max_distance,
-            t5_bidirectional=t5_bidirectional, init=init, std=std,
-            position_padding_idx=padding_idx if self.position_ids == "padding" else None,
-            dtype=dtype, rng=init_rng, device=device)
-        self.position = POSITIONAL_BUILDERS[self.positional](cfg)
+        self.position = args.scheme if args.scheme is not None else build_shortcut(
+            args.positional, d_model=self.d_model, max_seq_len=self.max_seq_len, num_heads=args.num_heads,
+            position_padding_idx=padding_idx if self.position_ids == "padding" else None, init=init, std=std,
+            rng=init_rng, device=device, dtype=dtype)
         self.token_type = (TokenEmbedding(self.num_token_types, self.d_model, init=init, std=std, device=device,
                                           dtype=dtype, rng=init_rng) if self.num_token_types else None)
         self.norm = build_norm(norm, self.d_model, norm_eps, device=device, dtype=dtype)
@@ -114,15 +110,10 @@ class TransformerEmbedding(TokenposModule):
         """Re-draw every table in the constructor's order (same seed: same weights as NumPy)."""
         init_rng = resolve_torch_rng(seed, rng, generator)
         for m in (self.token, self.position, self.token_type, self.norm):
-            reset = getattr(m, "reset_parameters", None)
-            if reset is None:
-                continue
-            if "rng" in inspect.signature(reset).parameters:
-                reset(rng=init_rng)
-            else:
-                reset()
+            if m is not None:
+                m.reset_parameters(rng=init_rng)
 
-    # -- inputs ------------------------------------------------------------------------------
+    # -- inputs (checked once, here) -------------------------------------------------------------
     def resolve_positions(self, ids: torch.Tensor, positions: Any, start_pos: int) -> torch.Tensor:
         """The positions of ``ids`` (..., L): given ones (checked), RoBERTa's, or start_pos + arange(L)."""
         if positions is not None:
@@ -130,12 +121,16 @@ class TransformerEmbedding(TokenposModule):
             if tuple(pos.shape) not in (tuple(ids.shape), tuple(ids.shape[-1:])):
                 raise ConfigError(f"positions must have shape {tuple(ids.shape[-1:])} or {tuple(ids.shape)}, "
                                   f"got {tuple(pos.shape)}")
-            return pos
-        start_pos = check_int("start_pos", start_pos, minimum=0)
-        pad = self.token.padding_idx
-        if self.position_ids == "padding" and pad is not None:     # the constructor ensures pad is set
-            return positions_from_padding(ids, pad, start_pos)
-        return torch.arange(start_pos, start_pos + ids.shape[-1], device=ids.device)
+        else:
+            start_pos = check_int("start_pos", start_pos, minimum=0)
+            pad = self.token.padding_idx
+            if self.position_ids == "padding" and pad is not None:     # the constructor ensures pad is set
+                pos = positions_from_padding(ids, pad, start_pos)
+            else:
+                pos = torch.arange(start_pos, start_pos + ids.shape[-1], device=ids.device)
+        if isinstance(self.position, LearnedPositionalEmbedding):      # range, indexed as NumPy does
+            check_position_tensor(pos, self.position.max_seq_len, broadcast_to=tuple(ids.shape))
+        return pos
 
     def _token_types(self, ids: torch.Tensor, token_type_ids: Any) -> torch.Tensor | None:
         if self.num_token_types:
@@ -149,130 +144,78 @@ class TransformerEmbedding(TokenposModule):
             raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
         return None
 
+    # -- the model ---------------------------------------------------------------------------------
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
                 token_type_ids: Any = None) -> torch.Tensor:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any work."""
-        if positions is None and token_type_ids is None:
-            fused = self._fused_default_call(ids, start_pos)
-            if fused is not None:
-                return fused
-        ids = check_token_ids(ids, self.vocab_size, self.token.weight.device)
+        token = self.token
+        ids = checked_ids(ids, token.vocab_size, token.weight)
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
-        pos = self.resolve_positions(ids, positions, start_pos)
+        pos = self.resolve_positions(ids, positions, start_pos)                   # (L,) or (B, L)
         tt = self._token_types(ids, token_type_ids)
-        if isinstance(self.position, LearnedPositionalEmbedding):   # range, indexed as NumPy does
-            check_position_tensor(pos, self.position.max_seq_len, broadcast_to=tuple(ids.shape))
-        return self.embed(ids, pos, tt)
-
-    def embed(self, ids: torch.Tensor, pos: torch.Tensor, tt: torch.Tensor | None) -> torch.Tensor:
-        """The computation on checked inputs: ids (..., L), pos (L,) or (..., L), tt (..., L) | None.
-
-        The single place a fused kernel replaces (:meth:`_fused_embed`); :meth:`forward` takes the
-        same kernel earlier for its most common call (default positions, no token types) to skip
-        torch-side steps that cost more than the kernel's own checks on a large batch.
-        """
-        fused = self._fused_embed(ids, pos)
-        if fused is not None:
-            return fused
-        x = self.token.lookup(ids)                                           # (..., L, D)
+        p = self.dropout if self.training else 0.0
+        table = self._position_table(pos, positions is None, ids.shape[-1] + start_pos)
+        if table is not None or (self.position.kind != "additive" and self.fuses):
+            # dropout(W[ids] * s + P[pos]) in one op
+            return embed(token.weight, ids, table, pos if table is not None else None, scale=token.multiplier,
+                         p=p, seed=self._dropout_seed(p, ids.device), padding_idx=_pad(token.padding_idx))
+        x = token_rows(token, ids)                                                   # (..., L, D)
         if self.token_type is not None:
-            x = x + (self.token_type.weight[0] if tt is None else self.token_type.lookup(tt))
+            x = x + (self.token_type.weight[0] if tt is None else token_rows(self.token_type, tt))
         if self.position.kind == "additive":
-            x = x + self.position(pos)                                       # (L, D) or (..., L, D)
+            x = x + self.position(pos)                                               # (L, D) or (..., L, D)
         if self.norm is not None:
             x = self.norm(x)
-        if self.training and self.dropout > 0.0:
-            x = dropout_torch(x, self.dropout, self._dropout_seed(x.device))
+        if p > 0.0:
+            x = dropout_torch(x, p, self._dropout_seed(p, x.device))
         return x
 
-    # -- the fused kernel (CPU float32 / float64, eager; tokenpos.kernels_enabled()) -------------
-    def _fused_table(self) -> tuple[bool, torch.Tensor | None]:
-        """(whether the fused kernel applies to this layer now, the (P, D) table it adds or None).
+    @property
+    def fuses(self) -> bool:
+        """Whether the whole block is one op: no token types, no norm, no sparse token table."""
+        return self.token_type is None and self.norm is None and not self.token.sparse
 
-        It applies (see ``_fused.fusable``) to contiguous CPU float32/float64 tables outside
-        ``torch.compile``, without norm, token types or a sparse token table, with learned or
-        sinusoidal positions (their table in the token dtype) or a scheme that adds nothing here
-        (rope, alibi, t5, none).
+    def _position_table(self, pos: torch.Tensor, default: bool, end: int) -> torch.Tensor | None:
+        """The (P, D) table the op adds rows of, or None (the block is not one op, or no table).
+
+        Learned tables without a padding row, and the sinusoidal table when every position lies in
+        it (known statically for default positions; read from the positions in eager mode).
         """
-        token, position = self.token, self.position                  # (each module lookup is a Python call)
-        w = token.weight
-        if (not _fused.fusable(w) or self.norm is not None or self.token_type is not None or token.sparse
-                or not w.is_contiguous()):
-            return False, None
-        if position.kind != "additive":
-            return True, None
-        table: torch.Tensor
+        position = self.position
+        if not self.fuses or position.kind != "additive":
+            return None
         if isinstance(position, LearnedPositionalEmbedding):
-            if position.padding_idx is not None:     # no padding row to skip in the kernel's gradient
-                return False, None
-            table = position.weight
-        elif isinstance(position, SinusoidalPositionalEncoding):
-            table = position.table
-        else:
-            return False, None
-        return table.dtype == w.dtype and table.is_cpu and table.is_contiguous(), table
+            return position.weight if position.padding_idx is None else None
+        if isinstance(position, SinusoidalPositionalEncoding):
+            P = position.max_seq_len
+            inside = end <= P if default else (not is_compiling() and not _wrapped(pos)
+                                               and (pos.numel() == 0 or int(pos.max()) < P))
+            return position.table if inside else None
+        return None
 
-    def _fused_embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
-        """``dropout(W[ids] * s + P[pos])`` in one kernel pass on checked inputs, or None where the
-        kernel does not apply (sinusoidal positions beyond the precomputed table included)."""
-        ok, table = self._fused_table()
-        if not ok or not ids.is_cpu or not pos.is_cpu:
-            return None
-        if (table is not None and isinstance(self.position, SinusoidalPositionalEncoding) and pos.numel()
-                and int(pos.max()) >= table.shape[0]):                        # beyond the table: the formula
-            return None
-        return self._fused_call(ids, table, None if table is None else pos)
-
-    def _fused_default_call(self, ids: Any, start_pos: Any) -> torch.Tensor | None:
-        """``forward(ids, start_pos=...)`` (positions start_pos + arange(L), no token types) through
-        the kernel with few Python and torch steps, or None: then :meth:`forward` runs as usual.
-
-        Same checks, errors and order as :meth:`forward`: ids (dtype, values via the shared NumPy
-        check on the zero-copy view, which is what the torch check raises with; shape), start_pos,
-        then the learned range (out of range: None, so forward raises its PositionError).
-        """
-        if not isinstance(ids, torch.Tensor) or not ids.is_cpu or self.position_ids != "default":
-            return None
-        ok, table = self._fused_table()
-        if not ok:
-            return None
-        checked = _fused.checked_ids(ids, self.vocab_size)
-        if checked is None or checked.ndim not in (1, 2):
-            return None                                                       # forward raises / converts
-        if type(start_pos) is not int or start_pos < 0:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
-        pos = None
-        if table is not None:
-            end = start_pos + checked.shape[-1]
-            if end > table.shape[0]:                                          # learned: an error; sinusoidal: formula
-                return None
-            if self._arange.shape[0] < end:
-                self._arange = np.arange(max(end, 2 * self._arange.shape[0]), dtype=np.int64)
-            pos = self._arange[start_pos:end]                                 # (L,) view, never written
-        return self._fused_call(ids, table, pos)
-
-    def _fused_call(self, ids: torch.Tensor, table: torch.Tensor | None, pos: Any) -> torch.Tensor:
-        """The kernel call; the dropout seed is drawn as the plain path draws it (same mask)."""
-        p = self.dropout if self.training and self.dropout > 0.0 else 0.0
-        seed = self._dropout_seed(ids.device) if p else 0
-        token = self.token
-        return _fused.embedding(token.weight, ids, scale=token.multiplier, table=table, pos=pos, dropout_p=p,
-                                seed=seed, padding_idx=token.padding_idx)
-
-    def _dropout_seed(self, device: torch.device) -> Any:
-        """A fresh 63-bit seed per call: an int in eager mode, a device tensor under torch.compile."""
-        if self._fixed_dropout_seed is not None:
-            return self._fixed_dropout_seed
-        if is_compiling():
+    def _dropout_seed(self, p: float, device: torch.device) -> torch.Tensor:
+        """A 0-d int64 seed: fresh per training call (from ``generator``), 0 without dropout."""
+        if p == 0.0:
+            return torch.zeros((), dtype=torch.int64, device=device)
+        if is_compiling():                                  # in-graph draw (generators do not trace)
             return torch.randint(0, SEED_MASK, (), device=device, dtype=torch.int64)
-        return int(torch.randint(0, SEED_MASK, (), generator=self.generator, dtype=torch.int64))
+        return torch.randint(0, SEED_MASK, (), generator=self.generator, dtype=torch.int64).to(device)
 
     def extra_repr(self) -> str:
         s = f"{self.vocab_size}, {self.d_model}, max_seq_len={self.max_seq_len}, positional={self.positional!r}"
         if self.dropout:
             s += f", dropout={self.dropout}"
         return s
+
+
+def _pad(padding_idx: int | None) -> int:
+    return -1 if padding_idx is None else padding_idx
+
+
+def _wrapped(t: torch.Tensor) -> bool:
+    """A torch.func-wrapped tensor (vmap / grad): its values cannot be read."""
+    return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
 
 
 EmbeddingLayer = TransformerEmbedding

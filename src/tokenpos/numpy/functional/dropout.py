@@ -1,0 +1,53 @@
+"""Counter-hash dropout as a forward/backward pair: ``out = x * m``.
+
+``m = 1/(1-p)`` where ``tables.dropout.dropout_keep_mask(seed, shape, p)`` keeps, else 0.0; a
+multiply (not ``where``), so NaN and Inf propagate like ``torch.nn.Dropout``. Float16 inputs are
+computed in float32 and rounded once. The mask is recomputed from the seed in backward.
+
+Shapes: x (...) any shape; the mask uses the C-order flat index of each element as its counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenpos.numpy.functional._dispatch import compute_dtype
+from tokenpos.tables.dropout import dropout_keep_mask
+
+
+@dataclass(frozen=True)
+class DropoutCache:
+    """What :func:`dropout_backward` needs: p, seed and the counter offset (the mask is recomputed)."""
+
+    p: float
+    seed: int
+    offset: int = 0
+
+
+def dropout_multiplier(seed: int, shape: tuple[int, ...], p: float, dtype: np.dtype, offset: int = 0) -> np.ndarray:
+    """m (...) of ``dtype``: ``1/(1-p)`` (a Python float, rounded once to ``dtype``) where kept, else 0."""
+    keep = dropout_keep_mask(seed, shape, p, offset=offset)
+    return np.where(keep, np.asarray(1.0 / (1.0 - p), dtype=dtype), np.asarray(0.0, dtype=dtype))
+
+
+def dropout_forward(x: np.ndarray, *, p: float, seed: int, offset: int = 0) -> tuple[np.ndarray, DropoutCache]:
+    """x (...) -> (x * m (...) in x's dtype, cache). p = 0 returns x itself."""
+    cache = DropoutCache(p, seed, offset)
+    if p == 0.0:
+        return x, cache
+    ct = compute_dtype(x.dtype)
+    with np.errstate(invalid="ignore"):                 # inf * 0 = nan is the intended result
+        out = x.astype(ct) * dropout_multiplier(seed, x.shape, p, ct, offset)
+    return out.astype(x.dtype, copy=False), cache
+
+
+def dropout_backward(dout: np.ndarray, cache: DropoutCache) -> np.ndarray:
+    """dout (...) -> dx = dout * m (...), the same mask and multiplier as the forward."""
+    if cache.p == 0.0:
+        return dout
+    ct = compute_dtype(dout.dtype)
+    with np.errstate(invalid="ignore"):
+        dx = dout.astype(ct) * dropout_multiplier(cache.seed, dout.shape, cache.p, ct, cache.offset)
+    return dx.astype(dout.dtype, copy=False)

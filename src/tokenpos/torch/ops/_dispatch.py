@@ -1,0 +1,74 @@
+"""Which implementation an op runs: the ONE place that chooses between the numba kernel, a Triton
+kernel and plain torch.
+
+- CPU float32 / float64 with ``tokenpos.kernels_enabled()``: the numba kernel on zero-copy
+  ``.numpy()`` views, writing into a ``torch.empty`` output (``out=``).
+- CPU bfloat16: the numba bf16 kernel once ``tokenpos.kernels.embedding.embedding_forward`` takes
+  ``bf16=True`` (see :data:`NUMBA_BF16`); until then plain torch.
+- CUDA: ``tokenpos.kernels.triton`` when it imports (Triton present), else plain torch.
+- everything else (fp16, meta, MPS, kernels switched off): plain torch.
+
+The choice is made inside the op's implementation, at run time, on real (unwrapped) tensors, so a
+``torch.compile`` graph keeps the op and still follows ``tokenpos.set_kernels``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+import numpy as np
+import torch
+
+from tokenpos._config import kernels_enabled
+
+NUMBA_DTYPES = (torch.float32, torch.float64)
+
+
+def _kernel_has_bf16() -> bool:
+    from tokenpos.kernels.embedding import embedding_forward
+
+    return "bf16" in inspect.signature(embedding_forward).parameters
+
+
+NUMBA_BF16: bool = _kernel_has_bf16()     # a static fact of the installed kernel, read once at import
+
+
+def cpu_path(*tensors: torch.Tensor) -> str:
+    """"numba", "numba_bf16" or "plain" for CPU tensors that share one dtype."""
+    if not kernels_enabled():
+        return "plain"
+    dtype = tensors[0].dtype
+    if any(t.dtype != dtype for t in tensors):
+        return "plain"
+    if dtype in NUMBA_DTYPES:
+        return "numba"
+    if dtype == torch.bfloat16 and NUMBA_BF16:
+        return "numba_bf16"
+    return "plain"
+
+
+_TRITON: list[Any] = []                   # [module or None], filled on the first CUDA call
+
+
+def triton_kernels() -> Any:
+    """``tokenpos.kernels.triton`` when it imports (Triton installed, kernels on), else None."""
+    if not kernels_enabled():
+        return None
+    if not _TRITON:
+        try:
+            _TRITON.append(importlib.import_module("tokenpos.kernels.triton"))
+        except ImportError:
+            _TRITON.append(None)
+    return _TRITON[0]
+
+
+def np_view(t: torch.Tensor) -> np.ndarray:
+    """The zero-copy NumPy view of a CPU tensor (strided when the tensor is not contiguous)."""
+    return t.detach().numpy()
+
+
+def bf16_view(t: torch.Tensor) -> np.ndarray:
+    """The bits of a contiguous CPU bfloat16 tensor as a zero-copy uint16 array."""
+    return t.detach().contiguous().view(torch.uint16).numpy()

@@ -1,0 +1,259 @@
+"""``tokenpos::embedding`` and ``tokenpos::embedding_backward``: the fused input block as torch ops.
+
+Shapes: V vocab, D model dim, P positions, ids (...) of any integer dtype; pos the ids' shape or a
+trailing part of it ((L,) for ids (B, L)).
+
+    y   = weight[ids] * scale + table[pos]          (the table part only when a table is given)
+    out = y * m,  m = 1/(1-p) where keep(seed, i) else 0.0       (counter-hash dropout, p = 0: none)
+
+bf16 / fp16: gathered rows are widened to float32, the whole formula runs in float32, and the
+result is rounded once to the weight dtype. ``seed`` is a 0-d int64 tensor (never a Python int, so
+``torch.compile`` does not specialise on it). ``padding_idx`` (-1 = none) only matters to the
+backward: that row gets no gradient, as in ``F.embedding``.
+
+The backward op returns the dense (V, D) token gradient and the (P, D) table gradient (num_positions
+0: an empty (0, D) one). It is linear in ``grad``, and its own registered backward is the forward op
+again, so double backward works with the kernels on.
+"""
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tokenpos.torch._dropout import dropout_torch
+from tokenpos.torch.ops._dispatch import bf16_view, cpu_path, np_view, triton_kernels
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _index(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype in (torch.int32, torch.int64) else t.long()
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in _LOW else dtype
+
+
+# ----------------------------------------------------------------------------------------------
+# forward
+# ----------------------------------------------------------------------------------------------
+
+
+def _forward_plain(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
+                   pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
+                   padding_idx: int = -1) -> torch.Tensor:
+    """The formula in differentiable torch ops (also the path under torch.func transforms)."""
+    ct = _compute_dtype(weight.dtype)
+    pad = None if padding_idx < 0 else padding_idx
+    x = F.embedding(_index(ids), weight, pad).to(ct) * scale                 # (..., D)
+    if table is not None and pos is not None:
+        x = x + F.embedding(_index(pos), table).to(ct)                       # (..., D), broadcast over batch
+    if p > 0.0:
+        x = dropout_torch(x, p, seed)
+    return x.to(weight.dtype)
+
+
+def _forward_numba(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
+                   pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
+                   bf16: bool = False) -> torch.Tensor:
+    from tokenpos.kernels.embedding import embedding_forward
+
+    out = torch.empty((*ids.shape, weight.shape[1]), dtype=weight.dtype)
+    view = bf16_view if bf16 else np_view
+    extra = {"bf16": True} if bf16 else {}
+    embedding_forward(view(weight), np_view(ids), scale=scale,
+                      pos_table=None if table is None else view(table),
+                      pos_ids=None if table is None or pos is None else np_view(pos),
+                      dropout_p=p, seed=int(seed), out=view(out), **extra)
+    return out
+
+
+@torch.library.custom_op("tokenpos::embedding", mutates_args=())
+def embedding(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
+              pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
+              padding_idx: int) -> torch.Tensor:
+    """weight (V, D), ids (...) -> (..., D): gather * scale + table[pos], dropout. See the module doc."""
+    tensors = [weight] if table is None else [weight, table]
+    if weight.is_cpu:
+        path = cpu_path(*tensors)
+        if path != "plain":
+            return _forward_numba(weight, ids, table, pos, scale, p, seed, bf16=path == "numba_bf16")
+    elif weight.is_cuda:
+        tk = triton_kernels()
+        if tk is not None:
+            return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)
+    return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
+
+
+@embedding.register_fake
+def _(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None, pos: torch.Tensor | None,
+      scale: float, p: float, seed: torch.Tensor, padding_idx: int) -> torch.Tensor:
+    return weight.new_empty((*ids.shape, weight.shape[1]))
+
+
+def _embedding_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    weight, ids, table, pos, scale, p, seed, padding_idx = inputs
+    ctx.save_for_backward(ids, pos, seed)
+    ctx.num_weights = weight.shape[0]
+    ctx.num_positions = 0 if table is None else table.shape[0]
+    ctx.args = (scale, p, padding_idx)
+
+
+def _embedding_grad(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    ids, pos, seed = ctx.saved_tensors
+    scale, p, padding_idx = ctx.args
+    P = ctx.num_positions if ctx.needs_input_grad[2] else 0
+    gw, gt = torch.ops.tokenpos.embedding_backward(grad, ids, pos if P else None, ctx.num_weights, P,
+                                                   scale, p, seed, padding_idx)
+    return (gw if ctx.needs_input_grad[0] else None), None, (gt if P else None), None, None, None, None, None
+
+
+embedding.register_autograd(_embedding_grad, setup_context=_embedding_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# backward (linear in grad)
+# ----------------------------------------------------------------------------------------------
+
+
+def _backward_plain(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor | None, num_weights: int,
+                    num_positions: int, scale: float, p: float, seed: torch.Tensor,
+                    padding_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ct = _compute_dtype(grad.dtype)
+    g = grad.to(ct)
+    if p > 0.0:
+        g = dropout_torch(g, p, seed)                                        # the forward's mask * 1/(1-p)
+    D = g.shape[-1]
+    flat = g.reshape(-1, D)                                                  # (N, D)
+    gw = torch.zeros(num_weights, D, dtype=ct, device=g.device)
+    gw.index_add_(0, _index(ids).reshape(-1), flat * scale)                  # (V, D)
+    if padding_idx >= 0:
+        gw[padding_idx] = 0
+    gt = torch.zeros(num_positions, D, dtype=ct, device=g.device)
+    if num_positions and pos is not None:
+        gt.index_add_(0, _index(pos).expand(ids.shape).reshape(-1), flat)    # (P, D)
+    return gw.to(grad.dtype), gt.to(grad.dtype)
+
+
+def _backward_numba(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor | None, num_weights: int,
+                    num_positions: int, scale: float, p: float, seed: torch.Tensor,
+                    padding_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from tokenpos.kernels.embedding import embedding_backward as kernel
+
+    with_pos = bool(num_positions) and pos is not None
+    uniq, rows, pos_grad = kernel(np_view(grad), np_view(ids), scale=scale, dropout_p=p, seed=int(seed),
+                                  padding_idx=None if padding_idx < 0 else padding_idx,
+                                  pos_ids=np_view(pos) if with_pos else None,   # type: ignore[arg-type]
+                                  num_positions=num_positions if with_pos else None)
+    D = grad.shape[-1]
+    gw = torch.zeros(num_weights, D, dtype=grad.dtype)                       # dense, like F.embedding
+    gw.index_copy_(0, torch.from_numpy(uniq), torch.from_numpy(rows))
+    gt = torch.from_numpy(pos_grad) if pos_grad is not None else torch.zeros(num_positions, D, dtype=grad.dtype)
+    return gw, gt
+
+
+@torch.library.custom_op("tokenpos::embedding_backward", mutates_args=())
+def embedding_backward(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor | None, num_weights: int,
+                       num_positions: int, scale: float, p: float, seed: torch.Tensor,
+                       padding_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """grad (..., D) -> (grad_weight (V, D), grad_table (P, D)); P = num_positions (0: empty)."""
+    if grad.is_cpu and cpu_path(grad) == "numba":
+        return _backward_numba(grad, ids, pos, num_weights, num_positions, scale, p, seed, padding_idx)
+    if grad.is_cuda:
+        tk = triton_kernels()
+        if tk is not None:
+            gw, gt = tk.embedding_backward(grad, ids, pos, num_weights, num_positions, scale, p, seed,
+                                           padding_idx)
+            return gw, (gt if gt is not None else grad.new_zeros(num_positions, grad.shape[-1]))
+    return _backward_plain(grad, ids, pos, num_weights, num_positions, scale, p, seed, padding_idx)
+
+
+@embedding_backward.register_fake
+def _(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor | None, num_weights: int, num_positions: int,
+      scale: float, p: float, seed: torch.Tensor, padding_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    D = grad.shape[-1]
+    return grad.new_empty((num_weights, D)), grad.new_empty((num_positions, D))
+
+
+def _backward_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    _, ids, pos, num_weights, num_positions, scale, p, seed, padding_idx = inputs
+    ctx.save_for_backward(ids, pos, seed)
+    ctx.args = (num_positions, scale, p, padding_idx)
+
+
+def _backward_grad(ctx: Any, gg_weight: torch.Tensor, gg_table: torch.Tensor) -> tuple[Any, ...]:
+    """The adjoint of the (linear) backward: the forward op on the incoming gradients."""
+    ids, pos, seed = ctx.saved_tensors
+    num_positions, scale, p, padding_idx = ctx.args
+    if padding_idx >= 0:                                                     # that row never got gradient
+        gg_weight = gg_weight.index_fill(0, torch.tensor([padding_idx], device=gg_weight.device), 0)
+    table = gg_table if num_positions and pos is not None else None
+    gg = torch.ops.tokenpos.embedding(gg_weight, ids, table, pos if table is not None else None, scale, p, seed,
+                                      padding_idx)
+    return (gg,) + (None,) * 8
+
+
+embedding_backward.register_autograd(_backward_grad, setup_context=_backward_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# vmap: a batch of ids folds into the ids' leading dim; anything else runs per sample
+# ----------------------------------------------------------------------------------------------
+
+
+def _take(x: Any, dim: Any, i: int) -> Any:
+    return x if dim is None else x.select(dim, i)
+
+
+def _embedding_vmap(info: Any, in_dims: tuple[Any, ...], weight: torch.Tensor, ids: torch.Tensor,
+                    table: torch.Tensor | None, pos: torch.Tensor | None, scale: float, p: float,
+                    seed: torch.Tensor, padding_idx: int) -> tuple[torch.Tensor, int]:
+    wd, idd, td, pd, _, _, sd, _ = in_dims
+    n = info.batch_size
+    if wd is None and td is None and sd is None and p == 0.0 and idd is not None:
+        ids_b = ids.movedim(idd, 0)                                          # (n, ...)
+        pos_b = pos
+        if pos is not None and pd is not None:                               # per-sample positions
+            pb = pos.movedim(pd, 0)
+            pad = ids_b.dim() - pb.dim()
+            pos_b = pb.reshape(n, *([1] * pad), *pb.shape[1:]).expand(ids_b.shape)
+        return torch.ops.tokenpos.embedding(weight, ids_b, table, pos_b, scale, p, seed, padding_idx), 0
+    # dropout (each sample draws the unbatched mask), batched tables or seeds: one call per sample
+    outs = [torch.ops.tokenpos.embedding(_take(weight, wd, i), _take(ids, idd, i), _take(table, td, i),
+                                         _take(pos, pd, i), scale, p, _take(seed, sd, i), padding_idx)
+            for i in range(n)]
+    return torch.stack(outs), 0
+
+
+torch.library.register_vmap("tokenpos::embedding", _embedding_vmap)
+
+
+def _backward_vmap(info: Any, in_dims: tuple[Any, ...], grad: torch.Tensor, ids: torch.Tensor,
+                   pos: torch.Tensor | None, num_weights: int, num_positions: int, scale: float, p: float,
+                   seed: torch.Tensor, padding_idx: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[int, int]]:
+    """Per-sample gradients: one dense (V, D) gradient per sample."""
+    gd, idd, pd, _, _, _, _, sd, _ = in_dims
+    outs = [torch.ops.tokenpos.embedding_backward(_take(grad, gd, i), _take(ids, idd, i), _take(pos, pd, i),
+                                                  num_weights, num_positions, scale, p, _take(seed, sd, i),
+                                                  padding_idx)
+            for i in range(info.batch_size)]
+    return (torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])), (0, 0)
+
+
+torch.library.register_vmap("tokenpos::embedding_backward", _backward_vmap)
+
+
+def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None,
+          pos: torch.Tensor | None = None, *, scale: float = 1.0, p: float = 0.0,
+          seed: torch.Tensor | None = None, padding_idx: int = -1) -> torch.Tensor:
+    """The one call the layers make: ``tokenpos::embedding``, or, under ``torch.func`` transforms
+    (whose grad level cannot run a custom op's autograd), the same formula in plain torch ops.
+
+    weight (V, D), ids (...), table (P, D) | None, pos (...) | trailing part | None -> (..., D).
+    """
+    if seed is None:
+        seed = torch.zeros((), dtype=torch.int64, device=weight.device)
+    if torch._C._are_functorch_transforms_active():
+        return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
+    return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)

@@ -1,0 +1,174 @@
+"""``tokenpos::rope`` and ``tokenpos::rope_qk``: rotary position embedding as torch custom ops.
+
+Shapes: B batch, H heads (Hk key heads), L length, Dh head dim, F = R/2 rotated pairs (R <= Dh the
+rotary dim). x (B, H, L, Dh); cos / sin (L, F) or (B, L, F), float32 or float64 (never low
+precision). Dims R..Dh-1 pass through unchanged.
+
+    half (NeoX / HF):   x1, x2 = x[:F], x[F:R]   ->  [x1*cos - x2*sin, x2*cos + x1*sin]
+    interleaved (GPT-J): pairs (2i, 2i+1)       ->  x[2i]*cos - x[2i+1]*sin, x[2i+1]*cos + x[2i]*sin
+
+Arithmetic is in x's dtype for float32 / float64 and in float32 for bf16 / fp16 (rounded once).
+The rotation is orthogonal, so the backward is the same op with ``-sin`` (and so is every higher
+derivative).
+"""
+
+from typing import Any, cast
+
+import torch
+
+from tokenpos.torch.ops._dispatch import cpu_path, np_view, triton_kernels
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in _LOW else x.dtype
+
+
+def _rope_plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """The formula in plain torch ops: x (B, H, L, Dh) -> (B, H, L, Dh), contiguous."""
+    ct = _compute_dtype(x)
+    F = cos.shape[-1]
+    R = 2 * F
+    c = cos.to(ct).unsqueeze(-3)                         # (1, L, F) or (B, 1, L, F): broadcast over heads
+    s = sin.to(ct).unsqueeze(-3)
+    xr = x[..., :R].to(ct)                               # (B, H, L, R)
+    if interleaved:
+        x0, x1 = xr[..., 0::2], xr[..., 1::2]            # (B, H, L, F)
+        rot = torch.stack([x0 * c - x1 * s, x1 * c + x0 * s], dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :F], xr[..., F:]
+        rot = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    return torch.cat([rot.to(x.dtype), x[..., R:]], dim=-1).contiguous()
+
+
+def _layout(interleaved: bool) -> str:
+    return "interleaved" if interleaved else "half"
+
+
+def _rope_numba(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                interleaved: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One kernel pass over x (and k) into fresh ``torch.empty`` outputs."""
+    from tokenpos.kernels.rope import rope_apply
+
+    c, s = np_view(cos.to(x.dtype)), np_view(sin.to(x.dtype))
+    out = torch.empty(x.shape, dtype=x.dtype)
+    out_k = None if k is None else torch.empty(k.shape, dtype=k.dtype)
+    rope_apply(np_view(x), None if k is None else np_view(k), c, s, layout=_layout(interleaved),
+               out_q=out.numpy(), out_k=None if out_k is None else out_k.numpy())
+    return out, out_k
+
+
+def _rope_any(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if x.is_cpu and cpu_path(x) == "numba":
+        return _rope_numba(x, None, cos, sin, interleaved)[0]
+    if x.is_cuda and x.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        tk = triton_kernels()
+        if tk is not None:
+            return tk.rope_forward(x, cos, sin, interleaved)
+    return _rope_plain(x, cos, sin, interleaved)
+
+
+@torch.library.custom_op("tokenpos::rope", mutates_args=())
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotate the first R = 2 * cos.shape[-1] dims of x (B, H, L, Dh) -> (B, H, L, Dh)."""
+    return _rope_any(x, cos, sin, interleaved)
+
+
+@rope.register_fake
+def _(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _rope_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    _, cos, sin, interleaved = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.interleaved = interleaved
+
+
+def _rope_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    cos, sin = ctx.saved_tensors
+    return torch.ops.tokenpos.rope(grad, cos, -sin, ctx.interleaved), None, None, None
+
+
+rope.register_autograd(_rope_backward, setup_context=_rope_setup)
+
+
+@torch.library.custom_op("tokenpos::rope_qk", mutates_args=())
+def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, H, L, Dh), k (B, Hk, L', Dh) -> (q', k'); one kernel pass over both when B, L and Dh
+    match (the CPU kernel), else one pass each (k then needs tables of its own length: the caller
+    passes k's positions only where L' == L)."""
+    if (q.is_cpu and k.is_cpu and cpu_path(q, k) == "numba" and k.shape[0] == q.shape[0]
+            and k.shape[2:] == q.shape[2:]):
+        oq, ok = _rope_numba(q, k, cos, sin, interleaved)
+        return oq, cast(torch.Tensor, ok)
+    return _rope_any(q, cos, sin, interleaved), _rope_any(k, cos, sin, interleaved)
+
+
+@rope_qk.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+      interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format))
+
+
+def _rope_qk_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    _, _, cos, sin, interleaved = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.interleaved = interleaved
+
+
+def _rope_qk_backward(ctx: Any, grad_q: torch.Tensor, grad_k: torch.Tensor) -> tuple[Any, ...]:
+    cos, sin = ctx.saved_tensors
+    gq, gk = torch.ops.tokenpos.rope_qk(grad_q, grad_k, cos, -sin, ctx.interleaved)
+    return gq, gk, None, None, None
+
+
+rope_qk.register_autograd(_rope_qk_backward, setup_context=_rope_qk_setup)
+
+
+def _rope_vmap(info: Any, in_dims: tuple[Any, ...], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               interleaved: bool) -> tuple[torch.Tensor, int]:
+    """vmap: a batch dim of x folds into B (tables shared) or, with batched tables, into a loop."""
+    xd, cd, sd = in_dims[:3]
+    n = info.batch_size
+    x = x.movedim(xd, 0) if xd is not None else x.expand(n, *x.shape)
+    if cd is None and sd is None:
+        flat = x.reshape(-1, *x.shape[2:])                                  # (n*B, H, L, Dh)
+        c = cos if cos.dim() == 2 else cos.repeat(n, 1, 1)
+        s = sin if sin.dim() == 2 else sin.repeat(n, 1, 1)
+        return torch.ops.tokenpos.rope(flat, c, s, interleaved).reshape(x.shape), 0
+    cos = cos.movedim(cd, 0) if cd is not None else cos.expand(n, *cos.shape)
+    sin = sin.movedim(sd, 0) if sd is not None else sin.expand(n, *sin.shape)
+    return torch.stack([torch.ops.tokenpos.rope(x[i], cos[i], sin[i], interleaved) for i in range(n)]), 0
+
+
+torch.library.register_vmap("tokenpos::rope", _rope_vmap)
+
+
+def _rope_qk_vmap(info: Any, in_dims: tuple[Any, ...], q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, interleaved: bool) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[int, int]]:
+    qd, kd, cd, sd = in_dims[:4]
+    oq, _ = _rope_vmap(info, (qd, cd, sd), q, cos, sin, interleaved)
+    ok, _ = _rope_vmap(info, (kd, cd, sd), k, cos, sin, interleaved)
+    return (oq, ok), (0, 0)
+
+
+torch.library.register_vmap("tokenpos::rope_qk", _rope_qk_vmap)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """``tokenpos::rope``, or the plain formula under ``torch.func`` transforms: (B, H, L, Dh) -> same."""
+    if torch._C._are_functorch_transforms_active():
+        return _rope_plain(x, cos, sin, interleaved)
+    return torch.ops.tokenpos.rope(x, cos, sin, interleaved)
+
+
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tokenpos::rope_qk`` (one pass over q and k), or the plain formula under transforms."""
+    if torch._C._are_functorch_transforms_active():
+        return _rope_plain(q, cos, sin, interleaved), _rope_plain(k, cos, sin, interleaved)
+    return torch.ops.tokenpos.rope_qk(q, k, cos, sin, interleaved)

@@ -1,0 +1,149 @@
+"""tokenpos's torch custom ops: opcheck on every sample, kernel == plain path, gradients, double
+backward, vmap and per-sample gradients (kernels on and off)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import tokenpos.torch.ops as ops
+from tests.tolerances import TOL
+from tokenpos import use_kernels
+from tokenpos.tables.dropout import dropout_keep_mask
+
+SAMPLES = list(ops.samples())
+OPS = torch.ops.tokenpos
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    tol = TOL["kernels.float64" if a.dtype == torch.float64 else "kernels.float32"]
+    torch.testing.assert_close(a, b, rtol=tol["rtol"], atol=tol["atol"])
+
+
+def _outputs(x: object) -> tuple[torch.Tensor, ...]:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)  # type: ignore[arg-type]
+
+
+def test_samples_cover_every_op() -> None:
+    names = {op._name for op, _, _ in SAMPLES}
+    assert names == {"embedding", "embedding_backward", "rope", "rope_qk"}
+    dtypes = {a.dtype for _, args, _ in SAMPLES for a in args[:1]}
+    assert dtypes == {torch.float32, torch.float64}
+    assert {args[0].requires_grad for _, args, _ in SAMPLES} == {False, True}
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize("i", range(len(SAMPLES)))
+def test_opcheck(i: int, kernels: bool) -> None:
+    op, args, kwargs = SAMPLES[i]
+    with use_kernels(kernels):
+        opcheck(op, args, kwargs)
+
+
+@pytest.mark.parametrize("i", range(len(SAMPLES)))
+def test_kernel_forward_equals_plain_path_bit_for_bit(i: int) -> None:
+    """Same values without dropout, the same dropout masks with it (kernels vs plain torch)."""
+    op, args, kwargs = SAMPLES[i]
+    args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+    fused = _outputs(op(*args, **kwargs))
+    with use_kernels(False):
+        plain = _outputs(op(*args, **kwargs))
+    for f, p in zip(fused, plain, strict=True):
+        if op._name == "embedding_backward":       # float64 sums vs index_add_: rounding only
+            _close(f, p)
+        else:
+            assert torch.equal(f, p)
+
+
+def test_dropout_mask_is_the_shared_counter_hash() -> None:
+    w = torch.randn(7, 5) + 3.0                                # no zero entries
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    for kernels in (True, False):
+        with use_kernels(kernels):
+            out = OPS.embedding(w, ids, None, None, 1.0, 0.4, torch.tensor(99), -1)
+        keep = torch.from_numpy(dropout_keep_mask(99, (2, 3, 5), 0.4))
+        assert torch.equal(out != 0, keep)
+        assert torch.equal(out[keep], (w[ids] * (1 / 0.6))[keep])
+
+
+def _embedding_args(dtype: torch.dtype, p: float, pad: int) -> tuple:
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(9, 4, generator=g, dtype=dtype, requires_grad=True)
+    t = torch.randn(6, 4, generator=g, dtype=dtype, requires_grad=True)
+    ids = torch.tensor([[1, 2, 2, 0], [3, 3, 8, 0]])
+    pos = torch.tensor([0, 5, 2, 2])
+    return w, ids, t, pos, 2.0, p, torch.tensor(5), pad
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradients_equal_plain_path(dtype: torch.dtype, p: float) -> None:
+    args = _embedding_args(dtype, p, 2)
+    grads = []
+    for kernels in (True, False):
+        with use_kernels(kernels):
+            w, t = args[0], args[2]
+            out = OPS.embedding(*args)
+            gw, gt = torch.autograd.grad((out * out.detach()).sum(), (w, t))
+            grads.append((gw, gt))
+    assert grads[0][0][2].abs().max() == 0                      # padding_idx gets no gradient
+    for a, b in zip(*grads, strict=True):
+        _close(a, b)
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_gradcheck_and_double_backward(kernels: bool) -> None:
+    """float64 gradcheck and gradgradcheck through both ops (the backward op is differentiable).
+
+    No padding_idx here: its row is used by the forward but gets no gradient (F.embedding's rule).
+    """
+    w, ids, t, pos, scale, p, seed, pad = _embedding_args(torch.float64, 0.3, -1)
+    with use_kernels(kernels):
+        fn = lambda w, t: OPS.embedding(w, ids, t, pos, scale, p, seed, pad) ** 2  # noqa: E731
+        assert torch.autograd.gradcheck(fn, (w, t))
+        assert torch.autograd.gradgradcheck(fn, (w, t))
+        x = torch.randn(2, 3, 4, 8, dtype=torch.float64, requires_grad=True)
+        k = torch.randn(2, 1, 4, 8, dtype=torch.float64, requires_grad=True)
+        ang = torch.rand(4, 3, dtype=torch.float64)
+        for interleaved in (False, True):
+            fr = lambda x, il=interleaved: OPS.rope(x, ang.cos(), ang.sin(), il) ** 2  # noqa: E731
+            fqk = lambda x, k, il=interleaved: [o ** 2 for o in OPS.rope_qk(x, k, ang.cos(), ang.sin(), il)]  # noqa: E731
+            assert torch.autograd.gradcheck(fr, (x,)) and torch.autograd.gradgradcheck(fr, (x,))
+            assert torch.autograd.gradcheck(fqk, (x, k)) and torch.autograd.gradgradcheck(fqk, (x, k))
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_vmap_over_ids_equals_a_loop(kernels: bool) -> None:
+    w, ids, t, pos, scale, _, seed, pad = _embedding_args(torch.float32, 0.0, 2)
+    batch = torch.stack([ids, ids.flip(0), ids % 3])                           # (3, 2, 4)
+    with use_kernels(kernels):
+        for p in (0.0, 0.3):
+            f = lambda i, p=p: OPS.embedding(w, i, t, pos, scale, p, seed, pad)     # noqa: E731
+            got = torch.vmap(f)(batch)
+            assert torch.equal(got, torch.stack([f(i) for i in batch]))
+        x = torch.randn(3, 2, 2, 4, 6)
+        ang = torch.rand(4, 3, dtype=torch.float64)
+        got = torch.vmap(lambda x: OPS.rope(x, ang.cos(), ang.sin(), False))(x)
+        assert torch.equal(got, torch.stack([OPS.rope(xi, ang.cos(), ang.sin(), False) for xi in x]))
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_per_sample_gradients(kernels: bool) -> None:
+    """functional_call + vmap + grad: one dense weight gradient per sample."""
+    w, ids, t, pos, scale, p, seed, pad = _embedding_args(torch.float64, 0.2, 2)
+    params = {"w": w.detach(), "t": t.detach()}
+
+    def loss(params: dict, i: torch.Tensor) -> torch.Tensor:
+        out = ops.embed(params["w"], i, params["t"], pos, scale=scale, p=p, seed=seed, padding_idx=pad)
+        return (out ** 2).sum()
+
+    batch = torch.stack([ids, ids.flip(0)])
+    with use_kernels(kernels):
+        per = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, batch)
+        for b in range(2):                                   # eager autograd through the op itself
+            leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+            ref = dict(zip(leaves, torch.autograd.grad(loss(leaves, batch[b]), list(leaves.values())), strict=True))
+            for name in ("w", "t"):
+                _close(per[name][b], ref[name])
+            assert per["w"][b][pad].abs().max() == 0
