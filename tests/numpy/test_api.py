@@ -59,3 +59,28 @@ def test_importing_does_not_pull_torch():
     code = ("import sys, tokenpos; assert 'torch' not in sys.modules and 'numba' not in sys.modules; "
             "import tokenpos.numpy; assert 'torch' not in sys.modules, 'tokenpos.numpy must not import torch'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+SCHEMES = {
+    tpn.LearnedPositionalEmbedding: (8, 4), tpn.SinusoidalPositionalEncoding: (8, 4), tpn.RotaryEmbedding: (4,),
+    tpn.ALiBi: (2,), tpn.T5RelativePositionBias: (2,), tpn.NoPositionalEncoding: (),
+}
+
+
+def test_every_scheme_takes_seed_or_rng_and_resets_alike():
+    for cls, args in SCHEMES.items():
+        a, b = cls(*args, seed=3), cls(*args, rng=np.random.default_rng(3))
+        for layer in (a, b):
+            layer.reset_parameters(seed=7)
+        b.reset_parameters(rng=np.random.default_rng(7))
+        for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+            np.testing.assert_array_equal(pa.data, pb.data, err_msg=f"{cls.__name__}.{name}")
+        assert {"seed", "rng"} <= set(params(cls.reset_parameters)), cls
+        assert all(params(cls.reset_parameters)[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("seed", "rng"))
+
+
+def test_transformer_embedding_has_no_flattened_scheme_arguments():
+    gone = {"base", "sinusoidal_layout", "head_dim", "rope_scaling", "rope_interleaved", "rotary_dim",
+            "t5_num_buckets", "t5_max_distance", "t5_bidirectional"}
+    assert not gone & set(params(tpn.TransformerEmbedding.__init__))
+    assert "num_heads" in params(tpn.TransformerEmbedding.__init__)

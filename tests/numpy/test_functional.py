@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import tokenpos.numpy as tpn
 from tests.numpy.gradcheck import check_grads
 from tests.numpy.helpers import FAST
 from tests.tolerances import TOL
@@ -185,3 +186,36 @@ def test_kernel_choice_lives_in_one_place():
         assert not F.use_kernel(f32)
     finally:
         tokenpos.set_kernels(True)
+
+
+def _tokenpos_frames_above(monkeypatch, module, core: str, run) -> list[str]:
+    """The tokenpos Python frames on the stack when the compiled ``core`` is called (outermost last)."""
+    import sys
+
+    chain: list[str] = []
+    original = getattr(module, core)
+
+    def spy(*args, **kwargs):
+        frame = sys._getframe(1)
+        while frame is not None:
+            if "tokenpos" in frame.f_code.co_filename and "/tests/" not in frame.f_code.co_filename:
+                chain.append(frame.f_code.co_name)
+            frame = frame.f_back
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, core, spy)
+    run()
+    return chain
+
+
+def test_a_layer_forward_reaches_the_fused_kernel_in_three_frames(monkeypatch):
+    """docs/DESIGN.md's frame count: layer.forward -> functional pair -> kernel entry -> compiled core."""
+    import tokenpos.kernels.embedding as kernel
+
+    layer = tpn.TransformerEmbedding(50, 8, 16, dropout=0.1, seed=0)
+    ids = np.array([[1, 2, 3]])
+    fwd = _tokenpos_frames_above(monkeypatch, kernel, "_forward_core", lambda: layer.forward(ids))
+    assert fwd == ["embedding_forward", "embedding_forward", "forward"]
+    out = layer.forward(ids)
+    bwd = _tokenpos_frames_above(monkeypatch, kernel, "_segment_sum_core", lambda: layer.backward(np.ones_like(out)))
+    assert bwd[:3] == ["embedding_backward", "embedding_backward", "backward"]

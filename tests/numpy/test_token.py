@@ -314,7 +314,12 @@ def test_refilling_the_ids_buffer_before_backward_cannot_redirect_the_gradient(k
     assert set(np.flatnonzero(layer.weight.grad.any(axis=1))) == {1, 2, 3, 4}
 
 
-@pytest.mark.parametrize("bad", ["yes", 1, None])
-def test_scale_is_a_bool_switch(bad):
-    with pytest.raises(tpn.ConfigError, match=r"scale must be True or False"):
-        tpn.TokenEmbedding(4, 2, scale=bad)
+
+def test_refilling_h_before_attend_backward_cannot_change_the_weight_gradient():
+    layer = tpn.TokenEmbedding(5, 3, dtype=np.float64, seed=0)
+    h = np.random.default_rng(0).standard_normal((2, 3))
+    expected = np.ones((5, 2)) @ h                                         # dW = g.T @ h
+    layer.attend(h)
+    h[...] = 0.0
+    layer.attend_backward(np.ones((2, 5)))
+    np.testing.assert_allclose(layer.weight.grad, expected, **TOL["grad.float64"])

@@ -386,13 +386,14 @@ def test_refilling_the_callers_ids_and_positions_before_backward_cannot_redirect
 @pytest.mark.parametrize("start_pos", [2**63 - 3, 2**63 - 1, 2**63, 2**64])
 def test_start_pos_whose_positions_overflow_int64_is_a_position_error(positional, start_pos):
     layer = make(positional)
-    with pytest.raises(tpn.PositionError, match=rf"start_pos {start_pos} \+ seq_len 4 puts the last position at "
-                                                rf"{start_pos + 3}, beyond the largest int64 position {2**63 - 1}"):
+    with pytest.raises(tpn.PositionError, match=rf"start_pos {start_pos} with 4 positions overflows int64: the "
+                                                rf"positions would run to {start_pos + 3}; expected start_pos \+ "
+                                                rf"length <= {2**63 - 1}"):
         layer(IDS, start_pos=start_pos)
 
 
 def test_start_pos_just_below_int64_max_is_a_range_error_for_learned_and_computed_for_sinusoidal():
-    start = 2**63 - 4                                                      # last position = 2**63 - 1
+    start = 2**63 - 5                                                      # start_pos + L = 2**63 - 1
     with pytest.raises(tpn.PositionError, match=rf"position {start} at index \(0, 0\) is out of range \[0, {P}\)"):
         make("learned")(IDS, start_pos=start)
     out = make("sinusoidal")(IDS, start_pos=start)

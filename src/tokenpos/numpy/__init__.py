@@ -1,12 +1,14 @@
 """tokenpos.numpy: the NumPy backend. Layers with forward and hand-written backward; trains without torch.
 
+Every layer computation is a forward/backward function pair in ``tokenpos.numpy.functional``.
+
     >>> import numpy as np, tokenpos.numpy as tpn
     >>> emb = tpn.TransformerEmbedding(50000, 768, 1024, seed=0)
     >>> emb(np.array([[101, 2054, 2003, 102], [101, 7592, 1010, 102]])).shape
     (2, 4, 768)
 """
 
-from tokenpos.numpy import optim
+from tokenpos.numpy import functional, optim
 from tokenpos.numpy.alibi import ALiBi
 from tokenpos.numpy.attention import (
     scaled_dot_product_attention,
@@ -47,5 +49,6 @@ __all__ = [
     "TokenEmbedding",
     "TokenIdError",
     "TransformerEmbedding",
+    "functional",
     "optim",
 ]

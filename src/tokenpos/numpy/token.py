@@ -12,7 +12,6 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.embedding_args import check_scale
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import RESIZE_INITS, init_weight, resolve_rng
 from tokenpos.tables.validation import (
@@ -49,13 +48,13 @@ class TokenEmbedding(Module):
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
         self.padding_idx = check_padding_idx(padding_idx, self.vocab_size)
-        self.scale = check_scale(scale)
+        self.scale = bool(scale)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
         self.weight = Parameter(np.empty((self.vocab_size, self.d_model), self.dtype))
         self.reset_parameters(rng=resolve_rng(seed, rng))
         self._cache: F.EmbeddingCache | None = None
-        self._attend_cache: np.ndarray | None = None
+        self._attend_cache: F.AttendCache | None = None
 
     @property
     def multiplier(self) -> float:
@@ -106,8 +105,8 @@ class TokenEmbedding(Module):
         """Logits against the same table: h (..., D) -> (..., V) = h @ W.T (flax's ``attend``)."""
         h = np.asarray(h)
         check_feature_dim("h", h.shape, self.d_model)
-        self._attend_cache = h
-        return h @ self.weight.data.T
+        logits, self._attend_cache = F.attend_forward(h, self.weight.data)
+        return logits
 
     def attend_backward(self, grad_logits: np.ndarray) -> np.ndarray:
         """grad (..., V) -> grad_h (..., D); adds the dense (V, D) weight gradient.
@@ -115,13 +114,13 @@ class TokenEmbedding(Module):
         Like a tied ``nn.Linear``, the projection is dense: every row, the padding row included,
         receives gradient here.
         """
-        h = self._cached(self._attend_cache, "attend_backward")
+        cache = self._cached(self._attend_cache, "attend_backward")
         g = np.asarray(grad_logits)
-        if g.shape != h.shape[:-1] + (self.vocab_size,):
-            raise ValueError(f"grad_logits must have shape {h.shape[:-1] + (self.vocab_size,)}, got {g.shape}")
-        g2 = g.reshape(-1, self.vocab_size)
-        self.weight.accumulate(g2.T @ h.reshape(-1, self.d_model))
-        return g @ self.weight.data
+        if g.shape != cache.h.shape[:-1] + (self.vocab_size,):
+            raise ValueError(f"grad_logits must have shape {cache.h.shape[:-1] + (self.vocab_size,)}, got {g.shape}")
+        dh, dweight = F.attend_backward(g, cache)
+        self.weight.accumulate(dweight)
+        return dh
 
     # -- resizing ----------------------------------------------------------------------------
     def resize(self, new_vocab_size: int, *, pad_to_multiple_of: int | None = None, init: str = "mean",

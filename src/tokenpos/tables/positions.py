@@ -12,25 +12,21 @@ import numpy as np
 from tokenpos.tables.errors import PositionError
 from tokenpos.tables.validation import check_int
 
-MAX_POSITION = int(np.iinfo(np.int64).max)     # positions are int64
+INT64_MAX = int(np.iinfo(np.int64).max)     # positions are int64
 
 
-def start_pos_overflow_message(start_pos: int, seq_len: int) -> str:
-    """``start_pos 9223372036854775806 + seq_len 3 ... exceeds ...``: the last position is not an int64."""
-    return (f"start_pos {start_pos} + seq_len {seq_len} puts the last position at {start_pos + seq_len - 1}, "
-            f"beyond the largest int64 position {MAX_POSITION}; expected start_pos <= {MAX_POSITION - seq_len + 1}")
-
-
-def check_start_pos(start_pos: Any, seq_len: int) -> int:
-    """A non-negative int whose positions ``start_pos .. start_pos + L - 1`` fit in int64.
+def check_start_pos(start_pos: Any, length: int) -> int:
+    """``start_pos`` >= 0 such that the positions ``start_pos + arange(length)`` fit in int64.
 
     Raises:
-        ConfigError: not an integer, or negative. PositionError: the last position overflows int64.
+        ConfigError: not an integer, or negative.
+        PositionError: ``start_pos + length`` beyond 2**63 - 1 (the positions would overflow int64).
     """
-    start_pos = check_int("start_pos", start_pos, minimum=0)
-    if seq_len > 0 and start_pos + seq_len - 1 > MAX_POSITION:
-        raise PositionError(start_pos_overflow_message(start_pos, seq_len))
-    return start_pos
+    start = check_int("start_pos", start_pos, minimum=0)
+    if start + int(length) > INT64_MAX:
+        raise PositionError(f"start_pos {start} with {int(length)} positions overflows int64: the positions would "
+                            f"run to {start + int(length) - 1}; expected start_pos + length <= {INT64_MAX}")
+    return start
 
 
 def default_positions(seq_len: int, start_pos: int = 0) -> np.ndarray:

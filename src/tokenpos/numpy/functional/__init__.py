@@ -10,6 +10,7 @@ Shape legend: B batch, L length, D d_model, V vocab, P table rows, H heads, Dh h
 """
 
 from tokenpos.numpy.functional._dispatch import compute_dtype, use_kernel
+from tokenpos.numpy.functional.attend import AttendCache, attend_backward, attend_forward
 from tokenpos.numpy.functional.dropout import DropoutCache, dropout_backward, dropout_forward, dropout_multiplier
 from tokenpos.numpy.functional.embedding import EmbeddingCache, embedding_backward, embedding_forward
 from tokenpos.numpy.functional.norm import (
@@ -22,6 +23,9 @@ from tokenpos.numpy.functional.norm import (
 from tokenpos.numpy.functional.rope import RopeCache, rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
 
 __all__ = [
+    "AttendCache",
+    "attend_backward",
+    "attend_forward",
     "DropoutCache",
     "EmbeddingCache",
     "NormCache",

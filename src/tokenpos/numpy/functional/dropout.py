@@ -26,10 +26,11 @@ class DropoutCache:
     offset: int = 0
 
 
-def dropout_multiplier(seed: int, shape: tuple[int, ...], p: float, dtype: np.dtype, offset: int = 0) -> np.ndarray:
+def dropout_multiplier(seed: int, shape: tuple[int, ...], p: float, offset: int = 0,
+                       dtype: np.dtype | type = np.float32) -> np.ndarray:
     """m (...) of ``dtype``: ``1/(1-p)`` (a Python float, rounded once to ``dtype``) where kept, else 0."""
     keep = dropout_keep_mask(seed, shape, p, offset=offset)
-    return np.where(keep, np.asarray(1.0 / (1.0 - p), dtype=dtype), np.asarray(0.0, dtype=dtype))
+    return keep * np.dtype(dtype).type(1.0 / (1.0 - p))
 
 
 def dropout_forward(x: np.ndarray, *, p: float, seed: int, offset: int = 0) -> tuple[np.ndarray, DropoutCache]:
@@ -39,7 +40,7 @@ def dropout_forward(x: np.ndarray, *, p: float, seed: int, offset: int = 0) -> t
         return x, cache
     ct = compute_dtype(x.dtype)
     with np.errstate(invalid="ignore"):                 # inf * 0 = nan is the intended result
-        out = x.astype(ct) * dropout_multiplier(seed, x.shape, p, ct, offset)
+        out = x.astype(ct) * dropout_multiplier(seed, x.shape, p, offset, ct)
     return out.astype(x.dtype, copy=False), cache
 
 
@@ -49,5 +50,5 @@ def dropout_backward(dout: np.ndarray, cache: DropoutCache) -> np.ndarray:
         return dout
     ct = compute_dtype(dout.dtype)
     with np.errstate(invalid="ignore"):
-        dx = dout.astype(ct) * dropout_multiplier(cache.seed, dout.shape, cache.p, ct, cache.offset)
+        dx = dout.astype(ct) * dropout_multiplier(cache.seed, dout.shape, cache.p, cache.offset, ct)
     return dx.astype(dout.dtype, copy=False)

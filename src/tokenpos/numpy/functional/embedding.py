@@ -21,6 +21,7 @@ from tokenpos.kernels import embedding as kernel
 from tokenpos.numpy.functional._dispatch import compute_dtype, kept, use_kernel
 from tokenpos.numpy.functional.dropout import dropout_multiplier
 from tokenpos.numpy.module import coalesce_rows
+from tokenpos.tables.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,11 @@ def embedding_forward(weight: np.ndarray, ids: np.ndarray, *, scale: float = 1.0
         table_grad: whether backward returns the (P, D) table gradient (a learned table);
             ``table_padding_idx`` is its row that stays zero (RoBERTa's padding position).
     """
-    cache = EmbeddingCache(kept(ids), None if pos is None else kept(pos), table.shape[0] if table_grad else None,
-                           float(scale), float(p), int(seed), padding_idx, table_padding_idx)
+    if (table is None) != (pos is None):
+        raise ConfigError("embedding_forward needs table and pos together (or neither)")
+    rows = table.shape[0] if table is not None and table_grad else None
+    cache = EmbeddingCache(kept(ids), None if pos is None else kept(pos), rows, float(scale), float(p), int(seed),
+                           padding_idx, table_padding_idx)
     if use_kernel(weight, *(() if table is None else (table,))):
         out = kernel.embedding_forward(weight, ids, scale=scale, pos_table=table, pos_ids=pos, dropout_p=p,
                                        seed=seed)
@@ -69,11 +73,11 @@ def embedding_forward(weight: np.ndarray, ids: np.ndarray, *, scale: float = 1.0
     x = weight[ids].astype(ct, copy=False)                           # (..., D), a fresh array
     if scale != 1.0:
         x *= ct.type(scale)
-    if table is not None:
+    if table is not None and pos is not None:
         x += table[np.broadcast_to(pos, ids.shape)]                    # (..., D)
     if p > 0.0:
         with np.errstate(invalid="ignore"):                           # inf * 0 = nan, as torch.nn.Dropout
-            x *= dropout_multiplier(seed, x.shape, p, ct)
+            x *= dropout_multiplier(seed, x.shape, p, 0, ct)
     return x.astype(weight.dtype, copy=False), cache
 
 
@@ -95,7 +99,7 @@ def embedding_backward(dout: np.ndarray, cache: EmbeddingCache
         g = dout.astype(ct)                                            # (..., D), a fresh array
         if cache.p > 0.0:
             with np.errstate(invalid="ignore"):
-                g *= dropout_multiplier(cache.seed, g.shape, cache.p, ct)
+                g *= dropout_multiplier(cache.seed, g.shape, cache.p, 0, ct)
         flat_ids, flat_g = cache.ids.reshape(-1), g.reshape(-1, d)    # (N,), (N, D)
         if cache.padding_idx is not None:
             keep = flat_ids != cache.padding_idx
@@ -104,7 +108,7 @@ def embedding_backward(dout: np.ndarray, cache: EmbeddingCache
             sparse = coalesce_rows(flat_ids, flat_g * ct.type(cache.scale))
         uniq, rows = sparse.indices, sparse.rows.astype(dout.dtype, copy=False)
         table_grad = None
-        if cache.table_rows is not None:
+        if cache.table_rows is not None and cache.pos is not None:
             acc = np.zeros((cache.table_rows, d), ct)                  # (P, D)
             np.add.at(acc, np.broadcast_to(cache.pos, cache.ids.shape).reshape(-1), flat_g)
             table_grad = acc.astype(dout.dtype, copy=False)
