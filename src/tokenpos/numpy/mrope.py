@@ -4,8 +4,10 @@ Shapes: B batch, H heads, L length, Dh head dim, F = Dh / 2. q, k: (B, H, L, Dh)
 with ``qk_layout="blhd"``); positions (3, B, L) / (3, 1, L) (temporal, height, width) or text
 positions (B, L) / (1, L) / (L,) (the same id on the three axes).
 
-cos / sin come from positions in float64 (``tokenpos.tables.mrope``), are cast to the input dtype
-and rotate in the half layout; the backward is the rotation by -angle. No cache: the tables depend
+cos / sin come from positions in float64 (``tokenpos.tables.mrope``), one entry per pair (B, L, F),
+are cast to the input dtype and rotate in the half layout through the functional pair
+(``tokenpos.numpy.functional.rope_qk_forward``: fused kernel or plain NumPy); the backward is the
+rotation by -angle. No cache: the tables depend
 on three position axes, so they are computed per call (nothing is shared between threads).
 """
 
@@ -15,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module
-from tokenpos.numpy.rotary import RotaryCache, to_bhld
+from tokenpos.numpy.rotary import to_bhld
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.mrope import mrope_cos_sin, mrope_kwargs_from_hf_config, mrope_positions
+from tokenpos.tables.mrope import mrope_angles, mrope_cos_sin, mrope_kwargs_from_hf_config, mrope_positions
 from tokenpos.tables.mrope_layer import MRopeSettings, mrope_positions_message
-from tokenpos.tables.rope import rope_length_message, rope_rotate, rope_rotate_backward
+from tokenpos.tables.rope import rope_length_message
 from tokenpos.tables.validation import check_int
 
 
@@ -53,7 +56,7 @@ class MRotaryEmbedding(Module):
         self.head_dim, self.max_seq_len, self.qk_layout, self.num_heads = st.head_dim, st.max_seq_len, \
             st.qk_layout, st.num_heads
         self.inv_freq, self.attention_factor, self.axis_map = st.inv_freq, st.attention_factor, st.axis_map
-        self._last: RotaryCache | None = None
+        self._last: F.RopeCache | None = None
 
     def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
         """Nothing to reset (no parameters, no cache)."""
@@ -81,25 +84,27 @@ class MRotaryEmbedding(Module):
         return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
 
     def apply_forward(self, q: Any, k: Any, positions: Any = None, *,
-                      start_pos: int = 0) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
-        """``(q', k', cache)``; q and k share positions (same batch and length)."""
+                      start_pos: int = 0) -> tuple[np.ndarray, np.ndarray, F.RopeCache]:
+        """``(q', k', cache)``; q and k share positions (same batch and length): one functional pass."""
         q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
         k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
         if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
             raise ConfigError(rope_length_message(q.shape, k.shape))
-        cos, sin = self.cos_sin(self._positions(positions, start_pos, q.shape[0], q.shape[2]))
-        if cos.ndim == 3:                                             # (B, L, Dh) -> (B, 1, L, Dh)
-            cos, sin = cos[:, None], sin[:, None]
-        cq, sq = cos.astype(q.dtype), sin.astype(q.dtype)
-        ck, sk = cos.astype(k.dtype), sin.astype(k.dtype)
-        q_out, k_out = rope_rotate(q, cq, sq), rope_rotate(k, ck, sk)
-        return self._out(q_out), self._out(k_out), RotaryCache(cq, sq, ck, sk)
+        pos = self._positions(positions, start_pos, q.shape[0], q.shape[2])
+        ang = mrope_angles(pos, self.inv_freq, self.axis_map)              # (L, F) | (B, L, F) float64
+        cos = (np.cos(ang) * self.attention_factor).astype(q.dtype)
+        sin = (np.sin(ang) * self.attention_factor).astype(q.dtype)
+        if q.dtype == k.dtype:
+            q_out, k_out, cache = F.rope_qk_forward(q, k, cos, sin, interleaved=False)
+        else:
+            q_out, cache = F.rope_forward(q, cos, sin, interleaved=False)
+            k_out = F.rope_forward(k, cos.astype(k.dtype), sin.astype(k.dtype), interleaved=False)[0]
+        return self._out(q_out), self._out(k_out), cache
 
-    def apply_backward(self, grad_q: Any, grad_k: Any, cache: RotaryCache) -> tuple[np.ndarray, np.ndarray]:
+    def apply_backward(self, grad_q: Any, grad_k: Any, cache: F.RopeCache) -> tuple[np.ndarray, np.ndarray]:
         """(dq, dk) from (dq', dk') in the declared layout: the rotation by -angle."""
         gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
-        return (self._out(rope_rotate_backward(gq, cache.cos_q, cache.sin_q)),
-                self._out(rope_rotate_backward(gk, cache.cos_k, cache.sin_k)))
+        return self._out(F.rope_backward(gq, cache)), self._out(F.rope_backward(gk, cache))
 
     def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Rotate q and k; keeps what :meth:`backward` needs."""

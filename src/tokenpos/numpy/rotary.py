@@ -1,16 +1,14 @@
 """RotaryEmbedding (RoPE) for the NumPy backend: rotates q and k, with the backward of the rotation.
 
 Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim, R rotary dim,
-P cached positions. q, k: (B, H, L, Dh); positions: (L,) or (B, L) integers.
+F = R / 2, P cached positions. q, k: (B, H, L, Dh) (or (B, L, H, Dh) with ``qk_layout="blhd"``);
+positions: (L,), (1, L) or (B, L) integers.
 
 cos/sin come from positions in float64 (``tokenpos.tables.rope``), times the scaling's attention
-factor, and are cast to the input dtype before the multiply (as HF does). The cos/sin cache holds
-rows for positions [0, P) and grows on demand; its key holds everything the rows depend on.
-
-Kernel: with ``tokenpos.kernels_enabled()`` and float32 / float64 inputs, the rotation and its
-backward run the fused numba pass (``tokenpos.kernels.rope_apply``) on the same tables cast to the
-input dtype, cut to one entry per pair, (L, R/2) or (B, L, R/2), and kept per dtype until the
-cache is rebuilt. Results equal the plain path's up to float rounding.
+factor, kept as one entry per rotated pair, (P, F), in an immutable snapshot cache keyed by
+everything the rows depend on; each call cuts its (L, F) or (B, L, F) rows, cast to the input dtype
+(as HF does), and runs one functional pair (``tokenpos.numpy.functional.rope_qk_forward`` /
+``rope_forward``), which chooses the fused kernel or plain NumPy.
 """
 
 from __future__ import annotations
@@ -21,21 +19,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tokenpos._config import kernels_enabled
-from tokenpos.kernels.rope import rope_apply, rope_apply_backward
+from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope import (
     check_heads,
     check_qk_layout,
     expand_to_layout,
-    rope_cos_sin,
+    rope_angles,
     rope_dtype_message,
     rope_layout_shape_message,
     rope_length_message,
     rope_positions_message,
-    rope_rotate,
-    rope_rotate_backward,
 )
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.rope_state import rope_kwargs_from_hf_config, rotary_frequencies
@@ -43,7 +38,6 @@ from tokenpos.tables.validation import check_int, check_positions
 
 # Positions up to this many times max_seq_len grow the cache; larger ones are computed directly.
 CACHE_GROWTH_LIMIT = 16
-_FUSED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> np.ndarray:
@@ -62,17 +56,11 @@ def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | N
 
 @dataclass(frozen=True)
 class RotaryCache:
-    """What ``apply_backward`` needs: cos/sin (input dtype) for q and for k.
+    """What ``apply_backward`` needs: the functional cache of q (and k, when k has its own positions;
+    None when one ``rope_qk`` pass rotated both)."""
 
-    Plain path (``layout`` None): each (L, R) or (B, 1, L, R). Kernel path (``layout`` "half" or
-    "interleaved"): the kernel's tables, each (L, R/2) or (B, L, R/2).
-    """
-
-    cos_q: np.ndarray
-    sin_q: np.ndarray
-    cos_k: np.ndarray
-    sin_k: np.ndarray
-    layout: str | None = None
+    q: F.RopeCache
+    k: F.RopeCache | None
 
 
 class _Snapshot(NamedTuple):
@@ -80,11 +68,11 @@ class _Snapshot(NamedTuple):
 
     Never written after it is built (a rebuild or growth makes a new snapshot, swapped under the
     layer's lock), so a call holding one reads consistent rows whatever other threads do.
-    ``halves`` maps a dtype to the kernel's (P, R/2) tables cut from it (entries added, never changed).
+    ``halves`` maps a dtype to the same tables cast to it (entries added, never changed).
     """
 
     key: tuple[Any, ...] | None
-    cos: np.ndarray                      # (P, R) float64
+    cos: np.ndarray                      # (P, F) float64, one entry per rotated pair
     sin: np.ndarray
     halves: dict[np.dtype, tuple[np.ndarray, np.ndarray]]
 
@@ -136,7 +124,8 @@ class RotaryEmbedding(Module):
     def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
         """Drop the cos/sin cache (it is rebuilt on the next call); no random state to draw."""
         with self._lock:
-            self._snap = _Snapshot(None, np.zeros((0, self.rotary_dim)), np.zeros((0, self.rotary_dim)), {})
+            f = self.rotary_dim // 2
+            self._snap = _Snapshot(None, np.zeros((0, f)), np.zeros((0, f)), {})
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -176,19 +165,21 @@ class RotaryEmbedding(Module):
                 freeze_rope_scaling(self.scaling), variant)
 
     def cos_sin(self, positions: np.ndarray, seq_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """cos and sin (float64, times the attention factor) of int positions (...) -> (..., R).
+        """cos and sin (float64, times the attention factor) of int positions (...) -> (..., R), in the layout.
 
         ``seq_len`` picks the frequency variant (dynamic / longrope); default ``max(positions) + 1``.
         """
-        return self._tables([(check_positions(positions), None)], seq_len, None)[0]
+        cos, sin = self._tables([(check_positions(positions), None)], seq_len, None)[0]
+        il = self.interleaved
+        return expand_to_layout(cos, interleaved=il), expand_to_layout(sin, interleaved=il)
 
     def _tables(self, requests: list[tuple[np.ndarray, int | None]], seq_len: int | None,
                 dtype: np.dtype | None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """cos, sin for each ``(positions (...), start)`` of one call, all from one frequency variant.
+        """cos, sin (..., F) for each ``(positions (...), start)`` of one call, all from one frequency variant.
 
-        ``dtype`` None: float64 (..., R). Else the kernel's (..., R/2) tables in ``dtype``; ``start`` set
-        means the positions are ``start + arange(L)`` (rows are sliced). The variant and the snapshot
-        are taken together under the lock; reading rows needs no lock (snapshots never change).
+        ``dtype`` None: float64; else cast to ``dtype``. ``start`` set means the positions are
+        ``start + arange(L)`` (rows are sliced, not gathered). The variant and the snapshot are taken
+        together under the lock; reading rows needs no lock (snapshots never change).
         """
         need = max((int(p.max()) + 1 if p.size else 0) for p, _ in requests)
         with self._lock:
@@ -196,15 +187,13 @@ class RotaryEmbedding(Module):
         out = []
         for pos, start in requests:
             if far is not None:                                     # far out: compute, do not cache
-                c, s = rope_cos_sin(pos, far, attention_factor=self.attention_factor, interleaved=self.interleaved)
-                out.append((c, s) if dtype is None else (self._half(c, dtype), self._half(s, dtype)))
+                ang = rope_angles(pos, far)
+                c, s = np.cos(ang) * self.attention_factor, np.sin(ang) * self.attention_factor
+                out.append((c, s) if dtype is None else (c.astype(dtype), s.astype(dtype)))
                 continue
-            if dtype is None:
-                out.append((snap.cos[pos], snap.sin[pos]))
-                continue
-            hit = snap.halves.get(dtype)
+            hit = (snap.cos, snap.sin) if dtype is None else snap.halves.get(dtype)
             if hit is None:                                         # idempotent; setdefault keeps the first
-                hit = snap.halves.setdefault(dtype, (self._half(snap.cos, dtype), self._half(snap.sin, dtype)))
+                hit = snap.halves.setdefault(dtype, (snap.cos.astype(dtype), snap.sin.astype(dtype)))
             if start is not None:
                 out.append((hit[0][start:start + pos.shape[0]], hit[1][start:start + pos.shape[0]]))
             else:
@@ -229,22 +218,13 @@ class RotaryEmbedding(Module):
         return snap, None
 
     def _table(self, inv_freq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        return rope_cos_sin(np.arange(n), inv_freq, attention_factor=self.attention_factor,
-                            interleaved=self.interleaved)
+        ang = rope_angles(np.arange(n), inv_freq)                   # (n, F) float64
+        return np.cos(ang) * self.attention_factor, np.sin(ang) * self.attention_factor
 
-    # -- the fused kernel's tables ---------------------------------------------------------------
     @property
     def layout(self) -> str:
         """"interleaved" or "half"."""
         return "interleaved" if self.interleaved else "half"
-
-    def _half(self, table: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        """(..., R) in the layout -> the kernel's (..., R/2) (one entry per pair), C-contiguous, ``dtype``."""
-        h = table[..., 0::2] if self.interleaved else table[..., : self.rotary_dim // 2]
-        return np.ascontiguousarray(h, dtype=dtype)
-
-    def _fusable(self, *xs: np.ndarray) -> bool:
-        return kernels_enabled() and xs[0].dtype in _FUSED_DTYPES and all(x.dtype == xs[0].dtype for x in xs)
 
     # -- checks ----------------------------------------------------------------------------------
     def _check(self, name: str, x: Any) -> np.ndarray:
@@ -264,22 +244,13 @@ class RotaryEmbedding(Module):
             raise ConfigError(rope_positions_message(pos.shape, batch, length))
         return pos
 
-    @staticmethod
-    def _broadcast(c: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        # (L, R) broadcasts against (B, H, L, R) as is; (B, L, R) needs a head axis
-        return (c[:, None] if c.ndim == 3 else c).astype(dtype, copy=False)
-
     # -- rotation ---------------------------------------------------------------------------------
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: int | None = None) -> np.ndarray:
         """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L))."""
         x = self._check("x", x)
         pos = self._positions(positions, start_pos, x.shape[0], x.shape[2])
-        if self._fusable(x):
-            tables = self._tables([(pos, start_pos if positions is None else None)], seq_len, x.dtype)[0]
-            return self._out(rope_apply(x, None, *tables, layout=self.layout)[0])
-        cos, sin = self._tables([(pos, None)], seq_len, None)[0]
-        return self._out(rope_rotate(x, self._broadcast(cos, x.dtype), self._broadcast(sin, x.dtype),
-                                     interleaved=self.interleaved))
+        cos, sin = self._tables([(pos, start_pos if positions is None else None)], seq_len, x.dtype)[0]
+        return self._out(F.rope_forward(x, cos, sin, interleaved=self.interleaved)[0])
 
     def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
                       key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
@@ -298,40 +269,24 @@ class RotaryEmbedding(Module):
         else:
             pos_k = self._positions(key_positions, 0, k.shape[0], k.shape[2])
         seq_len = max(int(pos_q.max(initial=-1)), int(pos_k.max(initial=-1))) + 1
-        if self._fusable(q, k):
-            start = start_pos if positions is None else None
-            if key_positions is None:
-                tq = self._tables([(pos_q, start)], seq_len, q.dtype)[0]
-                q_out, k_out = rope_apply(q, k, *tq, layout=self.layout)
-                return self._out(q_out), self._out(k_out), RotaryCache(*tq, *tq, layout=self.layout)
-            tq, tk = self._tables([(pos_q, start), (pos_k, None)], seq_len, q.dtype)
-            q_out = rope_apply(q, None, *tq, layout=self.layout)[0]
-            k_out = rope_apply(k, None, *tk, layout=self.layout)[0]
-            return self._out(q_out), self._out(k_out), RotaryCache(*tq, *tk, layout=self.layout)
-        (cq, sq), (ck, sk) = self._tables([(pos_q, None), (pos_k, None)], seq_len, None)
-        cos_q, sin_q = self._broadcast(cq, q.dtype), self._broadcast(sq, q.dtype)
-        cos_k, sin_k = self._broadcast(ck, k.dtype), self._broadcast(sk, k.dtype)
-        q_out = rope_rotate(q, cos_q, sin_q, interleaved=self.interleaved)
-        k_out = rope_rotate(k, cos_k, sin_k, interleaved=self.interleaved)
-        return self._out(q_out), self._out(k_out), RotaryCache(cos_q, sin_q, cos_k, sin_k)
+        start = start_pos if positions is None else None
+        if key_positions is None and q.dtype == k.dtype:            # one pass over q and k
+            cos, sin = self._tables([(pos_q, start)], seq_len, q.dtype)[0]
+            q_out, k_out, cache = F.rope_qk_forward(q, k, cos, sin, interleaved=self.interleaved)
+            return self._out(q_out), self._out(k_out), RotaryCache(cache, None)
+        (cq, sq), (ck, sk) = self._tables([(pos_q, start), (pos_k, None)], seq_len, None)
+        q_out, cache_q = F.rope_forward(q, cq.astype(q.dtype), sq.astype(q.dtype), interleaved=self.interleaved)
+        k_out, cache_k = F.rope_forward(k, ck.astype(k.dtype), sk.astype(k.dtype), interleaved=self.interleaved)
+        return self._out(q_out), self._out(k_out), RotaryCache(cache_q, cache_k)
 
     def apply_backward(self, grad_q: Any, grad_k: Any, cache: RotaryCache) -> tuple[np.ndarray, np.ndarray]:
         """Gradients w.r.t. q and k from those w.r.t. q' and k' (declared layout): rotation by -angle."""
         gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
-        if cache.layout is None:
-            return (self._out(rope_rotate_backward(gq, cache.cos_q, cache.sin_q, interleaved=self.interleaved)),
-                    self._out(rope_rotate_backward(gk, cache.cos_k, cache.sin_k, interleaved=self.interleaved)))
-        if self._fusable(gq, gk):
-            if cache.cos_k is cache.cos_q and gq.shape[0] == gk.shape[0] and gq.shape[2] == gk.shape[2]:
-                dq, dk = rope_apply_backward(gq, gk, cache.cos_q, cache.sin_q, layout=cache.layout)
-                return self._out(dq), self._out(dk)  # type: ignore[arg-type]
-            return (self._out(rope_apply_backward(gq, None, cache.cos_q, cache.sin_q, layout=cache.layout)[0]),
-                    self._out(rope_apply_backward(gk, None, cache.cos_k, cache.sin_k, layout=cache.layout)[0]))
-        # kernels switched off since the forward, or other grad dtypes: the plain path on full tables
-        full = [self._broadcast(expand_to_layout(t, interleaved=self.interleaved), t.dtype)
-                for t in (cache.cos_q, cache.sin_q, cache.cos_k, cache.sin_k)]
-        return (self._out(rope_rotate_backward(gq, full[0], full[1], interleaved=self.interleaved)),
-                self._out(rope_rotate_backward(gk, full[2], full[3], interleaved=self.interleaved)))
+        if cache.k is None:
+            dq, dk = F.rope_qk_backward(gq, gk, cache.q)
+        else:
+            dq, dk = F.rope_backward(gq, cache.q), F.rope_backward(gk, cache.k)
+        return self._out(dq), self._out(dk)
 
     def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
               key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
