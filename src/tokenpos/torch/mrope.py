@@ -4,7 +4,8 @@ Shapes: B batch, H heads, L length, Dh head dim, F = Dh / 2. q, k: (B, H, L, Dh)
 with ``qk_layout="blhd"``); positions (3, B, L) / (3, 1, L) or text positions (B, L) / (1, L) / (L,).
 
 Angles, cos and sin are computed per call in float64 (float32 on MPS) from the frequencies of
-``tokenpos.tables`` and cast to the input dtype just before the multiply; autograd gives the backward.
+``tokenpos.tables``, one entry per pair, and rotate through one ``tokenpos::rope_qk`` op call (fused
+CPU kernel / Triton / plain torch; registered autograd).
 No cache, so nothing is shared between threads.
 """
 
@@ -19,9 +20,10 @@ from tokenpos.tables.mrope import mrope_kwargs_from_hf_config
 from tokenpos.tables.mrope_layer import MRopeSettings, mrope_positions_message
 from tokenpos.tables.rope import rope_length_message
 from tokenpos.tables.validation import check_int
+from tokenpos.torch import ops
 from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._module import TokenposModule
-from tokenpos.torch.rotary import rotate_half, to_bhld
+from tokenpos.torch.rotary import to_bhld
 
 
 class MRotaryEmbedding(TokenposModule):
@@ -74,11 +76,15 @@ class MRotaryEmbedding(TokenposModule):
         """Build from a Qwen2-VL / Qwen2.5-VL / Qwen3-VL config (or its ``text_config``)."""
         return cls(**{**mrope_kwargs_from_hf_config(config), **kwargs})
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (..., L, Dh) in float64 of positions (3, ..., L)."""
+    def _pairs(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (..., L, F) in float64 of positions (3, ..., L): one entry per rotated pair."""
         ang = positions[self.axis_map].to(self.inv_freq.dtype).movedim(0, -1) * self.inv_freq   # (..., L, F)
-        cos, sin = torch.cos(ang), torch.sin(ang)
-        return (torch.cat((cos, cos), -1) * self.attention_factor, torch.cat((sin, sin), -1) * self.attention_factor)
+        return torch.cos(ang) * self.attention_factor, torch.sin(ang) * self.attention_factor
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (..., L, Dh) in float64 of positions (3, ..., L), half layout (as HF returns them)."""
+        cos, sin = self._pairs(positions)
+        return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
 
     def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> torch.Tensor:
         if positions is None:
@@ -94,22 +100,27 @@ class MRotaryEmbedding(TokenposModule):
             raise ConfigError(mrope_positions_message(shape, batch, length))
         return pos if pos.dim() == 3 else pos.expand(3, *shape)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        return x * cos + rotate_half(x) * sin
+    @staticmethod
+    def _op_tables(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) else t
 
     def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0) -> Any:  # type: ignore[override]
-        """Rotate q and k; returns (q', k') with the input shapes and dtypes. ``apply(fn)`` is nn.Module's."""
+        """Rotate q and k (one ``tokenpos::rope_qk`` call); returns (q', k') with the input shapes and dtypes.
+
+        ``apply(fn)`` with a single callable is nn.Module's.
+        """
         if k is None and callable(q) and not isinstance(q, torch.Tensor):
             return super().apply(q)
         q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
         k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
         if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
             raise ConfigError(rope_length_message(tuple(q.shape), tuple(k.shape)))
-        cos, sin = self.cos_sin(self._positions(positions, start_pos, q.shape[0], q.shape[2]))
-        if cos.dim() == 3:                                            # (B, L, Dh) -> (B, 1, L, Dh)
-            cos, sin = cos[:, None], sin[:, None]
-        q_out, k_out = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        cos, sin = self._pairs(self._positions(positions, start_pos, q.shape[0], q.shape[2]))   # (B|1, L, F) | (L, F)
+        if q.dtype == k.dtype:
+            q_out, k_out = ops.rotate_qk(q, k, self._op_tables(cos, q), self._op_tables(sin, q), False)
+        else:
+            q_out = ops.rotate(q, self._op_tables(cos, q), self._op_tables(sin, q), False)
+            k_out = ops.rotate(k, self._op_tables(cos, k), self._op_tables(sin, k), False)
         if self.qk_layout == "blhd":
             return q_out.transpose(1, 2), k_out.transpose(1, 2)
         return q_out, k_out
