@@ -53,7 +53,8 @@ def test_meta_checkpoint_with_the_wrong_permutation_is_detected(rotary_dim: int 
         "no permutation": (wq, wk),
         "the inverse permutation": (permute_qk_weight(wq, heads, to="interleaved", rotary_dim=rotary_dim),
                                     permute_qk_weight(wk, heads, to="interleaved", rotary_dim=rotary_dim)),
-        "permuted over the whole head": (permute_qk_weight(wq, heads, to="half"), permute_qk_weight(wk, heads, to="half")),
+        "permuted over the whole head": (permute_qk_weight(wq, heads, to="half"),
+                                         permute_qk_weight(wk, heads, to="half")),
     }
     for what, (a, b) in wrongs.items():
         if rotary_dim is None and what == "permuted over the whole head":
