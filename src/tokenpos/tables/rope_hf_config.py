@@ -11,7 +11,7 @@ it is never ignored. Keys read (first match wins where several spell the same th
   (transformers 4) ``rope_local_base_freq`` for ``layer_type="sliding_attention"`` |
 | rotated fraction | the dict's ``partial_rotary_factor``, ``partial_rotary_factor``, ``rotary_pct`` (NeoX) |
 | rotary dim R | ``rotary_dim`` (GPT-J, CodeGen: interleaved pairs; None = Dh) |
-| layout | GPT-J / CodeGen interleaved; ``rope_interleave`` (DeepSeek-V3: interleaved weights) |
+| layout | GPT-J / CodeGen / Llama 4 interleaved; ``rope_interleave`` (DeepSeek-V3: interleaved weights) |
 | ``original_max_position_embeddings`` | top level (Phi-3) wins over the dict's value |
 
 Refused: ``mrope_section`` (M-RoPE: use ``MRotaryEmbedding``), ``rotary_emb_fraction``,
@@ -26,7 +26,7 @@ from typing import Any
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope_scaling import FULL_WIDTH_TYPES
 
-INTERLEAVED_MODEL_TYPES = ("gptj", "codegen")
+INTERLEAVED_MODEL_TYPES = ("gptj", "codegen", "llama4", "llama4_text")   # Llama 4 rotates complex pairs
 REFUSED_KEYS = {
     "mrope_section": "M-RoPE (3-D positions): build tokenpos MRotaryEmbedding.from_hf_config instead",
     "rotary_emb_fraction": "not mapped by tokenpos; give partial_rotary_factor instead",
