@@ -197,7 +197,7 @@ def test_kwargs_from_hf_configs() -> None:
     v5 = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=128,
                      rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0})
     kw = rope_kwargs_from_hf_config(v5)
-    assert kw == {"head_dim": 16, "base": 500000.0, "max_seq_len": 128, "rotary_dim": 16,
+    assert kw == {"head_dim": 16, "base": 500000.0, "max_seq_len": 128, "rotary_dim": 16, "interleaved": False,
                   "scaling": {"rope_type": "linear", "factor": 2.0}}
     v4 = {"hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 64, "rope_theta": 1e6,
           "partial_rotary_factor": 0.5, "original_max_position_embeddings": 16,

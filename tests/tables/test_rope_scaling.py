@@ -118,7 +118,7 @@ def test_relations() -> None:
 
 
 def test_rope_theta_in_dict_and_registry() -> None:
-    assert set(ROPE_INIT_FUNCTIONS) == {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
+    assert set(ROPE_INIT_FUNCTIONS) == {"default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional"}
     a = rope_inv_freq(HEAD_DIM, scaling={"rope_type": "default", "rope_theta": 500000.0})[0]
     np.testing.assert_array_equal(a, rope_inv_freq(HEAD_DIM, base=500000.0)[0])
     np.testing.assert_array_equal(rope_inv_freq(HEAD_DIM, scaling="default")[0], rope_inv_freq(HEAD_DIM)[0])

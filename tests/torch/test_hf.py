@@ -140,9 +140,9 @@ def test_gpt2_dtype_preserved_and_freeze() -> None:
 
 
 def test_unsupported_models_name_the_families() -> None:
-    fake = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
-    with pytest.raises(tpt.ConfigError, match=r"BERT \(bert\), RoBERTa \(roberta, xlm-roberta, camembert\) and "
-                                              r"GPT-2 \(gpt2\).*'llama'"):
+    fake = SimpleNamespace(config=SimpleNamespace(model_type="gemma3"))
+    with pytest.raises(tpt.ConfigError, match=r"BERT \(bert\), RoBERTa \(roberta, xlm-roberta, camembert\), "
+                                              r"GPT-2 \(gpt2\) and Llama-style \(llama, .*'gemma3'"):
         tpt.from_hf(fake)
     with pytest.raises(ValueError, match="GPT-2"):
         tpt.from_hf(torch.nn.Linear(2, 2))

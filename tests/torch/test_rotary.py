@@ -104,7 +104,7 @@ def test_tables_stay_float64_under_dtype_casts() -> None:
 
 def test_cache_grows_on_demand_and_rebuilds_on_variant_change() -> None:
     rope = RotaryEmbedding(DH, max_seq_len=8, scaling=SCALINGS["longrope"])
-    assert rope.cos_cached.shape == (8, DH) and rope._cache_key[-1] == ("longrope", "short")
+    assert rope.cos_cached.shape == (8, DH // 2) and rope._cache_key[-1] == ("longrope", "short")
     x = torch.randn(1, 1, 4, DH)
     rope.rotate(x, start_pos=10)                                    # needs 14 rows, long factors
     assert rope.cos_cached.shape[0] >= 14 and rope._cache_key[-1] == ("longrope", "long")

@@ -183,6 +183,16 @@ def _relative(kind: str) -> Callable[..., Path]:
     return call
 
 
+def _rope_family(kind: str) -> Callable[..., Path]:
+    def call(path: str | Path, **opts: Any) -> Path:
+        from tokenpos.analysis import plots_rope
+
+        return getattr(plots_rope, f"plot_{kind}")(path, **opts)  # type: ignore[no-any-return]
+
+    call.__name__ = f"plot_{kind}"
+    return call
+
+
 PLOTS: dict[str, Callable[..., Path]] = {
     "sinusoidal": plot_sinusoidal,
     "similarity": plot_similarity,
@@ -190,6 +200,8 @@ PLOTS: dict[str, Callable[..., Path]] = {
     "alibi": _relative("alibi"),
     "t5": _relative("t5"),
     "memory": plot_memory,
+    "mrope": _rope_family("mrope"),
+    "positions2d": _rope_family("positions_2d"),
 }
 DESCRIPTIONS: dict[str, str] = {
     "sinusoidal": "heatmap of the sinusoidal table, position x dimension",
@@ -198,6 +210,8 @@ DESCRIPTIONS: dict[str, str] = {
     "alibi": "ALiBi bias matrices, one per head",
     "t5": "T5 relative-position bucket map",
     "memory": "token-table memory against vocab size and d_model",
+    "mrope": "M-RoPE: the axis each frequency reads (Qwen2-VL / Qwen3-VL) and the ids of text + image",
+    "positions2d": "2-D patch positions: axial 2-D RoPE similarity and the 2-D sin-cos table",
 }
 
 

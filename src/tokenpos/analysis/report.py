@@ -35,6 +35,10 @@ FIGURES: dict[str, str] = {
     "rope": "RoPE wavelength per dimension pair (log scale) for each HF scaling, and its ratio to the unscaled one.",
     "alibi": "ALiBi: one linear distance penalty per head, with geometrically decreasing slopes.",
     "t5": "T5 relative buckets: exact for small distances, logarithmic up to max_distance, then one shared bucket.",
+    "mrope": "M-RoPE: which position axis (temporal, height, width) each frequency reads in the Qwen2-VL section "
+             "layout and the Qwen3-VL interleaved layout, and the (3, L) ids of a text + image + text sequence.",
+    "positions2d": "2-D patch positions: how similar the axial 2-D RoPE (Pixtral) rotation of each patch is to "
+                   "the centre patch's, and the 2-D sin-cos table of ViT-MAE.",
 }
 DPI = {"quick": 80, "default": 110, "full": 140}
 # bench arguments per mode: quick = a subset of the quick cases, default = every quick case, full = the full bench

@@ -8,7 +8,7 @@ from typing import Any
 
 from tokenpos.cli._ui import console, positive_int
 
-HELP = "draw one figure (sinusoidal, similarity, rope, alibi, t5, memory) to a PNG"
+HELP = "draw one figure (sinusoidal, similarity, rope, alibi, t5, memory, mrope, positions2d) to a PNG"
 
 # option dest -> keyword of the plot functions
 OPTIONS = {"d_model": "d_model", "num_positions": "num_positions", "head_dim": "head_dim",
@@ -54,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
         from tokenpos.analysis import plots_relative
 
         target = getattr(plots_relative, f"plot_{args.kind}")
+    elif args.kind in ("mrope", "positions2d"):                    # forward to plots_rope
+        from tokenpos.analysis import plots_rope
+
+        target = plots_rope.plot_mrope if args.kind == "mrope" else plots_rope.plot_positions_2d
     accepted = set(inspect.signature(target).parameters)
     opts: dict[str, Any] = {"dpi": args.dpi}
     for dest, kw in OPTIONS.items():

@@ -35,6 +35,7 @@ from tokenpos.tables.attention import (
     resolve_query_start,
 )
 from tokenpos.tables.errors import ConfigError, PositionError
+from tokenpos.tables.llama4 import query_temperature
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class AttentionCache:
     rotary_cache: Any
     rotate_keys: bool
     dtypes: tuple[np.dtype, np.dtype, np.dtype]
+    temperature: np.ndarray | None = None      # (B|1, 1, Lq, 1) Llama 4 query temperature
 
 
 def _kind(positional: Any) -> str:
@@ -83,7 +85,7 @@ def _rotate(positional: Any, q: np.ndarray, k: np.ndarray, positions: Any, start
 def scaled_dot_product_attention_forward(
         q: Any, k: Any, v: Any, *, positional: Any = None, causal: bool = True, positions: Any = None,
         start_pos: int | None = None, key_positions: Any = None, attn_mask: Any = None, scale: float | None = None,
-        rotate_keys: bool = True) -> tuple[np.ndarray, AttentionCache]:
+        rotate_keys: bool = True, attn_temperature: Any = None) -> tuple[np.ndarray, AttentionCache]:
     """Attention forward: ``(out (B, H, Lq, Dh), cache)``.
 
     Args:
@@ -93,6 +95,9 @@ def scaled_dot_product_attention_forward(
         positions, start_pos, key_positions, rotate_keys: rotary positions (see the module docstring).
         attn_mask: optional, broadcastable to (B, H, Lq, Lk): bool (True = attend) or additive floats.
         scale: logit scale, default 1 / sqrt(Dh).
+        attn_temperature: Llama 4's NoPE-layer temperature ``(floor_scale, attn_scale)``: each query is
+            multiplied by ``tables.llama4.llama4_attn_scales`` of its position (``positions``, else
+            start_pos + arange(Lq)) after any rotation; None = off.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     _check_shapes(q, k, v)
@@ -103,6 +108,10 @@ def scaled_dot_product_attention_forward(
     if kind == "rotary":
         q, k, rotary_cache = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
     q, k, v = q.astype(compute, copy=False), k.astype(compute, copy=False), v.astype(compute, copy=False)
+    temperature = None
+    if attn_temperature is not None:
+        temperature = query_temperature(attn_temperature, positions, start_pos, q.shape[2], k.shape[2], compute)
+        q = q * temperature                                                    # (B|1, 1, Lq, 1)
     lq, lk, dh = q.shape[2], k.shape[2], q.shape[3]
     scale = float(1.0 / np.sqrt(dh)) if scale is None else float(scale)
     logits = (q @ np.swapaxes(k, -1, -2)) * scale                              # (B, H, Lq, Lk)
@@ -124,7 +133,7 @@ def scaled_dot_product_attention_forward(
     total = e.sum(axis=-1, keepdims=True)
     probs = e / np.where(total > 0, total, 1.0)                                # (B, H, Lq, Lk)
     out = probs @ v                                                            # (B, H, Lq, Dh)
-    cache = AttentionCache(q, k, v, probs, scale, positional, rotary_cache, rotate_keys, dtypes)
+    cache = AttentionCache(q, k, v, probs, scale, positional, rotary_cache, rotate_keys, dtypes, temperature)
     return out.astype(dtypes[0], copy=False), cache
 
 
@@ -144,6 +153,8 @@ def scaled_dot_product_attention_backward(dout: Any, cache: AttentionCache) -> t
         c.positional.backward(dlogits.sum(axis=0))                            # (H, Lq, Lk)
     dq = (dlogits @ c.k) * c.scale                                            # (B, H, Lq, Dh)
     dk = (np.swapaxes(dlogits, -1, -2) @ c.q) * c.scale                       # (B, H, Lk, Dh)
+    if c.temperature is not None:
+        dq = dq * c.temperature
     if kind == "rotary":
         if c.rotate_keys:
             dq, dk = c.positional.apply_backward(dq, dk, c.rotary_cache)

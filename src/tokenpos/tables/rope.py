@@ -21,10 +21,13 @@ from typing import Any
 import numpy as np
 
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope_scaling import ROPE_INIT_FUNCTIONS, normalize_rope_scaling
+from tokenpos.tables.rope_scaling import FULL_WIDTH_TYPES, ROPE_INIT_FUNCTIONS, normalize_rope_scaling
 from tokenpos.tables.validation import check_choice, check_float, check_int, check_positions
 
 LAYOUTS = ("half", "interleaved")
+# Axis order of q / k: (B, H, L, Dh) as HF's default unsqueeze_dim=1, or (B, L, H, Dh) as unsqueeze_dim=2
+# and flash-attention.
+QK_LAYOUTS = ("bhld", "blhd")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -37,13 +40,49 @@ def rope_shape_message(name: str, shape: tuple[int, ...], head_dim: int) -> str:
     return f"{name} must have shape (B, H, L, {head_dim}), got {tuple(int(s) for s in shape)}"
 
 
+def rope_layout_shape_message(name: str, shape: tuple[int, ...], head_dim: int, qk_layout: str) -> str:
+    """``q must have shape (B, L, H, 64) (qk_layout='blhd'), got (2, 8, 64)``."""
+    if qk_layout == "bhld":
+        return rope_shape_message(name, shape, head_dim)
+    return f"{name} must have shape (B, L, H, {head_dim}) (qk_layout='blhd'), got {tuple(int(s) for s in shape)}"
+
+
+def rope_heads_message(name: str, shape: tuple[int, ...], qk_layout: str, num_heads: int) -> str:
+    """The declared layout does not fit the known head count (q: H == num_heads; k: H divides it)."""
+    axis = 1 if qk_layout == "bhld" else 2
+    rule = f"== num_heads={num_heads}" if name == "q" else f"dividing num_heads={num_heads}"
+    return (f"{name} has shape {tuple(int(s) for s in shape)}: its head axis {axis} (qk_layout={qk_layout!r}) "
+            f"is {int(shape[axis])}; expected a head count {rule}. Is the layout right?")
+
+
+def rope_dtype_message(name: str, dtype: Any) -> str:
+    """Integer / bool q or k would make cos and sin integers: refused."""
+    return f"{name} must be a floating-point array (float16, bfloat16, float32 or float64), got dtype {dtype}"
+
+
 def rope_length_message(q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> str:
     return (f"q and k must have the same batch and length to share positions, got q {tuple(q_shape)} and "
             f"k {tuple(k_shape)}; rotate them separately with rotate() when they differ")
 
 
 def rope_positions_message(shape: tuple[int, ...], batch: int, length: int) -> str:
-    return (f"positions must have shape ({length},) or ({batch}, {length}), got {tuple(int(s) for s in shape)}")
+    shapes = f"({length},) or (1, {length})" + ("" if batch == 1 else f" or ({batch}, {length})")
+    return f"positions must have shape {shapes}, got {tuple(int(s) for s in shape)}"
+
+
+def check_qk_layout(qk_layout: Any, num_heads: Any = None) -> tuple[str, int | None]:
+    """``(qk_layout, num_heads)`` checked: a layout of QK_LAYOUTS and None or a positive head count."""
+    check_choice("qk_layout", qk_layout, QK_LAYOUTS)
+    return qk_layout, None if num_heads is None else check_int("num_heads", num_heads, minimum=1)
+
+
+def check_heads(name: str, shape: tuple[int, ...], qk_layout: str, num_heads: int | None) -> None:
+    """q's head axis must be ``num_heads`` and k's must divide it (GQA), when the count is known."""
+    if num_heads is None:
+        return
+    heads = int(shape[1 if qk_layout == "bhld" else 2])
+    if (name == "q" and heads != num_heads) or (name != "q" and (heads < 1 or num_heads % heads)):
+        raise ConfigError(rope_heads_message(name, shape, qk_layout, num_heads))
 
 
 def check_rotary_dim(head_dim: int, rotary_dim: Any = None) -> int:
@@ -85,14 +124,16 @@ def rope_inv_freq(head_dim: int, *, base: float = 10000.0, scaling: Any = None,
         base: the wavelength base ``rope_theta`` (a ``rope_theta`` key in ``scaling`` also works).
         scaling: None / "default", a type name, or an HF dict (``rope_scaling`` of transformers 4 or
             ``rope_parameters`` of transformers 5): ``{"rope_type": "yarn", "factor": 4.0, ...}``.
-            Types: default, linear, dynamic, yarn, longrope, llama3 (see ``rope_scaling.py``).
+            Types: default, linear, dynamic, yarn, longrope, llama3, proportional (``rope_scaling.py``).
         max_position_embeddings: the model's max length (HF ``config.max_position_embeddings``):
             needed by ``dynamic``, and the fallback for ``original_max_position_embeddings``.
         seq_len: the current length (``dynamic`` NTK and ``longrope``'s short/long choice use it).
-        partial_rotary_factor: fraction of Dh that rotates (also read from ``scaling``).
+        partial_rotary_factor: fraction of Dh that rotates (also read from ``scaling``). For
+            "proportional" the table keeps Dh / 2 frequencies, the last ones zero (HF's p-RoPE).
 
     Returns:
-        ``(inv_freq, attention_factor)``: inv_freq of shape (F,) = (ceil(R/2),), float64; the factor
+        ``(inv_freq, attention_factor)``: inv_freq of shape (F,) = (ceil(R/2),) (proportional:
+            (Dh // 2,)), float64; the factor
         HF multiplies cos and sin by (1.0 except for yarn and longrope).
 
     Raises:
@@ -107,6 +148,8 @@ def rope_inv_freq(head_dim: int, *, base: float = 10000.0, scaling: Any = None,
         raise ConfigError(f"partial_rotary_factor={partial_rotary_factor} conflicts with "
                           f"rope_scaling['partial_rotary_factor']={prf}; give one of them")
     dim = int(head_dim * prf)
+    if params["rope_type"] in FULL_WIDTH_TYPES:    # p-RoPE: R = Dh, zero frequencies past the rotated pairs
+        dim, params = head_dim, {**params, "partial_rotary_factor": prf}
     if dim < 1:
         raise ConfigError(f"int(head_dim * partial_rotary_factor) = int({head_dim} * {prf}) = {dim}; expected >= 1")
     if max_position_embeddings is not None:

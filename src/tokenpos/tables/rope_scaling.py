@@ -9,6 +9,8 @@ Each entry mirrors one function of HF transformers' ``modeling_rope_utils.ROPE_I
     yarn      blend of theta_i and theta_i / factor by a linear ramp over dims, plus an attention factor
     longrope  theta_i / short_factor_i (seq_len <= original max) or / long_factor_i, plus an attention factor
     llama3    theta_i / factor for long wavelengths, unchanged for short ones, smooth in between
+    proportional  p-RoPE (Gemma 4): base ** (-2i / Dh) for the first int(p * Dh // 2) pairs, 0 for the
+              rest (they pass through), all / factor; p = partial_rotary_factor, R = Dh always
 
 Shapes: R rotary dim (R = int(head_dim * partial_rotary_factor)), F = ceil(R / 2) frequencies.
 
@@ -43,6 +45,7 @@ SCALING_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
                  frozenset({"attention_factor", "factor"})),
     "llama3": (frozenset({"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}),
                frozenset()),
+    "proportional": (frozenset(), frozenset({"factor"})),
 }
 # Types whose ``original_max_position_embeddings`` HF fills from ``max_position_embeddings``.
 _FILL_ORIGINAL = ("yarn", "longrope", "llama3")
@@ -266,6 +269,18 @@ def _compute_llama3(params: Mapping[str, Any], *, dim: int, base: float,
     return np.where(is_medium, smoothed, inv_freq_llama), 1.0
 
 
+def _compute_proportional(params: Mapping[str, Any], *, dim: int, base: float,
+                          max_position_embeddings: int | None, seq_len: int | None) -> tuple[np.ndarray, float]:
+    """p-RoPE: ``dim`` is the whole head dim Dh; ``params['partial_rotary_factor']`` (default 1) picks the
+    rotated pairs. The exponent divides by Dh (not by the rotated width), as HF does."""
+    factor = _number("proportional", params, "factor", minimum=0.0, strict=True) if "factor" in params else 1.0
+    proportion = float(params.get("partial_rotary_factor", 1.0))
+    rope_angles = int(proportion * dim // 2)
+    rotated = 1.0 / np.power(base, np.arange(0, 2 * rope_angles, 2, dtype=np.float64) / dim)
+    inv_freq = np.concatenate([rotated, np.zeros(dim // 2 - rope_angles)])      # (Dh // 2,)
+    return inv_freq / factor, 1.0
+
+
 ROPE_INIT_FUNCTIONS: dict[str, RopeFn] = {
     "default": _compute_default,
     "linear": _compute_linear,
@@ -273,4 +288,7 @@ ROPE_INIT_FUNCTIONS: dict[str, RopeFn] = {
     "yarn": _compute_yarn,
     "longrope": _compute_longrope,
     "llama3": _compute_llama3,
+    "proportional": _compute_proportional,
 }
+# Types whose partial_rotary_factor selects frequencies inside a full-width (R = Dh) rotation.
+FULL_WIDTH_TYPES = frozenset({"proportional"})

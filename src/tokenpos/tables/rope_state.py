@@ -12,8 +12,11 @@ import numpy as np
 
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope import check_rotary_dim, resolve_rope_base, rope_inv_freq
-from tokenpos.tables.rope_scaling import normalize_rope_scaling
+from tokenpos.tables.rope_hf_config import rope_kwargs_from_hf_config
+from tokenpos.tables.rope_scaling import FULL_WIDTH_TYPES, normalize_rope_scaling
 from tokenpos.tables.validation import check_float, check_int
+
+__all__ = ["RopeFrequencies", "rope_kwargs_from_hf_config", "rotary_frequencies"]
 
 # ----------------------------------------------------------------------------------------------
 # Frequency state of a rotary layer (shared by both backends)
@@ -41,7 +44,10 @@ class RopeFrequencies:
         self.base = resolve_rope_base(base, params)
         head_dim = check_int("head_dim", head_dim, minimum=2)
         prf = params.pop("partial_rotary_factor", None)
-        if prf is not None:
+        if prf is not None and params["rope_type"] in FULL_WIDTH_TYPES:     # p-RoPE: R = Dh, factor inside
+            params["partial_rotary_factor"] = check_float("rope_scaling['partial_rotary_factor']", prf, low=0.0,
+                                                          high=1.0, low_inclusive=False)
+        elif prf is not None:
             prf = check_float("rope_scaling['partial_rotary_factor']", prf, low=0.0, high=1.0, low_inclusive=False)
             from_prf = int(head_dim * prf)
             if rotary_dim is not None and rotary_dim != from_prf:
@@ -61,11 +67,13 @@ class RopeFrequencies:
         return rope_inv_freq(self.rotary_dim, base=self.base, scaling=self.params,
                              max_position_embeddings=self.max_position_embeddings, seq_len=seq_len)
 
-    def select(self, seq_len: int) -> tuple[tuple[Any, ...], np.ndarray]:
+    def select(self, seq_len: int, *, mutate: bool = True) -> tuple[tuple[Any, ...], np.ndarray]:
         """``(variant_key, inv_freq (F,))`` for a call whose largest position is ``seq_len - 1``.
 
         The key names the variant (it goes into cos/sin cache keys); for "dynamic" it also updates
-        the state exactly as HF's ``dynamic_frequency_update`` does.
+        the state exactly as HF's ``dynamic_frequency_update`` does (unless ``mutate`` is False).
+        The new state is computed first and then assigned in one step; the layers call this under
+        their lock, so concurrent calls never see half an update.
         """
         seq_len = int(seq_len)
         if self.rope_type == "longrope":
@@ -73,14 +81,14 @@ class RopeFrequencies:
                 return ("longrope", "long"), self.long_inv_freq()
             return ("longrope", "short"), self.original_inv_freq
         if self.rope_type == "dynamic":
-            cached = self.max_seq_len_cached
+            current, cached = self._current, self.max_seq_len_cached
             if seq_len > cached:                                   # growth
-                self._current = self._compute(seq_len)[0]
-                self.max_seq_len_cached = seq_len
+                current, cached = self._compute(seq_len)[0], seq_len
             if seq_len < self.max_position_embeddings < cached:    # reset
-                self._current = self.original_inv_freq
-                self.max_seq_len_cached = self.max_position_embeddings
-            return ("dynamic", self.max_seq_len_cached), self._current
+                current, cached = self.original_inv_freq, self.max_position_embeddings
+            if mutate:
+                self._current, self.max_seq_len_cached = current, cached
+            return ("dynamic", cached), current
         return ("static",), self.original_inv_freq
 
     def long_inv_freq(self) -> np.ndarray:
@@ -96,54 +104,7 @@ class RopeFrequencies:
 
     def peek(self, seq_len: int) -> tuple[tuple[Any, ...], np.ndarray]:
         """Like :meth:`select` but without changing any state (for tracing / inspection)."""
-        saved = (self._current, self.max_seq_len_cached)
-        try:
-            return self.select(seq_len)
-        finally:
-            self._current, self.max_seq_len_cached = saved
-
-
-def _config_get(config: Any, name: str) -> Any:
-    if isinstance(config, dict):
-        return config.get(name)
-    return getattr(config, name, None)
-
-
-def rope_kwargs_from_hf_config(config: Any) -> dict[str, Any]:
-    """RotaryEmbedding keyword arguments from an HF config object (or its ``config.json`` dict).
-
-    Reads ``rope_parameters`` (transformers 5) or ``rope_scaling`` + ``rope_theta`` (transformers 4),
-    ``head_dim`` (or hidden_size // num_attention_heads), ``max_position_embeddings``,
-    ``partial_rotary_factor`` and a top-level ``original_max_position_embeddings`` (Phi-3), which
-    wins over the dict's value, as in HF's ``standardize_rope_params``.
-
-    Returns:
-        ``{"head_dim", "base", "max_seq_len", "scaling", "rotary_dim"}``.
-    """
-    head_dim = _config_get(config, "head_dim")
-    if not head_dim:
-        hidden, heads = _config_get(config, "hidden_size"), _config_get(config, "num_attention_heads")
-        if not hidden or not heads:
-            raise ConfigError("the HF config has neither head_dim nor hidden_size and num_attention_heads; "
-                              "expected one of them")
-        head_dim = int(hidden) // int(heads)
-    params = _config_get(config, "rope_parameters") or _config_get(config, "rope_scaling") or {}
-    if not isinstance(params, dict):
-        raise ConfigError(f"config.rope_parameters must be a dict, got {type(params).__name__}")
-    params = dict(params)
-    if params and all(isinstance(v, dict) or v is None for v in params.values()):
-        raise ConfigError(f"per-layer rope_parameters (keys {sorted(params)}) are not supported; pass one of the "
-                          f"nested dicts as scaling=")
-    base = params.pop("rope_theta", None) or _config_get(config, "rope_theta") or 10000.0
-    prf = params.pop("partial_rotary_factor", None) or _config_get(config, "partial_rotary_factor") or 1.0
-    max_len = _config_get(config, "max_position_embeddings") or 2048
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    original = _config_get(config, "original_max_position_embeddings")
-    if original is not None and rope_type in ("yarn", "longrope", "llama3"):
-        params["original_max_position_embeddings"] = int(original)
-    rotary_dim = int(int(head_dim) * float(prf))
-    return {"head_dim": int(head_dim), "base": float(base), "max_seq_len": int(max_len),
-            "scaling": params or None, "rotary_dim": rotary_dim}
+        return self.select(seq_len, mutate=False)
 
 
 def rotary_frequencies(head_dim: Any, max_seq_len: Any, interleaved: Any, *, base: Any, scaling: Any,

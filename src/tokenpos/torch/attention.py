@@ -24,6 +24,7 @@ import torch
 
 from tokenpos.tables.attention import attention_shape_message, key_start_message, resolve_query_start
 from tokenpos.tables.errors import ConfigError, PositionError
+from tokenpos.tables.llama4 import query_temperature
 
 
 def _kind(positional: Any) -> str:
@@ -58,7 +59,8 @@ def _rotate(positional: Any, q: torch.Tensor, k: torch.Tensor, positions: Any, s
 def scaled_dot_product_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, positional: Any = None, causal: bool = True,
         positions: Any = None, start_pos: int | None = None, key_positions: Any = None,
-        attn_mask: torch.Tensor | None = None, scale: float | None = None, rotate_keys: bool = True) -> torch.Tensor:
+        attn_mask: torch.Tensor | None = None, scale: float | None = None, rotate_keys: bool = True,
+        attn_temperature: Any = None) -> torch.Tensor:
     """Attention with any positional scheme: out (B, H, Lq, Dh), q's dtype.
 
     Args:
@@ -68,6 +70,8 @@ def scaled_dot_product_attention(
         positions, start_pos, key_positions, rotate_keys: rotary positions (module docstring).
         attn_mask: optional, broadcastable to (B, H, Lq, Lk): bool (True = attend) or additive floats.
         scale: logit scale, default 1 / sqrt(Dh).
+        attn_temperature: Llama 4's NoPE-layer temperature ``(floor_scale, attn_scale)`` (see the NumPy
+            twin); None = off.
     """
     _check_shapes(q, k, v)
     out_dtype = q.dtype
@@ -76,6 +80,9 @@ def scaled_dot_product_attention(
     if kind == "rotary":
         q, k = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    if attn_temperature is not None:
+        temp = query_temperature(attn_temperature, positions, start_pos, q.shape[2], k.shape[2])
+        q = q * torch.from_numpy(temp).to(q.device, compute)                    # (B|1, 1, Lq, 1)
     lq, lk, dh = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
     logits = torch.matmul(q, k.transpose(-1, -2)) * scale                        # (B, H, Lq, Lk)

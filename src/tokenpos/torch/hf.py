@@ -7,6 +7,8 @@ Supported families (by ``model.config.model_type``):
 | BERT | bert | word + token type + position (start_pos + arange(L)), LayerNorm, dropout |
 | RoBERTa | roberta, xlm-roberta, camembert | the same, positions derived from padding (+ start_pos) |
 | GPT-2 | gpt2 | wte + wpe (start_pos + arange(L)), dropout |
+| Llama-style causal LMs | llama, mistral, qwen2, qwen3, phi3 | embed_tokens; ``emb.position`` is a
+  ``RotaryEmbedding.from_hf_config(config)`` for the attention (nothing is added to the embeddings) |
 
 ``start_pos`` plays the role of HF's ``past_key_values_length`` / past seen tokens. Weights are
 copied with their dtype and device. In eval mode the output equals HF's block exactly; in training
@@ -28,12 +30,16 @@ from tokenpos.torch.transformer import TransformerEmbedding
 BERT_TYPES = ("bert",)
 ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 GPT2_TYPES = ("gpt2",)
-SUPPORTED = BERT_TYPES + ROBERTA_TYPES + GPT2_TYPES
+LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+SUPPORTED = BERT_TYPES + ROBERTA_TYPES + GPT2_TYPES + LLAMA_TYPES
+# config keys of Llama-style families that change the embedding block; refused, never ignored
+LLAMA_REFUSED = ("embedding_multiplier", "embed_scale", "scale_emb")
 
 
 def _unsupported(what: str) -> ConfigError:
     return ConfigError(f"from_hf supports the BERT ({', '.join(BERT_TYPES)}), RoBERTa "
-                       f"({', '.join(ROBERTA_TYPES)}) and GPT-2 ({', '.join(GPT2_TYPES)}) families; got {what}")
+                       f"({', '.join(ROBERTA_TYPES)}), GPT-2 ({', '.join(GPT2_TYPES)}) and Llama-style "
+                       f"({', '.join(LLAMA_TYPES)}) families; got {what}")
 
 
 def _base(model: Any) -> Any:
@@ -69,7 +75,9 @@ def from_hf(model: Any, *, freeze: bool = False) -> TransformerEmbedding:
         raise ConfigError(f"from_hf reproduces absolute position embeddings only; got "
                           f"position_embedding_type={kind!r}")
     base = _base(model)
-    if model_type in GPT2_TYPES:
+    if model_type in LLAMA_TYPES:
+        layer = _from_llama(base, config)
+    elif model_type in GPT2_TYPES:
         layer = _from_gpt2(base, config)
     else:
         layer = _from_bert_like(base.embeddings, config, padding=model_type in ROBERTA_TYPES)
@@ -105,3 +113,19 @@ def _from_gpt2(base: Any, config: Any) -> TransformerEmbedding:
         wte.shape[0], wte.shape[1], wpe.shape[0], positional="learned", init="zeros",
         dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0), device=wte.device, dtype=wte.dtype, seed=0)
     return _copy(layer, {"token.weight": wte, "position.weight": wpe})
+
+
+def _from_llama(base: Any, config: Any) -> TransformerEmbedding:
+    from tokenpos.torch.rotary import RotaryEmbedding
+
+    for key in LLAMA_REFUSED:
+        value = getattr(config, key, None)
+        if value not in (None, 1, 1.0, False):
+            raise ConfigError(f"the config sets {key}={value!r}, which scales the embeddings; from_hf reproduces "
+                              f"plain Llama-style embedding blocks only")
+    w = base.embed_tokens.weight
+    rope = RotaryEmbedding.from_hf_config(config, device=w.device)
+    pad = getattr(base.embed_tokens, "padding_idx", None)
+    layer = TransformerEmbedding(w.shape[0], w.shape[1], rope.max_seq_len, positional=rope, padding_idx=pad,
+                                 init="zeros", device=w.device, dtype=w.dtype, seed=0)
+    return _copy(layer, {"token.weight": w})

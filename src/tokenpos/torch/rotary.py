@@ -1,42 +1,52 @@
-"""RotaryEmbedding (RoPE) for the torch backend: rotates q and k; autograd gives the backward.
+"""RotaryEmbedding (RoPE) for the torch backend: rotates q and k through the ``tokenpos::rope`` ops.
 
 Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim, R rotary dim,
-F = R / 2, P cached positions. q, k: (B, H, L, Dh); positions: (L,) or (B, L) integers.
+F = R / 2, P cached positions. q, k: (B, H, L, Dh) (or (B, L, H, Dh) with ``qk_layout="blhd"``);
+positions: (L,), (1, L) or (B, L) integers.
 
 Precision: frequencies come from ``tokenpos.tables`` (float64); angles, cos and sin are computed in
 float64 (float32 on MPS, which has no float64), times the attention factor, and cast to the input
-dtype just before the multiply (as HF does). So bf16 inputs at position 1,000,000 still get angles
-accurate to float64, not bf16 (whose positions are multiples of 4096 there).
+dtype for float32 / float64 inputs (as HF does); bf16 / fp16 inputs are rotated in float32 by the op
+and rounded once. So bf16 inputs at position 1,000,000 still get accurate angles, not bf16 ones
+(whose positions are multiples of 4096 there).
 
-Cache: ``cos_cached`` / ``sin_cached`` (P, R) non-persistent buffers for positions [0, P), rebuilt
-when its key changes (the key holds R, base, layout, attention factor, the frozen scaling and the
-frequency variant) and grown in eager mode when a call needs more rows. Calls with ``positions=None``
-slice it with Python ints; explicit position tensors are computed directly (same numbers). Under
-``torch.compile`` nothing is mutated: a call the cache does not cover is computed from the formula.
-Static scalings (default, linear, yarn, llama3) and longrope run under ``fullgraph=True``;
-``dynamic`` keeps HF's state in Python and reads ``max(positions)``, so it is eager-only with
-explicit positions (use ``positions=None`` / ``start_pos`` there).
+Cache: ``cos_cached`` / ``sin_cached`` (P, F) non-persistent buffers, one entry per rotated pair, for
+positions [0, P); replaced (never written into) when its key changes (R, base, layout, attention
+factor, the frozen scaling and the frequency variant) or when a call needs more rows (eager mode).
+The variant and the rows of one call are taken together under a lock, so threads sharing a layer
+never mix frequencies. Calls with ``positions=None`` slice the cache; explicit position tensors are
+computed from the formula (same numbers). Under ``torch.compile`` nothing is mutated. Static scalings
+and longrope run under ``fullgraph=True``; ``dynamic`` keeps HF's state in Python and reads
+``max(positions)``, so it is eager-only with explicit positions.
 
-Kernel: on CPU float32 / float64 inputs in eager mode (and ``tokenpos.kernels_enabled()``), ``apply``
-and ``rotate`` run the fused numba pass (``tokenpos.kernels.rope_apply``, its backward through an
-autograd Function) with the same tables cast to the input dtype, cut to one entry per pair
-(L, R/2) or (B, L, R/2) and kept per dtype until the cache is rebuilt; explicit positions the
-cache covers are gathered from it. The plain path above serves everything else.
+Kernel: each call is one ``tokenpos::rope_qk`` op (q and k at the same positions) or ``tokenpos::rope``
+per tensor (k at its own positions); the op picks the fused CPU kernel, Triton or plain torch, and
+registers autograd (double backward included), fake tensors and vmap.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
 import numpy as np
 import torch
 
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope import rope_cos_sin, rope_length_message, rope_positions_message, rope_shape_message
+from tokenpos.tables.rope import (
+    check_heads,
+    check_qk_layout,
+    rope_angles,
+    rope_dtype_message,
+    rope_layout_shape_message,
+    rope_length_message,
+    rope_positions_message,
+)
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.rope_state import rope_kwargs_from_hf_config, rotary_frequencies
 from tokenpos.tables.validation import check_int
-from tokenpos.torch import _fused
+from tokenpos.torch import ops
 from tokenpos.torch._checks import check_position_tensor, is_compiling
 from tokenpos.torch._module import TokenposModule
 
@@ -59,6 +69,20 @@ def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
 
+def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> torch.Tensor:
+    """q or k in the declared layout -> a (B, H, L, Dh) view; float dtype and head count checked.
+
+    A (B, H, L, Dh) result goes back with the same transpose (it is its own inverse).
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != head_dim:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(np.shape(x))
+        raise ConfigError(rope_layout_shape_message(name, shape, head_dim, qk_layout))
+    if not x.is_floating_point():
+        raise ConfigError(rope_dtype_message(name, str(x.dtype).replace("torch.", "")))
+    check_heads(name, tuple(x.shape), qk_layout, num_heads)
+    return x.transpose(1, 2) if qk_layout == "blhd" else x
+
+
 class RotaryEmbedding(TokenposModule):
     """Rotary position embedding with every HF scaling (default, linear, dynamic, yarn, longrope, llama3).
 
@@ -69,21 +93,33 @@ class RotaryEmbedding(TokenposModule):
         scaling: None or an HF ``rope_scaling`` / ``rope_parameters`` dict (see ``tables.rope_inv_freq``).
         interleaved: False = half-split pairs (HF / GPT-NeoX), True = adjacent pairs (Meta / GPT-J).
         rotary_dim: R (partial rotary); None = Dh.
+        qk_layout: "bhld" = q, k are (B, H, L, Dh) (HF's unsqueeze_dim=1); "blhd" = (B, L, H, Dh)
+            (unsqueeze_dim=2, flash-attention).
+        num_heads: H of q when known: q's head axis must equal it and k's must divide it.
+        seed, rng: accepted for the common scheme signature; RoPE has no random state.
         device: where the cache lives. dtype: accepted for a uniform signature; outputs follow the
             input dtype and the tables stay float64.
 
+    Threads: in eager mode the frequency variant and the cache rows of one call are taken together
+    under a lock (the cache buffers are replaced, never written in place); the rotation runs outside.
+
     Shape:
-        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (B, L) | None) -> (q', k').
+        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (1, L) | (B, L) | None) -> (q', k')
+        (with qk_layout="blhd": (B, L, Hq, Dh), (B, L, Hk, Dh)).
     """
 
     kind = "rotary"
+    name = "rope"
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, max_seq_len: int = 2048, scaling: Any = None,
-                 interleaved: bool = False, rotary_dim: int | None = None, device: Any = None,
+                 interleaved: bool = False, rotary_dim: int | None = None, qk_layout: str = "bhld",
+                 num_heads: int | None = None, seed: Any = None, rng: Any = None, device: Any = None,
                  dtype: Any = None) -> None:
         super().__init__()
         self.head_dim, self.max_seq_len, self.interleaved, self.freqs = rotary_frequencies(
             head_dim, max_seq_len, interleaved, base=base, scaling=scaling, rotary_dim=rotary_dim)
+        self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
+        self._lock = threading.RLock()
         self.base, self.rotary_dim = self.freqs.base, self.freqs.rotary_dim
         self.scaling = dict(self.freqs.params)
         self.attention_factor = self.freqs.attention_factor
@@ -95,25 +131,40 @@ class RotaryEmbedding(TokenposModule):
         self.sin_cached: torch.Tensor
         self.register_buffer("inv_freq", torch.empty(0, device=device, dtype=calc), persistent=False)
         self.register_buffer("long_inv_freq", torch.empty(0, device=device, dtype=calc), persistent=False)
-        self.register_buffer("cos_cached", torch.empty(0, self.rotary_dim, device=device, dtype=calc),
-                             persistent=False)
-        self.register_buffer("sin_cached", torch.empty(0, self.rotary_dim, device=device, dtype=calc),
-                             persistent=False)
+        f = self.rotary_dim // 2
+        self.register_buffer("cos_cached", torch.empty(0, f, device=device, dtype=calc), persistent=False)
+        self.register_buffer("sin_cached", torch.empty(0, f, device=device, dtype=calc), persistent=False)
         self._cache_key: tuple[Any, ...] | None = None
-        self._halves_of: torch.Tensor | None = None                  # the cache the kernel tables were cut from
-        self._halves: dict[torch.dtype, tuple[np.ndarray, np.ndarray]] = {}
-        self._last_range: tuple[Any, ...] | None = None
         self.reset_parameters()
 
     @classmethod
-    def from_hf_config(cls, config: Any, **kwargs: Any) -> RotaryEmbedding:
-        """Build from an HF config (``rope_parameters`` of transformers 5 or ``rope_scaling`` of 4)."""
-        return cls(**{**rope_kwargs_from_hf_config(config), **kwargs})
+    def from_hf_config(cls, config: Any, *, layer_type: str | None = None, **kwargs: Any) -> RotaryEmbedding:
+        """Build from an HF config (``rope_parameters`` of transformers 5 or ``rope_scaling`` of 4).
+
+        ``layer_type`` picks one entry of per-layer-type parameters (Gemma 3 / 4); see
+        ``tokenpos.tables.rope_hf_config`` for every key read (a key that changes the rotation is
+        honoured or refused, never ignored).
+        """
+        return cls(**{**rope_kwargs_from_hf_config(config, layer_type=layer_type), **kwargs})
 
     # -- buffers ---------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else dict(self.__dict__)
+        state = dict(state)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._lock = threading.RLock()
+
+    def _guard(self) -> Any:
+        """The lock in eager mode; nothing under torch.compile (which mutates no state)."""
+        return contextlib.nullcontext() if is_compiling() else self._lock
+
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """(Re)compute the frequencies and the cache from ``tokenpos.tables`` in float64."""
+    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
+        """(Re)compute the frequencies and the cache from ``tokenpos.tables`` in float64 (no randomness)."""
         if self.inv_freq.is_meta:
             return
         dev, calc = self.inv_freq.device, _calc_dtype(self.inv_freq.device)
@@ -124,11 +175,11 @@ class RotaryEmbedding(TokenposModule):
         self._build(variant, inv_np, self.max_seq_len)
 
     def _build(self, variant: tuple[Any, ...], inv_freq: np.ndarray, n: int) -> None:
-        cos, sin = rope_cos_sin(np.arange(n), inv_freq, attention_factor=self.attention_factor,
-                                interleaved=self.interleaved)
+        """Replace (never write into) the cache: rows [0, n) of cos / sin, (n, F), times the factor."""
+        ang = rope_angles(np.arange(n), inv_freq)
         dev, calc = self.inv_freq.device, _calc_dtype(self.inv_freq.device)
-        self.cos_cached = torch.from_numpy(cos).to(dev, calc)
-        self.sin_cached = torch.from_numpy(sin).to(dev, calc)
+        self.cos_cached = torch.from_numpy(np.cos(ang) * self.attention_factor).to(dev, calc)
+        self.sin_cached = torch.from_numpy(np.sin(ang) * self.attention_factor).to(dev, calc)
         self._cache_key = self._key(variant)
 
     def _variant(self, need: int, mutate: bool = True) -> tuple[tuple[Any, ...], np.ndarray, torch.Tensor]:
@@ -154,15 +205,14 @@ class RotaryEmbedding(TokenposModule):
             self.reset_parameters()
         return out
 
-    # -- cos / sin -------------------------------------------------------------------------------
+    # -- cos / sin (one entry per rotated pair: (..., F)) ------------------------------------------
     def _formula(self, pos: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ang = pos.to(inv_freq.dtype)[..., None] * inv_freq                 # (..., F)
-        cos, sin = torch.cos(ang), torch.sin(ang)
-        if self.interleaved:
-            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-        else:
-            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-        return cos * self.attention_factor, sin * self.attention_factor      # (..., R)
+        return torch.cos(ang) * self.attention_factor, torch.sin(ang) * self.attention_factor
+
+    def _expand(self, t: torch.Tensor) -> torch.Tensor:
+        """(..., F) -> (..., R) in the layout."""
+        return t.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((t, t), dim=-1)
 
     def _cover(self, need: int, seq_len: int | None = None) -> torch.Tensor | None:
         """Pick the variant for a call needing rows [0, need) and make the cache hold them.
@@ -180,20 +230,18 @@ class RotaryEmbedding(TokenposModule):
         self._build(variant, inv_np, max(need, 2 * self.cos_cached.shape[0] if same_key else 0, self.max_seq_len))
         return None
 
-    def cos_sin_range(self, start: int, length: int, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (L, R) in float64 for positions ``start + arange(length)`` (Python ints)."""
+    def _pairs_range(self, start: int, length: int, seq_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (L, F) for positions ``start + arange(length)`` (Python ints), variant and rows in one step."""
         need = start + length
-        inv_t = self._cover(need, seq_len)
-        if inv_t is not None:
-            return self._formula(torch.arange(start, need, device=self.inv_freq.device), inv_t)
-        return self.cos_cached[start:need], self.sin_cached[start:need]
+        with self._guard():
+            inv_t = self._cover(need, seq_len)
+            if inv_t is None:
+                return self.cos_cached[start:need], self.sin_cached[start:need]
+        return self._formula(torch.arange(start, need, device=self.inv_freq.device), inv_t)
 
-    def cos_sin_positions(self, pos: torch.Tensor, need: torch.Tensor | int | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (..., R) in float64 for an int tensor of positions (...), from the formula.
-
-        ``need`` (default ``max(pos) + 1``) selects the longrope / dynamic variant.
-        """
+    def _pairs_positions(self, pos: torch.Tensor, need: torch.Tensor | int | None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (..., F) for an int tensor of positions (...), from the formula; ``need`` picks the variant."""
         if self.rope_type == "longrope":
             need = pos.max() + 1 if need is None else need
             orig = int(self.scaling["original_max_position_embeddings"])
@@ -205,51 +253,20 @@ class RotaryEmbedding(TokenposModule):
             inv_t = self.inv_freq
         return self._formula(pos, inv_t)
 
-    # -- the fused kernel's tables (CPU float32 / float64, eager) ---------------------------------
-    def _half(self, t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
-        """(..., R) in the layout -> the kernel's (..., R/2) (one entry per pair), C-contiguous, ``dtype``."""
-        h = t[..., 0::2] if self.interleaved else t[..., : self.rotary_dim // 2]
-        return h.to(dtype).contiguous().numpy()
+    def cos_sin_range(self, start: int, length: int, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (L, R) in float64, in the layout, for positions ``start + arange(length)``."""
+        cos, sin = self._pairs_range(start, length, seq_len)
+        return self._expand(cos), self._expand(sin)
 
-    def _kernel_cache(self, dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """The cache as (P, R/2) cos and sin arrays in ``dtype``, kept until the cache is rebuilt."""
-        if self._halves_of is not self.cos_cached:
-            self._halves_of, self._halves = self.cos_cached, {}
-        hit = self._halves.get(dtype)
-        if hit is None:
-            hit = self._halves[dtype] = (self._half(self.cos_cached, dtype), self._half(self.sin_cached, dtype))
-        return hit
+    def cos_sin_positions(self, pos: torch.Tensor, need: torch.Tensor | int | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (..., R) in float64, in the layout, for an int tensor of positions (...).
 
-    def _kernel_tables(self, pos: torch.Tensor | None, start: int, length: int, need: int | None,
-                       dtype: torch.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin as the kernel wants them, (L, R/2) or (B, L, R/2) in ``dtype`` (as the plain path
-        casts them), with the plain path's rules: ``pos=None`` means ``start + arange(length)`` and may
-        grow the cache (``need`` is then the seq_len hint); explicit positions only read it (``need``
-        picks the variant), else come from the formula.
+        ``need`` (default ``max(pos) + 1``) selects the longrope / dynamic variant.
         """
-        if pos is None:
-            inv_t = self._cover(start + length, need)
-            if inv_t is None:
-                last = self._last_range                   # (cache, dtype, start, length, tables): a repeat call
-                if last is not None and last[0] is self.cos_cached and last[1:4] == (dtype, start, length):
-                    return last[4]                        # type: ignore[no-any-return]
-                cos, sin = self._kernel_cache(dtype)
-                tables = cos[start:start + length], sin[start:start + length]
-                self._last_range = (self.cos_cached, dtype, start, length, tables)
-                return tables
-            pos = torch.arange(start, start + length, device=self.inv_freq.device)
-        else:
-            top = int(pos.max()) + 1 if pos.numel() else 0
-            variant, _, inv_t = self._variant(top if need is None else need)
-            if self._key(variant) == self._cache_key and top <= self.cos_cached.shape[0]:
-                cos, sin = self._kernel_cache(dtype)
-                idx = pos.numpy()
-                return cos[idx], sin[idx]
-        cos_t, sin_t = self._formula(pos, inv_t)
-        return self._half(cos_t, dtype), self._half(sin_t, dtype)
-
-    def _fusable(self, *xs: torch.Tensor) -> bool:
-        return _fused.fusable(*xs) and self.inv_freq.is_cpu
+        with self._guard():
+            cos, sin = self._pairs_positions(pos, need)
+        return self._expand(cos), self._expand(sin)
 
     @staticmethod
     def _start(start_pos: Any) -> int:
@@ -263,50 +280,45 @@ class RotaryEmbedding(TokenposModule):
 
     # -- checks ----------------------------------------------------------------------------------
     def _check(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or x.shape[-1] != self.head_dim:
-            raise ConfigError(rope_shape_message(name, tuple(x.shape), self.head_dim))
-        return x
+        return to_bhld(name, x, self.head_dim, self.qk_layout, self.num_heads)
+
+    def _out(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2) if self.qk_layout == "blhd" else x
 
     def _positions(self, positions: Any, batch: int, length: int) -> torch.Tensor:
         pos = check_position_tensor(positions, device=self.inv_freq.device)
+        if tuple(pos.shape) == (1, length):                          # HF's (1, L): shared by the batch
+            return pos[0]
         if tuple(pos.shape) not in ((length,), (batch, length)):
             raise ConfigError(rope_positions_message(tuple(pos.shape), batch, length))
         return pos
 
-    def _rotate_with(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if cos.dim() == 3:                                                  # (B, L, R) -> (B, 1, L, R)
-            cos, sin = cos[:, None], sin[:, None]
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        r = self.rotary_dim
-        xr = x[..., :r]
-        rot = rotate_pairs(xr) if self.interleaved else rotate_half(xr)
-        out = xr * cos + rot * sin
-        return out if r == x.shape[-1] else torch.cat((out, x[..., r:]), dim=-1)
+    @staticmethod
+    def _op_tables(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The op's tables: in x's dtype for float32 / float64 x (as HF casts), else kept (the op then
+        computes low-precision inputs in float32 and rounds once)."""
+        return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) else t
 
-    # -- rotation --------------------------------------------------------------------------------
+    # -- rotation: one tokenpos::rope / rope_qk op call --------------------------------------------
     def rotate(self, x: torch.Tensor, positions: Any = None, *, start_pos: int = 0,
                seq_len: int | None = None) -> torch.Tensor:
-        """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (B, L) (default start_pos + arange(L))."""
+        """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L))."""
         x = self._check("x", x)
-        if self._fusable(x):
-            pos = None if positions is None else self._positions(positions, x.shape[0], x.shape[2])
-            start = 0 if pos is not None else self._start(start_pos)
-            return _fused.rope(x, None, self._kernel_tables(pos, start, x.shape[2], seq_len, x.dtype), None,
-                               self.layout)
         if positions is None:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
-            cos, sin = self.cos_sin_range(start_pos, x.shape[2], seq_len)
+            cos, sin = self._pairs_range(self._start(start_pos), x.shape[2], seq_len)
         else:
-            cos, sin = self.cos_sin_positions(self._positions(positions, x.shape[0], x.shape[2]), seq_len)
-        return self._rotate_with(x, cos, sin)
+            pos = self._positions(positions, x.shape[0], x.shape[2])
+            with self._guard():
+                cos, sin = self._pairs_positions(pos, seq_len)
+        return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), self.interleaved))
 
     def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
               key_positions: Any = None) -> Any:
-        """Rotate q and k (B, H, L, Dh) at positions (L,) | (B, L) (default start_pos + arange(L)).
+        """Rotate q and k (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L)).
 
         ``key_positions`` (Lk,) | (B, Lk) rotates k at other positions (a KV cache); by default k
-        uses q's positions. One frequency variant serves both (chosen by the largest position).
-        Returns (q', k') with the input shapes and dtypes.
+        uses q's positions (one ``tokenpos::rope_qk`` call). One frequency variant serves both
+        (chosen by the largest position). Returns (q', k') with the input shapes and dtypes.
 
         ``apply(fn)`` with a single callable is ``nn.Module.apply`` (``model.apply(init_fn)`` recurses
         through every child, this one included), so that idiom keeps working.
@@ -316,44 +328,32 @@ class RotaryEmbedding(TokenposModule):
         q, k = self._check("q", q), self._check("k", k)
         if key_positions is None and (q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
             raise ConfigError(rope_length_message(tuple(q.shape), tuple(k.shape)))
-        if self._fusable(q, k):
-            return self._apply_fused(q, k, positions, start_pos, key_positions)
-        if positions is None and key_positions is None:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
-            cos, sin = self.cos_sin_range(start_pos, q.shape[2])
-            return self._rotate_with(q, cos, sin), self._rotate_with(k, cos, sin)
+        if key_positions is None and q.dtype == k.dtype:
+            if positions is None:
+                cos, sin = self._pairs_range(self._start(start_pos), q.shape[2], None)
+            else:
+                pos = self._positions(positions, q.shape[0], q.shape[2])
+                with self._guard():
+                    cos, sin = self._pairs_positions(pos, None)
+            q_out, k_out = ops.rotate_qk(q, k, self._op_tables(cos, q), self._op_tables(sin, q), self.interleaved)
+            return self._out(q_out), self._out(k_out)
         if positions is None:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
+            start_pos = self._start(start_pos)
             pos_q = torch.arange(start_pos, start_pos + q.shape[2], device=self.inv_freq.device)
         else:
             pos_q = self._positions(positions, q.shape[0], q.shape[2])
         pos_k = pos_q if key_positions is None else self._positions(key_positions, k.shape[0], k.shape[2])
         need = torch.maximum(pos_q.max(), pos_k.max()) + 1 if pos_q.numel() and pos_k.numel() else 0
-        cq, sq = self.cos_sin_positions(pos_q, need)
-        ck, sk = self.cos_sin_positions(pos_k, need)
-        return self._rotate_with(q, cq, sq), self._rotate_with(k, ck, sk)
+        with self._guard():                                              # one variant for q and k
+            cq, sq = self._pairs_positions(pos_q, need)
+            ck, sk = self._pairs_positions(pos_k, need)
+        q_out = ops.rotate(q, self._op_tables(cq, q), self._op_tables(sq, q), self.interleaved)
+        k_out = ops.rotate(k, self._op_tables(ck, k), self._op_tables(sk, k), self.interleaved)
+        return self._out(q_out), self._out(k_out)
 
     forward = apply
 
-    def _apply_fused(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: int,
-                     key_positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`apply` through the fused kernel (same positions, variants and cache rules)."""
-        L = q.shape[2]
-        if positions is None and key_positions is None:
-            start_pos = self._start(start_pos)
-            tables = self._kernel_tables(None, start_pos, L, None, q.dtype)
-            return _fused.rope(q, k, tables, None, self.layout)  # type: ignore[no-any-return]
-        if positions is None:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
-            pos_q = torch.arange(start_pos, start_pos + L, device=self.inv_freq.device)
-        else:
-            pos_q = self._positions(positions, q.shape[0], L)
-        pos_k = pos_q if key_positions is None else self._positions(key_positions, k.shape[0], k.shape[2])
-        need = max(int(pos_q.max()), int(pos_k.max())) + 1 if pos_q.numel() and pos_k.numel() else 0
-        tables_q = self._kernel_tables(pos_q, 0, 0, need, q.dtype)
-        tables_k = None if key_positions is None else self._kernel_tables(pos_k, 0, 0, need, k.dtype)
-        return _fused.rope(q, k, tables_q, tables_k, self.layout)  # type: ignore[no-any-return]
-
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
-                f"max_seq_len={self.max_seq_len}, rope_type={self.rope_type!r}, layout={self.layout!r}")
+                f"max_seq_len={self.max_seq_len}, rope_type={self.rope_type!r}, layout={self.layout!r}, "
+                f"qk_layout={self.qk_layout!r}")

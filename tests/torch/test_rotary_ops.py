@@ -1,9 +1,6 @@
-"""TRANSITIONAL: RotaryEmbedding's kernel path (``torch/_fused.py``) equals its plain torch path.
-
-The embedding kernel-path tests moved to test_token.py / test_transformer.py / test_ops.py (through
-the ``tokenpos::embedding`` op). These RoPE ones stay until ``torch/rotary.py`` calls the
-``tokenpos::rope`` ops; then they fold into test_rotary.py and this file goes with ``_fused.py``.
-"""
+"""RotaryEmbedding through the ``tokenpos::rope`` / ``rope_qk`` ops: the fused-kernel path equals the plain
+torch path (forward, gradients, every position kind), gradients only where needed, low-precision and
+mixed-dtype fallbacks, one op call per ``apply``."""
 
 from __future__ import annotations
 
@@ -16,23 +13,20 @@ import torch
 import tokenpos
 import tokenpos.torch as tpt
 from tests.tolerances import TOL
-from tokenpos.torch import _fused
-
-KERNELS = ("rope_apply", "rope_apply_backward")
+from tokenpos.kernels import rope as kernel_rope
 
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts of kernel calls made through ``tokenpos.torch._fused``; kernels back on afterwards."""
+    """Counts of numba kernel calls (the op imports ``rope_apply`` at call time); kernels back on afterwards."""
     counts: Counter[str] = Counter()
-    for name in KERNELS:
-        fn = getattr(_fused, name)
+    fn = kernel_rope.rope_apply
 
-        def spy(*args, _fn=fn, _name=name, **kwargs):
-            counts[_name] += 1
-            return _fn(*args, **kwargs)
+    def spy(*args, **kwargs):
+        counts["rope_apply"] += 1
+        return fn(*args, **kwargs)
 
-        monkeypatch.setattr(_fused, name, spy)
+    monkeypatch.setattr(kernel_rope, "rope_apply", spy)
     yield counts
     tokenpos.set_kernels(True)
 
@@ -79,7 +73,7 @@ def run_rope(kernels: bool, interleaved: bool, rotary_dim, dtype, kwargs):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_rope_fused_equals_plain(calls, where, interleaved, rotary_dim, dtype):
     got = run_rope(True, interleaved, rotary_dim, dtype, POSITIONS[where])
-    assert calls["rope_apply"] >= 2 and calls["rope_apply_backward"] >= 2
+    assert calls["rope_apply"] >= 2                 # forward and backward (the op with -sin) both fused
     ref = run_rope(False, interleaved, rotary_dim, dtype, POSITIONS[where])
     for name, a, b in zip(("q'", "k'", "dq", "dk", "rotate"), got, ref, strict=True):
         assert a.dtype == b.dtype == dtype and a.shape == b.shape
@@ -91,8 +85,8 @@ def test_rope_gradient_only_for_inputs_that_need_it(calls):
     q = torch.randn(1, 2, 3, 8, requires_grad=True)
     k = torch.randn(1, 2, 3, 8)
     oq, ok = rope.apply(q, k)
-    assert oq.requires_grad and not ok.requires_grad                     # as the plain path
-    oq.sum().backward()
+    assert oq.requires_grad        # (a custom op marks every output differentiable; k gets no gradient anyway)
+    (oq.sum() + ok.sum()).backward()
     assert q.grad is not None and k.grad is None
     q2, k2 = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8, requires_grad=True)
     a, b = rope.apply(q2, k2, torch.tensor([3, 1, 2]))
@@ -120,20 +114,23 @@ def test_gradcheck_rope_function(interleaved):
     assert torch.autograd.gradcheck(lambda a: rope.rotate(a, start_pos=1), (q,))
 
 
-def test_rope_fallbacks_and_cache_of_kernel_tables(calls):
+def test_rope_fallbacks_and_one_op_call_per_apply(calls, monkeypatch):
     rope = tpt.RotaryEmbedding(16, max_seq_len=8)
     for dtype in (torch.bfloat16, torch.float16):
         q = torch.randn(1, 2, 3, 16).to(dtype).requires_grad_()
         oq, ok = rope.apply(q, q.detach())
         oq.float().sum().backward()
         assert oq.dtype == ok.dtype == dtype and q.grad is not None
+    assert calls["rope_apply"] == 0                                        # low precision: plain torch in fp32
     q32, k64 = torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16, dtype=torch.float64)
-    rope.apply(q32, k64)                                                   # mixed dtypes: plain path
-    assert calls["rope_apply"] == 0
+    a, b = rope.apply(q32, k64)                                            # mixed dtypes: one op per tensor
+    assert a.dtype == torch.float32 and b.dtype == torch.float64
+    ops_called: Counter[str] = Counter()
+    for name in ("rope", "rope_qk"):
+        fn = getattr(torch.ops.tokenpos, name)
+        monkeypatch.setattr(tpt.rotary.ops, "rotate" if name == "rope" else "rotate_qk",
+                            lambda *args, _fn=fn, _name=name: ops_called.update([_name]) or _fn(*args))
     rope.apply(q32, q32)
-    first = rope._halves[torch.float32]
-    rope.apply(q32, q32, start_pos=2)
-    assert rope._halves[torch.float32] is first                           # reused, not rebuilt
-    rope.apply(q32, q32, start_pos=20)                                     # grows the cache: cut again
-    assert rope.cos_cached.shape[0] >= 23 and rope._halves_of is rope.cos_cached
-    assert calls["rope_apply"] == 3
+    rope.apply(q32, q32, start_pos=20)                                     # grows the cache
+    rope.apply(q32, q32, torch.tensor([[1, 2, 3]]))
+    assert ops_called == Counter({"rope_qk": 3}) and rope.cos_cached.shape[0] >= 23

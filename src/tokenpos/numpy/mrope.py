@@ -1,0 +1,122 @@
+"""MRotaryEmbedding (M-RoPE: Qwen2-VL / Qwen2.5-VL section layout, Qwen3-VL interleaved layout), NumPy.
+
+Shapes: B batch, H heads, L length, Dh head dim, F = Dh / 2. q, k: (B, H, L, Dh) (or (B, L, H, Dh)
+with ``qk_layout="blhd"``); positions (3, B, L) / (3, 1, L) (temporal, height, width) or text
+positions (B, L) / (1, L) / (L,) (the same id on the three axes).
+
+cos / sin come from positions in float64 (``tokenpos.tables.mrope``), one entry per pair (B, L, F),
+are cast to the input dtype and rotate in the half layout through the functional pair
+(``tokenpos.numpy.functional.rope_qk_forward``: fused kernel or plain NumPy); the backward is the
+rotation by -angle. No cache: the tables depend
+on three position axes, so they are computed per call (nothing is shared between threads).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenpos.numpy import functional as F
+from tokenpos.numpy.module import Module
+from tokenpos.numpy.rotary import to_bhld
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.mrope import mrope_angles, mrope_cos_sin, mrope_kwargs_from_hf_config, mrope_positions
+from tokenpos.tables.mrope_layer import MRopeSettings, mrope_positions_message
+from tokenpos.tables.rope import rope_length_message
+from tokenpos.tables.validation import check_int
+
+
+class MRotaryEmbedding(Module):
+    """Multimodal RoPE: each frequency reads the temporal, height or width position.
+
+    Args:
+        head_dim: Dh (all of it rotates).
+        mrope_section: [t, h, w] frequencies per axis (HF ``rope_parameters["mrope_section"]``).
+        mrope_layout: "sections" (Qwen2-VL, Qwen2.5-VL) or "interleaved" (Qwen3-VL).
+        base, max_seq_len, scaling: as RotaryEmbedding (static scalings only).
+        qk_layout, num_heads: as RotaryEmbedding.
+        seed, rng: accepted for the common scheme signature; no random state.
+
+    Shape:
+        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (3, B, L) | (B, L) | (L,) | None) -> (q', k').
+    """
+
+    kind = "rotary"
+    name = "mrope"
+
+    def __init__(self, head_dim: int, *, mrope_section: Any, mrope_layout: str = "sections", base: float = 10000.0,
+                 max_seq_len: int = 2048, scaling: Any = None, qk_layout: str = "bhld", num_heads: int | None = None,
+                 seed: Any = None, rng: Any = None) -> None:
+        super().__init__()
+        self.settings = MRopeSettings(head_dim, base=base, max_seq_len=max_seq_len, scaling=scaling,
+                                      mrope_section=mrope_section, mrope_layout=mrope_layout, qk_layout=qk_layout,
+                                      num_heads=num_heads)
+        st = self.settings
+        self.head_dim, self.max_seq_len, self.qk_layout, self.num_heads = st.head_dim, st.max_seq_len, \
+            st.qk_layout, st.num_heads
+        self.inv_freq, self.attention_factor, self.axis_map = st.inv_freq, st.attention_factor, st.axis_map
+        self._last: F.RopeCache | None = None
+
+    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
+        """Nothing to reset (no parameters, no cache)."""
+
+    @classmethod
+    def from_hf_config(cls, config: Any, **kwargs: Any) -> MRotaryEmbedding:
+        """Build from a Qwen2-VL / Qwen2.5-VL / Qwen3-VL config (or its ``text_config``)."""
+        return cls(**{**mrope_kwargs_from_hf_config(config), **kwargs})
+
+    def cos_sin(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (..., L, Dh) float64 of positions (3, ..., L) or text positions (..., L)."""
+        return mrope_cos_sin(mrope_positions(positions), self.inv_freq, self.axis_map,
+                             attention_factor=self.attention_factor)
+
+    def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> np.ndarray:
+        if positions is None:
+            start_pos = check_int("start_pos", start_pos, minimum=0)
+            return mrope_positions(np.arange(start_pos, start_pos + length, dtype=np.int64))
+        pos = mrope_positions(positions)
+        if pos.shape[-1] != length or (pos.ndim == 3 and pos.shape[1] not in (1, batch)):
+            raise ConfigError(mrope_positions_message(np.shape(positions), batch, length))
+        return pos
+
+    def _out(self, x: np.ndarray) -> np.ndarray:
+        return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
+
+    def apply_forward(self, q: Any, k: Any, positions: Any = None, *,
+                      start_pos: int = 0) -> tuple[np.ndarray, np.ndarray, F.RopeCache]:
+        """``(q', k', cache)``; q and k share positions (same batch and length): one functional pass."""
+        q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
+        k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
+        if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+            raise ConfigError(rope_length_message(q.shape, k.shape))
+        pos = self._positions(positions, start_pos, q.shape[0], q.shape[2])
+        ang = mrope_angles(pos, self.inv_freq, self.axis_map)              # (L, F) | (B, L, F) float64
+        cos = (np.cos(ang) * self.attention_factor).astype(q.dtype)
+        sin = (np.sin(ang) * self.attention_factor).astype(q.dtype)
+        if q.dtype == k.dtype:
+            q_out, k_out, cache = F.rope_qk_forward(q, k, cos, sin, interleaved=False)
+        else:
+            q_out, cache = F.rope_forward(q, cos, sin, interleaved=False)
+            k_out = F.rope_forward(k, cos.astype(k.dtype), sin.astype(k.dtype), interleaved=False)[0]
+        return self._out(q_out), self._out(k_out), cache
+
+    def apply_backward(self, grad_q: Any, grad_k: Any, cache: F.RopeCache) -> tuple[np.ndarray, np.ndarray]:
+        """(dq, dk) from (dq', dk') in the declared layout: the rotation by -angle."""
+        gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
+        return self._out(F.rope_backward(gq, cache)), self._out(F.rope_backward(gk, cache))
+
+    def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Rotate q and k; keeps what :meth:`backward` needs."""
+        q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos)
+        return q_out, k_out
+
+    forward = apply
+
+    def backward(self, grad_q: Any, grad_k: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Gradients (dq, dk) of the last :meth:`apply`."""
+        return self.apply_backward(grad_q, grad_k, self._cached(self._last))
+
+    def extra_repr(self) -> str:
+        return (f"head_dim={self.head_dim}, mrope_section={self.settings.mrope_section}, "
+                f"mrope_layout={self.settings.mrope_layout!r}, qk_layout={self.qk_layout!r}")

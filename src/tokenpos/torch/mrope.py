@@ -1,0 +1,132 @@
+"""MRotaryEmbedding (M-RoPE: Qwen2-VL / Qwen2.5-VL section layout, Qwen3-VL interleaved layout), torch.
+
+Shapes: B batch, H heads, L length, Dh head dim, F = Dh / 2. q, k: (B, H, L, Dh) (or (B, L, H, Dh)
+with ``qk_layout="blhd"``); positions (3, B, L) / (3, 1, L) or text positions (B, L) / (1, L) / (L,).
+
+Angles, cos and sin are computed per call in float64 (float32 on MPS) from the frequencies of
+``tokenpos.tables``, one entry per pair, and rotate through one ``tokenpos::rope_qk`` op call (fused
+CPU kernel / Triton / plain torch; registered autograd).
+No cache, so nothing is shared between threads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.mrope import mrope_kwargs_from_hf_config
+from tokenpos.tables.mrope_layer import MRopeSettings, mrope_positions_message
+from tokenpos.tables.rope import rope_length_message
+from tokenpos.tables.validation import check_int
+from tokenpos.torch import ops
+from tokenpos.torch._checks import check_position_tensor
+from tokenpos.torch._module import TokenposModule
+from tokenpos.torch.rotary import to_bhld
+
+
+class MRotaryEmbedding(TokenposModule):
+    """Multimodal RoPE: each frequency reads the temporal, height or width position (see the NumPy twin).
+
+    Shape:
+        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (3, B, L) | (B, L) | (L,) | None) -> (q', k').
+    """
+
+    kind = "rotary"
+    name = "mrope"
+
+    def __init__(self, head_dim: int, *, mrope_section: Any, mrope_layout: str = "sections", base: float = 10000.0,
+                 max_seq_len: int = 2048, scaling: Any = None, qk_layout: str = "bhld", num_heads: int | None = None,
+                 seed: Any = None, rng: Any = None, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        self.settings = MRopeSettings(head_dim, base=base, max_seq_len=max_seq_len, scaling=scaling,
+                                      mrope_section=mrope_section, mrope_layout=mrope_layout, qk_layout=qk_layout,
+                                      num_heads=num_heads)
+        st = self.settings
+        self.head_dim, self.max_seq_len, self.qk_layout, self.num_heads = st.head_dim, st.max_seq_len, \
+            st.qk_layout, st.num_heads
+        self.attention_factor = st.attention_factor
+        dev = torch.empty(0, device=device).device
+        calc = torch.float32 if dev.type == "mps" else torch.float64
+        self.inv_freq: torch.Tensor
+        self.axis_map: torch.Tensor
+        self.register_buffer("inv_freq", torch.empty(0, device=dev, dtype=calc), persistent=False)
+        self.register_buffer("axis_map", torch.empty(0, device=dev, dtype=torch.long), persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
+        """(Re)load the frequencies and the axis map from ``tokenpos.tables`` (no randomness)."""
+        if self.inv_freq.is_meta:
+            return
+        dev = self.inv_freq.device
+        calc = torch.float32 if dev.type == "mps" else torch.float64
+        self.inv_freq = torch.from_numpy(self.settings.inv_freq).to(dev, calc)
+        self.axis_map = torch.from_numpy(self.settings.axis_map).to(dev)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        out = super()._apply(fn, recurse)             # .half() must not cast the frequencies: reload them
+        if not self.inv_freq.is_meta and self.inv_freq.dtype not in (torch.float64, torch.float32):
+            self.reset_parameters()
+        return out
+
+    @classmethod
+    def from_hf_config(cls, config: Any, **kwargs: Any) -> MRotaryEmbedding:
+        """Build from a Qwen2-VL / Qwen2.5-VL / Qwen3-VL config (or its ``text_config``)."""
+        return cls(**{**mrope_kwargs_from_hf_config(config), **kwargs})
+
+    def _pairs(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (..., L, F) in float64 of positions (3, ..., L): one entry per rotated pair."""
+        ang = positions[self.axis_map].to(self.inv_freq.dtype).movedim(0, -1) * self.inv_freq   # (..., L, F)
+        return torch.cos(ang) * self.attention_factor, torch.sin(ang) * self.attention_factor
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (..., L, Dh) in float64 of positions (3, ..., L), half layout (as HF returns them)."""
+        cos, sin = self._pairs(positions)
+        return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+
+    def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> torch.Tensor:
+        if positions is None:
+            start_pos = check_int("start_pos", start_pos, minimum=0)
+            pos = torch.arange(start_pos, start_pos + length, device=self.inv_freq.device)
+        else:
+            pos = check_position_tensor(positions, device=self.inv_freq.device)
+        shape = tuple(pos.shape)
+        ok = shape[-1:] == (length,) and (len(shape) < 3 or (len(shape) == 3 and shape[0] == 3 and shape[1] in
+                                                             (1, batch))) and (len(shape) != 2 or shape[0] in
+                                                                               (1, batch))
+        if not ok:
+            raise ConfigError(mrope_positions_message(shape, batch, length))
+        return pos if pos.dim() == 3 else pos.expand(3, *shape)
+
+    @staticmethod
+    def _op_tables(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) else t
+
+    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0) -> Any:  # type: ignore[override]
+        """Rotate q and k (one ``tokenpos::rope_qk`` call); returns (q', k') with the input shapes and dtypes.
+
+        ``apply(fn)`` with a single callable is nn.Module's.
+        """
+        if k is None and callable(q) and not isinstance(q, torch.Tensor):
+            return super().apply(q)
+        q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
+        k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
+        if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+            raise ConfigError(rope_length_message(tuple(q.shape), tuple(k.shape)))
+        cos, sin = self._pairs(self._positions(positions, start_pos, q.shape[0], q.shape[2]))   # (B|1, L, F) | (L, F)
+        if q.dtype == k.dtype:
+            q_out, k_out = ops.rotate_qk(q, k, self._op_tables(cos, q), self._op_tables(sin, q), False)
+        else:
+            q_out = ops.rotate(q, self._op_tables(cos, q), self._op_tables(sin, q), False)
+            k_out = ops.rotate(k, self._op_tables(cos, k), self._op_tables(sin, k), False)
+        if self.qk_layout == "blhd":
+            return q_out.transpose(1, 2), k_out.transpose(1, 2)
+        return q_out, k_out
+
+    forward = apply
+
+    def extra_repr(self) -> str:
+        return (f"head_dim={self.head_dim}, mrope_section={self.settings.mrope_section}, "
+                f"mrope_layout={self.settings.mrope_layout!r}, qk_layout={self.qk_layout!r}")
