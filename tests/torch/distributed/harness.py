@@ -1,7 +1,9 @@
 """Run a function on W local processes joined by a gloo process group, inside a pytest run.
 
-``run_world(W, "module:function", tmp_path, **kwargs)`` spawns W processes (torch.multiprocessing,
-spawn start method, a free localhost port found by binding port 0). Each calls
+``run_world(W, "module:function", tmp_path, **kwargs)`` starts W processes (torch.multiprocessing with
+the forkserver start method, whose server imports torch and tokenpos once for every world of the session: a fresh
+interpreter without fork's hazards, minus a few seconds of import per child) joined on a free
+localhost port found by binding port 0. Each calls
 ``function(rank, world, **kwargs) -> dict[str, str | None]`` (check name -> the traceback of its
 failure, or None) and the parent gets one such dict per rank. A child that dies or raises outside a
 check re-raises in the parent with the child's traceback; a run past ``timeout`` is killed.
@@ -16,6 +18,7 @@ import importlib
 import json
 import os
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -50,6 +53,8 @@ def _entry(rank: int, world: int, port: int, target: str, kwargs: dict[str, Any]
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    if "numba" in sys.modules:                     # preloaded by the forkserver, before the variable was set
+        sys.modules["numba"].set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     try:
@@ -62,12 +67,15 @@ def _entry(rank: int, world: int, port: int, target: str, kwargs: dict[str, Any]
 
 def run_world(world: int, target: str, tmp_path: Path, *, timeout: float = 240.0, **kwargs: Any) -> list[CheckResults]:
     """Results of ``target`` on every rank of a fresh W-process gloo world (see the module doc)."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "tokenpos.torch.distributed"])
     outdir = Path(tmp_path) / f"world{world}"
     outdir.mkdir(parents=True, exist_ok=True)
     ctx = mp.start_processes(_entry, args=(world, free_port(), target, kwargs, str(outdir)), nprocs=world,
-                             join=False, start_method="spawn")
+                             join=False, start_method="forkserver")
     deadline = time.monotonic() + timeout
     try:
         while not ctx.join(timeout=1.0):
