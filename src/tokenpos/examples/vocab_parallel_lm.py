@@ -31,7 +31,7 @@ from torch import nn
 from tokenpos.torch import RMSNorm, RotaryEmbedding, TokenEmbedding, scaled_dot_product_attention
 from tokenpos.torch.distributed import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
-LOSS_RTOL = 1e-5      # parallel vs one-process loss per step: float32 sums in another order, through Adam
+LOSS_RTOL = 1e-4      # parallel vs one-process loss per step: float32 sums in another order, amplified by training
 
 
 class Block(nn.Module):
