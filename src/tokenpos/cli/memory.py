@@ -255,8 +255,8 @@ def _print_vocab_parallel(con: Any, splits: list[Any]) -> None:
         t.add_row(c.title or c.name, f"{c.vocab_size:,}", f"{v.padded_vocab:,}", f"{v.padding_rows:,}",
                   f"{v.shard_rows:,}", "tied" if c.tied_output else "untied", format_size(v.shard_params * 4 / MIB),
                   format_size(v.adam_bytes_if(True) / MIB), format_size(v.adam_bytes_if(False) / MIB),
-                  f"{v.seq_len:,}", format_size(v.logits_bytes("fp32") / MIB), format_size(v.logits_bytes("bf16") / MIB),
-                  format_size(v.logits_one_device * 4 / MIB))
+                  f"{v.seq_len:,}", format_size(v.logits_bytes("fp32") / MIB),
+                  format_size(v.logits_bytes("bf16") / MIB), format_size(v.logits_one_device * 4 / MIB))
     con.print(t)
     con.print("Padding rows are stored, trained and optimised like real ones. weights/rank counts the model's "
               "vocab-sized tables (an untied output projection is a second sharded table); train+Adam = fp32 "

@@ -63,7 +63,7 @@ class TinyLM(nn.Module):
     def __init__(self, token: nn.Module, d_model: int, num_heads: int, num_layers: int, seed: int) -> None:
         super().__init__()
         gen = torch.Generator().manual_seed(seed + 1)
-        self.token = token
+        self.token: Any = token
         self.blocks = nn.ModuleList(Block(d_model, num_heads, gen) for _ in range(num_layers))
         self.norm = RMSNorm(d_model)
 

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from tests.torch.distributed.harness import CheckResults, run_checks
 from tests.tolerances import TOL
+from tests.torch.distributed.harness import CheckResults, run_checks
 from tokenpos import set_kernels
 from tokenpos.tables.errors import StateDictError, TokenIdError
 from tokenpos.torch import TokenEmbedding

@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import init_weight
-from tokenpos.torch.distributed import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from tokenpos.torch.distributed import _shard_init
+from tokenpos.torch.distributed import VocabParallelEmbedding, _shard_init, vocab_parallel_cross_entropy
 
 
 @given(V=st.integers(1, 40), D=st.integers(1, 6), W=st.integers(1, 5), block=st.integers(1, 50),
        scheme=st.sampled_from(["normal", "trunc_normal", "xavier_uniform", "standard_normal", "zeros"]),
        pad=st.booleans())
-def test_shards_concatenate_to_the_one_process_table(V: int, D: int, W: int, block: int, scheme: str, pad: bool) -> None:
+def test_shards_concatenate_to_the_one_process_table(V: int, D: int, W: int, block: int, scheme: str,
+                                                     pad: bool) -> None:
     padding_idx = V // 2 if pad else None
     full = init_weight((V, D), scheme, std=0.3, rng=np.random.default_rng(11), padding_idx=padding_idx)
     per = -(-V // W)

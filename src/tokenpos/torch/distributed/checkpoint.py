@@ -48,8 +48,9 @@ def gather_rows(weight: torch.Tensor, vocab_size: int, group: Any, world: int) -
 def _checked_weight(layer: Any, state_dict: Mapping[str, Any], strict: bool = True) -> torch.Tensor | None:
     """The (V, D) ``weight`` of a whole-table state_dict, checked (keys, shape) before any write."""
     given = {k: _Spec(v) for k, v in state_dict.items()}
-    expected = {"weight": ((layer.vocab_size, layer.d_model), given["weight"].dtype if "weight" in given
-                           else layer.weight.dtype)}
+    shape: tuple[int, ...] = (int(layer.vocab_size), int(layer.d_model))
+    expected: dict[str, tuple[tuple[int, ...], Any]] = {
+        "weight": (shape, given["weight"].dtype if "weight" in given else layer.weight.dtype)}
     check_state_dict(given, expected, strict=strict, layer=f"{type(layer).__name__} (whole table)")
     if "weight" not in state_dict:
         return None
