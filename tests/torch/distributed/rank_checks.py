@@ -28,21 +28,33 @@ D = 4
 SEED = 7
 
 
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "barrier")
+
+
 @contextmanager
 def count_all_reduce() -> Iterator[list[int]]:
-    """Count calls of torch.distributed.all_reduce (the library looks it up at call time)."""
+    """Count all-reduces (calls of torch.distributed.all_reduce, which the library looks up at call time);
+    any other collective issued meanwhile fails the check."""
     calls = [0]
-    real = dist.all_reduce
+    real = {name: getattr(dist, name) for name in COLLECTIVES}
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
-        return real(*args, **kwargs)
+        return real["all_reduce"](*args, **kwargs)
 
-    dist.all_reduce = counting
+    def refused(name: str) -> Callable[..., Any]:
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError(f"unexpected collective {name}")
+        return fn
+
+    for name in COLLECTIVES:
+        setattr(dist, name, counting if name == "all_reduce" else refused(name))
     try:
         yield calls
     finally:
-        dist.all_reduce = real
+        for name, fn in real.items():
+            setattr(dist, name, fn)
 
 
 def _ids(V: int, shape: tuple[int, ...], padding_idx: int | None = None) -> torch.Tensor:
@@ -231,8 +243,39 @@ def check_checkpoint(V: int, ckpt: str, write: bool) -> None:
     before = other.weight.detach().clone()
     msg = _raises(StateDictError, lambda: other.load(path.with_name("missing.safetensors")))
     assert "missing.safetensors" in msg
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = path.with_name(f"rank{rank}.safetensors")                       # rank 0: good, the others: garbage
+    mine.write_bytes(path.read_bytes() if rank == 0 or world == 1 else b"not a safetensors file")
+    if world > 1:
+        msg = _raises(StateDictError, lambda: other.load(mine))             # every rank raises, nobody waits
+        assert ("another rank" in msg) if rank == 0 else (str(mine) in msg and "not a readable" in msg), msg
+    else:
+        mine.write_bytes(b"not a safetensors file")
+        assert str(mine) in _raises(StateDictError, lambda: other.load(mine))
+    if write:
+        _raises(OSError, lambda: emb.save(path.with_name("no-such-dir") / "x.safetensors"))   # rank 0 fails: all raise
     _raises(StateDictError, lambda: other.load_full_state_dict({"weight": torch.zeros(V + 1, D)}))
     assert torch.equal(other.weight.detach(), before), "a failed load leaves the layer unchanged"
+
+
+def check_random_shapes(V: int) -> None:
+    """Ids of random shapes (empty ones too), scale and padding: bit-identical to one process.
+    Derandomized, so every rank draws the same examples and issues the same collectives."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    emb, ref = _pair(V, scale=True, padding_idx=V - 1, pad_to_multiple_of=16)
+
+    @settings(max_examples=25, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(shape=st.lists(st.integers(0, 4), max_size=3), seed=st.integers(0, 2 ** 16),
+           dtype=st.sampled_from([torch.int64, torch.int32, torch.int16, torch.uint8]))
+    def prop(shape: list[int], seed: int, dtype: torch.dtype) -> None:
+        high = min(V, 256) if dtype == torch.uint8 else V
+        ids = torch.randint(0, high, tuple(shape), generator=torch.Generator().manual_seed(seed)).to(dtype)
+        assert torch.equal(emb(ids), ref(ids))
+
+    prop()
 
 
 def rank_main(rank: int, world: int, ckpt: str, write_ckpt: bool) -> CheckResults:
@@ -265,5 +308,6 @@ def rank_main(rank: int, world: int, ckpt: str, write_ckpt: bool) -> CheckResult
         ("gradcheck_f64", partial(check_gradcheck, 7)),
         ("bad_ids", partial(check_bad_ids, 1003)),
         ("bad_targets", partial(check_bad_targets, 1003)),
+        ("random_shapes", partial(check_random_shapes, 1003)),
     ]
     return run_checks(checks)

@@ -16,7 +16,7 @@ CHECKS = ["checkpoint", "init_V1003", "init_xavier_pad_V1003", "forward_grad_V10
           "tied_ce_V1003", "init_V50257", "init_xavier_pad_V50257", "forward_grad_V50257",
           "forward_grad_scale_pad_V50257", "tied_ce_V50257", "init_trunc_normal", "unseeded_init",
           "no_grad_forward", "kernels_off", "bf16_forward", "tied_ce_ignore_smoothing", "tied_ce_sum",
-          "tied_ce_none", "all_ignored", "gradcheck_f64", "bad_ids", "bad_targets"]
+          "tied_ce_none", "all_ignored", "gradcheck_f64", "bad_ids", "bad_targets", "random_shapes"]
 
 
 @pytest.fixture(scope="module")
