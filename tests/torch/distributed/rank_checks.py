@@ -126,6 +126,7 @@ def check_bf16_forward(V: int) -> None:
     emb, ref = _pair(V, scale=True, dtype=torch.bfloat16)
     ids = _ids(V, (3, 4))
     assert torch.equal(emb(ids), ref(ids))
+    assert torch.equal(emb.full_state_dict()["weight"], ref.weight.detach())     # gathered bit for bit
 
 
 def _tied_loss(V: int, pad: int, targets: torch.Tensor, **ce: Any) -> None:
@@ -311,3 +312,4 @@ def rank_main(rank: int, world: int, ckpt: str, write_ckpt: bool) -> CheckResult
         ("random_shapes", partial(check_random_shapes, 1003)),
     ]
     return run_checks(checks)
+
