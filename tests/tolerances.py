@@ -55,4 +55,8 @@ TOL: dict[str, dict[str, Any]] = {
     "kernels.float64": {"rtol": 1e-12, "atol": 1e-12},
     "kernels.float32": {"rtol": 1e-5, "atol": 1e-6},
     "kernels.optim": {"rtol": 1e-5, "atol": 1e-6},
+    # vocab-parallel cross-entropy (float32) vs F.cross_entropy on one process: loss to fp32 rounding,
+    # logit / h / tied-weight gradients within 1e-6 absolute
+    "dist.loss": {"rtol": 1e-6, "atol": 1e-6},
+    "dist.grad": {"rtol": 0.0, "atol": 1e-6},
 }

@@ -105,3 +105,64 @@ def test_format_size() -> None:
     assert format_size(147.2373) == "147.2"
     assert format_size(2355.8) == "2,355.8"
     assert format_size(0.00146) == "0.0015"
+
+
+# ---------------------------------------------------------------------------------------------- vocab parallel
+
+
+def test_vocab_parallel_padding_acceptance() -> None:
+    from tokenpos.analysis.memory_tp import vocab_parallel_memory
+
+    gpt2 = get_preset("gpt2")
+    v = vocab_parallel_memory(gpt2, 8, 128)
+    assert (v.padded_vocab, v.padding_rows, v.shard_rows) == (51_200, 943, 6_400)      # Megatron at TP 8
+    assert v.padding_params == 943 * 768
+    assert vocab_parallel_memory(gpt2, 1, 64).padded_vocab == 50_304                    # vLLM-style 64
+    assert v.adam_bytes_per_rank == 16 * 6_400 * 768 == v.adam_bytes_if(True)
+    assert v.adam_bytes_if(False) == 2 * v.adam_bytes_if(True)
+    assert v.logits_per_rank == 8 * 1024 * 6_400                                       # B x L x Vl, L = 1024
+    assert v.logits_bytes("bf16") * 2 == v.logits_bytes("fp32")
+    assert v.logits_one_device == 8 * 1024 * 50_257
+
+
+def test_vocab_parallel_untied_doubles_the_shard_and_validates() -> None:
+    from tokenpos.analysis.memory_tp import vocab_parallel_memory
+
+    v = vocab_parallel_memory(get_preset("llama3-8b"), 8, batch=1, seq_len=10)
+    assert v.padding_rows == 0 and v.shard_params == 2 * 16_032 * 4096
+    assert json.loads(json.dumps(v.to_dict()))["logits_per_rank"] == 10 * 16_032
+    with pytest.raises(ConfigError, match="tp"):
+        vocab_parallel_memory(get_preset("gpt2"), 0)
+
+
+# ---------------------------------------------------------------------------------------------- no silent assumptions
+
+
+def test_learned_without_length_says_the_position_table_is_not_counted() -> None:
+    rep = embedding_memory(custom_config(50257, 768, positional="learned"))
+    assert rep.params == GPT2_TOKENS
+    assert any("no learned position table counted" in n for n in rep.notes)
+    assert rep.to_dict()["notes"] == list(rep.notes)
+
+
+def test_t5_never_assumes_one_head() -> None:
+    with pytest.raises(ConfigError, match="num_heads"):
+        embedding_memory(custom_config(32128, 64, 512, positional="t5"))
+    rep = embedding_memory(custom_config(32128, 64, 512, positional="t5", num_heads=8))
+    assert rep.tables[1].params == 32 * 8
+
+
+def test_assumed_head_count_of_the_alternatives_is_noted() -> None:
+    rep = embedding_memory(custom_config(1000, 256, 128))
+    assert any("assume 4 heads" in n for n in rep.notes)
+    assert not embedding_memory(custom_config(1000, 256, 128, num_heads=2)).notes
+
+
+def test_total_smaller_than_the_tables_is_refused() -> None:
+    with pytest.raises(ConfigError, match="smaller than the embedding tables"):
+        embedding_memory(custom_config(50257, 768, total_params=1))
+
+
+def test_huge_sizes_format_in_scientific_notation() -> None:
+    assert format_size(8e30 / MIB) == "7.629e+24"
+    assert format_size(999_999_999_999.0) == "999,999,999,999.0"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice, check_int, check_positive_int
 
 MIB = 2**20
@@ -156,6 +157,7 @@ class MemoryReport:
     config: ModelConfig
     tables: tuple[TableMemory, ...]
     alternatives: tuple[TableMemory, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = field(default_factory=tuple)    # what was assumed or left out, shown to the user
 
     @property
     def params(self) -> int:
@@ -187,6 +189,7 @@ class MemoryReport:
             "tables": tables,
             "total": totals,
             "position_alternatives": [t.to_dict() for t in self.alternatives],
+            "notes": list(self.notes),
             "units": {"MiB": MIB, "MB": MB, "adam_bytes_per_param": ADAM_BYTES_PER_PARAM},
         }
 
@@ -215,9 +218,20 @@ def position_alternatives(max_seq_len: int, d_model: int, num_heads: int) -> tup
 def embedding_memory(config: ModelConfig) -> MemoryReport:
     """The embedding tables of ``config``: token, learned/t5 position, token type, untied output projection.
 
-    A learned scheme with ``max_seq_len=None`` has no sized position table (only the token table counts).
+    A learned scheme with ``max_seq_len=None`` has no sized position table: only the token table counts,
+    and ``notes`` says so. When ``num_heads`` is None the ALiBi / T5 alternatives assume H = D // 64 (noted).
+
+    Raises:
+        ConfigError: a t5 model without ``num_heads`` (its table is 32 x H), or a ``total_params`` smaller
+            than the embedding tables themselves.
     """
     V, D, L = config.vocab_size, config.d_model, config.max_seq_len
+    if config.positional == "t5" and config.num_heads is None:
+        raise ConfigError(f"a t5 model needs num_heads: its bias table is {T5_NUM_BUCKETS} buckets x H heads; "
+                          f"got num_heads=None")
+    notes = []
+    if config.positional == "learned" and L is None:
+        notes.append("no learned position table counted: max_seq_len is unknown (give it to count L x D)")
     tables = [TableMemory("token embedding", V, D, True, "tied with the output projection" if config.tied_output
                           else "")]
     if config.positional == "t5" or (config.positional == "learned" and L is not None):
@@ -229,7 +243,13 @@ def embedding_memory(config: ModelConfig) -> MemoryReport:
     if not config.tied_output:
         tables.append(TableMemory("output projection", V, D, True, "untied LM head (its own V x D table)"))
     alternatives = position_alternatives(L, D, config.heads) if L is not None else ()
-    return MemoryReport(config, tuple(tables), alternatives)
+    if alternatives and config.num_heads is None:
+        notes.append(f"alibi / t5 alternatives assume {config.heads} heads (d_model // 64); give num_heads")
+    report = MemoryReport(config, tuple(tables), alternatives, tuple(notes))
+    if config.total_params is not None and config.total_params < report.params:
+        raise ConfigError(f"total_params {config.total_params:,} is smaller than the embedding tables alone "
+                          f"({report.params:,} parameters); expected the whole model's parameter count")
+    return report
 
 
 def custom_config(vocab_size: int, d_model: int, max_seq_len: int | None = None, *,
@@ -237,7 +257,8 @@ def custom_config(vocab_size: int, d_model: int, max_seq_len: int | None = None,
                   total_params: int | None = None) -> ModelConfig:
     """A ModelConfig from user-given sizes (validated: ConfigError on bad values).
 
-    Without ``max_seq_len`` a learned position table cannot be sized, so only the token table counts.
+    Without ``max_seq_len`` a learned position table cannot be sized, so only the token table counts
+    (the report's ``notes`` say so).
     """
     return ModelConfig("custom", vocab_size, d_model, max_seq_len, positional, num_heads,
                        tied_output=tied_output, total_params=total_params, title="custom")
@@ -255,10 +276,16 @@ def memory_grid(vocab_sizes: Any, d_models: Any, precision: str = "fp32") -> lis
     return [[int(v) * int(d) * b / MIB for v in vocab_sizes] for d in d_models]
 
 
+LARGE_SIZE = 1e12   # from here on a size is written in scientific notation (float digits stop meaning anything)
+
+
 def format_size(x: float) -> str:
-    """``147.2``; small non-zero sizes keep two significant digits (``0.0015``); zero is ``0``."""
+    """``147.2``; small non-zero sizes keep two significant digits (``0.0015``); zero is ``0``;
+    sizes >= 1e12 in scientific notation (``9.537e+23``) rather than a row of meaningless float digits."""
     if x == 0:
         return "0"
+    if abs(x) >= LARGE_SIZE:
+        return f"{x:.3e}"
     return f"{x:,.1f}" if abs(x) >= 0.1 else f"{x:.2g}"
 
 

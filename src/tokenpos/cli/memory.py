@@ -1,9 +1,16 @@
-"""``tokenpos memory``: embedding parameters and memory per precision, with Adam training state."""
+"""``tokenpos memory``: embedding parameters and memory per precision, with Adam training state; with
+``--tp N`` also the vocab-parallel split (padded vocab, per-rank shard, Adam state and logits per rank).
+
+Output may go to a pipe that closes early (``tokenpos memory | head -1``): the command then stops
+quietly with exit status 141 (128 + SIGPIPE, as a Unix tool killed by SIGPIPE), no error message.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -32,8 +39,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--untied", action="store_true", help="the output projection has its own V x D table")
     p.add_argument("--total-params", type=positive_int, metavar="N",
                    help="the whole model's parameters, to show the embedding share")
+    p.add_argument("--tp", type=positive_int, metavar="N",
+                   help="tensor-parallel ranks: show the vocab-parallel split (every preset, or the chosen model)")
+    p.add_argument("--pad-to-multiple-of", type=positive_int, metavar="M",
+                   help="with --tp: pad the vocab to a multiple of M x N (Megatron: 128; default 1)")
+    p.add_argument("--batch", type=positive_int, metavar="B", help="with --tp: batch for the logits (default 8)")
+    p.add_argument("--seq-len", type=positive_int, metavar="L",
+                   help="with --tp: tokens per sequence for the logits (default: max_seq_len, else 2048)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     return p
+
+
+EXIT_BROKEN_PIPE = 128 + 13   # the status of a Unix tool killed by SIGPIPE
 
 
 def _configs(args: argparse.Namespace) -> list[Any] | None:
@@ -51,6 +68,9 @@ def _configs(args: argparse.Namespace) -> list[Any] | None:
     if custom:
         if args.vocab_size is None or args.d_model is None:
             raise ValueError("--vocab-size and --d-model go together; got only one of them")
+        if args.positional == "learned" and args.max_seq_len is None:
+            raise ValueError("--positional learned needs --max-seq-len L: the position table has L x d_model "
+                             "parameters")
         return [custom_config(args.vocab_size, args.d_model, args.max_seq_len,
                               positional=args.positional or "learned", num_heads=args.num_heads,
                               tied_output=not args.untied, total_params=args.total_params)]
@@ -59,25 +79,65 @@ def _configs(args: argparse.Namespace) -> list[Any] | None:
     return None
 
 
+def _parallel(args: argparse.Namespace, configs: list[Any] | None) -> list[Any]:
+    """The vocab-parallel splits asked for with --tp (every preset when no model was chosen)."""
+    from tokenpos.analysis.memory import PRESETS
+    from tokenpos.analysis.memory_tp import DEFAULT_BATCH, vocab_parallel_memory
+
+    if args.tp is None:
+        given = [o for o, v in (("--pad-to-multiple-of", args.pad_to_multiple_of), ("--batch", args.batch),
+                                ("--seq-len", args.seq_len)) if v is not None]
+        if given:
+            raise ValueError(f"{'/'.join(given)} only apply with --tp N (the vocab-parallel split)")
+        return []
+    return [vocab_parallel_memory(c, args.tp, args.pad_to_multiple_of or 1, batch=args.batch or DEFAULT_BATCH,
+                                  seq_len=args.seq_len) for c in (configs or list(PRESETS.values()))]
+
+
 def run(args: argparse.Namespace) -> int:
+    """Print the report; a reader that closes the pipe early ends it quietly (EXIT_BROKEN_PIPE)."""
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        try:          # point stdout at /dev/null so the interpreter's final flush cannot complain again
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass      # stdout without a file descriptor (an in-process capture): nothing to redirect
+        return EXIT_BROKEN_PIPE
+
+
+def _broken_pipe() -> None:
+    raise BrokenPipeError(32, "Broken pipe")
+
+
+def _run(args: argparse.Namespace) -> int:
     from tokenpos.analysis.memory import embedding_memory, position_alternatives, scenario_reports
 
     configs = _configs(args)
+    parallel = _parallel(args, configs)
     reports = [embedding_memory(c) for c in configs] if configs else scenario_reports()
     if args.json:
         out: dict[str, Any] = {"models": [r.to_dict() for r in reports]}
         if configs is None:
             out["seed_position_comparison"] = [t.to_dict() for t in position_alternatives(2048, 512, 8)]
+        if parallel:
+            out["vocab_parallel"] = [m.to_dict() for m in parallel]
         print(json.dumps(out, indent=2))
+        sys.stdout.flush()
         return 0
     con = console()
-    if configs is None:
+    con.on_broken_pipe = _broken_pipe          # rich would exit(1) itself; let run() end it the same way for all
+    if configs is None and not parallel:
         _print_overview(con, reports)
-    else:
+    elif configs is not None:
         for r in reports:
             _print_model(con, r)
+    if parallel:
+        _print_vocab_parallel(con, parallel)
     con.print("MiB = 2**20 bytes, MB = 10**6 bytes; fp16 and bf16 are both 2 bytes per parameter. "
               "Training = fp32 weights + grads + Adam m, v = 16 B/param (activations excluded).", markup=False)
+    con.file.flush()
     return 0
 
 
@@ -116,6 +176,8 @@ def _print_model(con: Any, r: Any) -> None:
     if c.total_params:
         con.print(f"model total: {c.total_params:,} parameters{'' if c.total_exact else ' (approximate)'}"
                   + (f"; {c.note}" if c.note else ""), markup=False)
+    for note in r.notes:
+        con.print(f"note: {note}", markup=False)
     t = _table("Embedding tables", ["table", "shape", "params", "share of model", "note"])
     for tab in r.tables:
         t.add_row(tab.name, f"{tab.rows:,} x {tab.cols:,}", f"{tab.params:,}", format_share(r.share(tab.params)),
@@ -171,3 +233,32 @@ def _print_overview(con: Any, reports: list[Any]) -> None:
     con.print(t)
     _print_alternatives(con, position_alternatives(2048, 512, 8),
                         "Positional encoding memory (seed 004: d_model 512, max_seq_len 2048)")
+
+
+def _print_vocab_parallel(con: Any, splits: list[Any]) -> None:
+    from tokenpos.analysis.memory import MIB, format_size
+
+    first = splits[0]
+    tp, m = first.tp, first.pad_to_multiple_of
+    for v in splits:
+        c = v.config
+        con.print(f"{c.title or c.name}: vocab {c.vocab_size:,} padded to {v.padded_vocab:,} (a multiple of {m} x tp "
+                  f"{tp} = {m * tp:,}): {v.padding_rows:,} padding rows = {100 * v.padding_share:.2f}% of the "
+                  f"vocab, {v.padding_params:,} wasted parameters ({format_size(v.padding_params * 4 / MIB)} MiB "
+                  f"fp32); {v.shard_rows:,} rows per rank", markup=False)
+    t = _table(f"Vocab parallel over tp {tp}, per rank (logits: batch {first.batch} x seq_len x rows per rank)",
+               ["model", "vocab", "padded", "padding rows", "rows/rank", "output", "weights/rank fp32 MiB",
+                "Adam MiB tied", "Adam MiB untied", "seq_len", "logits/rank fp32 MiB", "bf16 MiB",
+                "one device fp32 MiB"])
+    for v in splits:
+        c = v.config
+        t.add_row(c.title or c.name, f"{c.vocab_size:,}", f"{v.padded_vocab:,}", f"{v.padding_rows:,}",
+                  f"{v.shard_rows:,}", "tied" if c.tied_output else "untied", format_size(v.shard_params * 4 / MIB),
+                  format_size(v.adam_bytes_if(True) / MIB), format_size(v.adam_bytes_if(False) / MIB),
+                  f"{v.seq_len:,}", format_size(v.logits_bytes("fp32") / MIB),
+                  format_size(v.logits_bytes("bf16") / MIB), format_size(v.logits_one_device * 4 / MIB))
+    con.print(t)
+    con.print("Padding rows are stored, trained and optimised like real ones. weights/rank counts the model's "
+              "vocab-sized tables (an untied output projection is a second sharded table); train+Adam = fp32 "
+              "weights + grads + m + v of one table (tied) or two (untied). Logits per rank are the same tied or "
+              "untied; the cross-entropy keeps an fp32 softmax of that size for backward.", markup=False)

@@ -1,0 +1,163 @@
+"""Cross-entropy over vocab-parallel logits, without ever gathering the (..., V) logits.
+
+Shapes: N tokens (targets (...) flattened), Vl local columns per rank, V vocab (unpadded), W world size.
+Rank r holds the logits of columns [r * Vl, (r + 1) * Vl) (``VocabParallelEmbedding.attend``'s output);
+columns >= V are padding and never count.
+
+In the compute dtype c (float32, or float64 for float64 logits), per token n:
+
+    m   = max over all ranks of x[n, :]               all-reduce 1 (max)
+    s   = sum over all ranks of exp(x[n, :] - m)      all-reduce 2 (sum)
+    x_t = x[n, t_n] (from its owner; 0 elsewhere)     all-reduce 3 (sum; with label smoothing it carries
+                                                      sum_c x[n, c] in the same call)
+    loss_n = (1 - eps) * (log s + m - x_t) + eps * (log s + m - sum_c x[n, c] / V)
+
+which is ``F.cross_entropy(full_logits, t, label_smoothing=eps)``. Backward needs no collective:
+``d loss_n / d x[n, c] = softmax[n, c] - (1 - eps) * [c == t_n] - eps / V`` on the real columns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tokenpos.tables.errors import ConfigError, TokenIdError
+from tokenpos.tables.validation import check_choice, check_float, check_int, dtype_name
+from tokenpos.torch._checks import _INT_DTYPES, is_compiling
+from tokenpos.torch.distributed._comm import all_reduce, resolve_group
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def target_range_message(value: int, index: tuple[int, ...], vocab_size: int, ignore_index: int) -> str:
+    """``target 1003 at index (1, 4) is out of range [0, 1003) and is not ignore_index=-100``."""
+    where = "(" + ", ".join(str(int(i)) for i in index) + ("," if len(index) == 1 else "") + ")"
+    return (f"target {int(value)} at index {where} is out of range [0, {int(vocab_size)}) "
+            f"and is not ignore_index={int(ignore_index)}")
+
+
+def check_targets(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
+    """Integer targets, each in [0, V) or equal to ``ignore_index``. The same targets on every rank
+    make every rank raise together, before any collective.
+
+    Raises:
+        TokenIdError: a non-integer dtype, or a value out of range that is not ``ignore_index``.
+    """
+    if targets.dtype not in _INT_DTYPES:
+        raise TokenIdError(f"targets must be integers, got dtype {dtype_name(targets.dtype)}; expected an "
+                           f"integer tensor with values in [0, {vocab_size}) or ignore_index={ignore_index}")
+    if targets.numel() == 0 or is_compiling():
+        return
+    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab_size))
+    if bool(bad.any()):
+        index = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise TokenIdError(target_range_message(int(targets[index]), index, vocab_size, ignore_index))
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """local logits (..., Vl), targets (...) -> loss () or (...) in the compute dtype."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, group: Any, world: int, start: int,
+                vocab_size: int, ignore_index: int, eps: float, reduction: str) -> torch.Tensor:
+        Vl = logits.shape[-1]
+        c = torch.promote_types(logits.dtype, torch.float32)
+        x = logits.reshape(-1, Vl).to(c)                                       # (N, Vl)
+        t = targets.reshape(-1).to(x.device).long()                            # (N,)
+        n_real = min(max(vocab_size - start, 0), Vl)                           # real columns here
+        real = torch.arange(Vl, device=x.device) < n_real                      # (Vl,)
+        if n_real < Vl:
+            x = x.masked_fill(~real, float("-inf"))
+        m = x.amax(dim=-1)                                                     # (N,)
+        if world > 1:
+            all_reduce(m, group, dist.ReduceOp.MAX)
+        e = torch.exp(x - m.unsqueeze(-1))                                     # (N, Vl)
+        s = e.sum(dim=-1)                                                      # (N,)
+        if world > 1:
+            all_reduce(s, group)
+        valid = t != ignore_index                                              # (N,)
+        local_t = t - start
+        here = valid & (local_t >= 0) & (local_t < Vl)                         # (N,) target on this rank
+        idx = torch.where(here, local_t, torch.zeros_like(local_t))
+        parts = [torch.where(here, x.gather(1, idx.unsqueeze(1)).squeeze(1), torch.zeros_like(m))]
+        if eps > 0.0:
+            parts.append(torch.where(real, x, torch.zeros_like(x)).sum(dim=-1))
+        reduced = torch.stack(parts)                                           # (1 or 2, N)
+        if world > 1:
+            all_reduce(reduced, group)
+        lse = torch.log(s) + m                                                 # (N,)
+        per = lse - reduced[0]
+        if eps > 0.0:
+            per = (1.0 - eps) * per + eps * (lse - reduced[1] / vocab_size)
+        per = torch.where(valid, per, torch.zeros_like(per))
+        count = valid.sum()
+        ctx.save_for_backward(e / s.unsqueeze(-1), idx, here, valid, real)
+        ctx.args = (logits.shape, logits.dtype, eps, vocab_size, reduction, int(count))
+        if reduction == "mean":
+            return per.sum() / max(int(count), 1)
+        if reduction == "sum":
+            return per.sum()
+        return per.reshape(targets.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        probs, idx, here, valid, real = ctx.saved_tensors
+        shape, dtype, eps, vocab_size, reduction, count = ctx.args
+        g = probs.clone()                                                      # (N, Vl)
+        rows = torch.nonzero(here).squeeze(1)
+        g[rows, idx[rows]] -= 1.0 - eps
+        if eps > 0.0:
+            g -= real.to(g.dtype) * (eps / vocab_size)
+        g = torch.where(valid.unsqueeze(-1), g, torch.zeros_like(g))
+        if reduction == "none":
+            g = g * grad.reshape(-1, 1).to(g.dtype)
+        else:
+            g = g * (grad.to(g.dtype) / (max(count, 1) if reduction == "mean" else 1))
+        return g.reshape(shape).to(dtype), None, None, None, None, None, None, None, None
+
+
+def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: Any, *, group: Any = None,
+                                 ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean",
+                                 vocab_size: int | None = None) -> torch.Tensor:
+    """``F.cross_entropy`` of the full logits, from this rank's columns: (..., Vl), (...) -> () or (...).
+
+    Args:
+        local_logits: this rank's columns, e.g. ``VocabParallelEmbedding.attend(h)``; any float dtype
+            (computed in float32, float64 stays float64; the loss is returned in that compute dtype).
+        targets: (...) integer ids, the same on every rank.
+        group: the embedding's process group (None: the default world).
+        ignore_index: targets equal to it count nowhere (not in the mean's denominator either).
+        label_smoothing: eps in [0, 1], spread over the V real classes as ``F.cross_entropy`` does.
+        reduction: "mean" (over non-ignored targets), "sum" or "none" (a (...) loss, 0 where ignored).
+        vocab_size: the real vocab V when the columns are padded (pass the embedding's ``vocab_size``;
+            columns >= V are excluded); None means every column is a real class (V = W * Vl).
+
+    When every target is ignored the loss is 0 and the gradient zero (``F.cross_entropy`` gives NaN).
+    Three all-reduces in forward (none at W = 1), none in backward.
+
+    Raises:
+        TokenIdError: a target outside [0, V) that is not ``ignore_index``, on every rank, before any collective.
+        ConfigError: shapes that do not match, or a bad option.
+    """
+    g, rank, world = resolve_group(group)
+    if not isinstance(local_logits, torch.Tensor) or not local_logits.is_floating_point():
+        raise ConfigError(f"local_logits must be a float tensor, got {type(local_logits).__name__}"
+                          + (f" of dtype {dtype_name(local_logits.dtype)}" if isinstance(local_logits, torch.Tensor)
+                             else ""))
+    if local_logits.ndim < 1 or local_logits.shape[-1] < 1:
+        raise ConfigError(f"local_logits must have shape (..., Vl) with Vl >= 1, got {tuple(local_logits.shape)}")
+    t = torch.as_tensor(targets, device=local_logits.device)
+    if tuple(t.shape) != tuple(local_logits.shape[:-1]):
+        raise ConfigError(f"targets must have shape {tuple(local_logits.shape[:-1])} (the logits' without the "
+                          f"last axis), got {tuple(t.shape)}")
+    Vl = int(local_logits.shape[-1])
+    V = world * Vl if vocab_size is None else check_int("vocab_size", vocab_size, minimum=1)
+    if V > world * Vl:
+        raise ConfigError(f"vocab_size must be <= world_size * local columns = {world * Vl}, got {V}")
+    ignore_index = check_int("ignore_index", ignore_index)
+    eps = check_float("label_smoothing", label_smoothing, low=0.0, high=1.0)
+    check_choice("reduction", reduction, REDUCTIONS)
+    check_targets(t, V, ignore_index)
+    return _VocabParallelCrossEntropy.apply(local_logits, t, g, world, rank * Vl, V, ignore_index, eps, reduction)
