@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenpos.kernels.triton._cast import round_to
 from tokenpos.kernels.triton._hash import dropout_args, dropout_multiplier, seed_tensor
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -56,7 +57,7 @@ def _embedding_forward_kernel(w_ptr, ids_ptr, t_ptr, pos_ptr, seed_ptr, out_ptr,
     flat = rows[:, None] * D + cols[None, :]                                   # (BN, BD) int64
     if HAS_DROPOUT:
         y = y * dropout_multiplier(seed_ptr, flat + offset, threshold, inv_keep)
-    tl.store(out_ptr + flat, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+    tl.store(out_ptr + flat, round_to(y, out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
 @triton.jit
@@ -77,7 +78,7 @@ def _segment_sum_kernel(grad_ptr, perm_ptr, bounds_ptr, seed_ptr, out_ptr,
             g = g * dropout_multiplier(seed_ptr, n * D + cols + offset, threshold, inv_keep)
         acc = acc + g
     acc = acc * scale
-    tl.store(out_ptr + v.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=cmask)
+    tl.store(out_ptr + v.to(tl.int64) * D + cols, round_to(acc, out_ptr.dtype.element_ty), mask=cmask)
 
 
 def _block_d(D: int) -> int:

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenpos.kernels.triton._cast import round_to
+
 BLOCK_L = 16
 
 
@@ -70,8 +72,8 @@ def _rope_kernel(q_ptr, k_ptr, oq_ptr, ok_ptr, cos_ptr, sin_ptr, H, HK, L, F, TA
         s = -s
     y1 = a1 * c - a2 * s
     y2 = a2 * c + a1 * s
-    tl.store(o_rows + i1[None, :], y1.to(x1.dtype), mask=m2)
-    tl.store(o_rows + i2[None, :], y2.to(x1.dtype), mask=m2)
+    tl.store(o_rows + i1[None, :], round_to(y1, x1.dtype), mask=m2)
+    tl.store(o_rows + i2[None, :], round_to(y2, x1.dtype), mask=m2)
     if COPY_TAIL:
         for t0 in range(0, TAIL, BLOCK_T):
             ts = t0 + tl.arange(0, BLOCK_T)

@@ -1,0 +1,50 @@
+"""Run the Triton kernels on CPU tensors through Triton's interpreter (or on CUDA when asked to).
+
+Triton 3.9 reads ``TRITON_INTERPRET`` from the environment each time ``triton.jit`` decorates a
+function (``triton.knobs.runtime.interpret``), i.e. when :mod:`tokenpos.kernels.triton` is first
+imported, so it is set here, before any test module imports that package. If the package was
+already imported without it (by an earlier test), its modules are reloaded so the kernels become
+interpreted functions. Without triton installed (no ``gpu`` extra) every test here is skipped.
+
+``TOKENPOS_TRITON_DEVICE=cuda`` (on a machine with a GPU) runs the same tests compiled on CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+ON_CUDA = os.environ.get("TOKENPOS_TRITON_DEVICE", "cpu") == "cuda" and torch.cuda.is_available()
+if not ON_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+triton = pytest.importorskip("triton")
+
+_MODULES = ("tokenpos.kernels.triton._hash", "tokenpos.kernels.triton._cast", "tokenpos.kernels.triton.embedding",
+            "tokenpos.kernels.triton.rope", "tokenpos.kernels.triton")
+if not ON_CUDA and not triton.knobs.runtime.interpret:         # an explicit knob overrode the environment
+    triton.knobs.runtime.interpret = True
+if not ON_CUDA and _MODULES[0] in sys.modules:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(sys.modules[_MODULES[0]].splitmix64, InterpretedFunction):
+        for name in _MODULES:
+            if name in sys.modules:
+                importlib.reload(sys.modules[name])
+
+DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """Where the kernels' tensors live: CPU (interpreter) unless TOKENPOS_TRITON_DEVICE=cuda on a GPU."""
+    return DEVICE
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(1234)
