@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from tests.tolerances import TOL
+
 from tokenpos.kernels.reference import embedding_backward_ref, embedding_forward_ref
 from tokenpos.kernels.triton import embedding_backward, embedding_forward
 from tokenpos.tables.dropout import dropout_keep_mask
