@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from tests.tolerances import TOL
+
 from tokenpos.kernels.reference import rope_apply_backward_ref, rope_apply_ref
 from tokenpos.kernels.triton import rope_backward, rope_forward, rope_qk, rope_qk_backward
 from tokenpos.tables.rope import rope_angles, rope_inv_freq

@@ -12,6 +12,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# Every launch: no FMA contraction, so a product and a sum round separately (as in NumPy / the CPU kernels).
+LAUNCH_OPTIONS = {"enable_fp_fusion": False}
+
 
 @triton.jit
 def round_to(y, dtype: tl.constexpr):

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenpos.kernels.triton._cast import round_to
+from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS, round_to
 from tokenpos.kernels.triton._hash import dropout_args, dropout_multiplier, seed_tensor
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -143,7 +143,7 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     _embedding_forward_kernel[grid](
         weight, flat_ids, table, flat_pos, seed_tensor(seed, weight.device), out,
         N, D, V, P, npos, weight.stride(0), table.stride(0), float(scale), inv_keep, threshold, int(offset),
-        HAS_POS=has_pos, HAS_DROPOUT=p > 0.0, BLOCK_N=BLOCK_N, BLOCK_D=block_d, enable_fp_fusion=False)
+        HAS_POS=has_pos, HAS_DROPOUT=p > 0.0, BLOCK_N=BLOCK_N, BLOCK_D=block_d, **LAUNCH_OPTIONS)
     return out
 
 
@@ -160,7 +160,7 @@ def _segment_sum(grad2d: torch.Tensor, keys: torch.Tensor, num_rows: int, scale:
     block_d = _block_d(D)
     _segment_sum_kernel[(num_rows, triton.cdiv(D, block_d))](
         grad2d, perm, bounds, seed, out, D, float(scale), inv_keep, threshold, int(offset), int(skip_row),
-        HAS_DROPOUT=p > 0.0, BLOCK_D=block_d, enable_fp_fusion=False)
+        HAS_DROPOUT=p > 0.0, BLOCK_D=block_d, **LAUNCH_OPTIONS)
     return out
 
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenpos.kernels.triton._cast import round_to
+from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS, round_to
 
 BLOCK_L = 16
 
@@ -131,7 +131,7 @@ def _launch(q, k, oq, ok, cos, sin, interleaved: bool, neg_sin: bool) -> None:
         scb, cos.stride(-2),
         INTERLEAVED=bool(interleaved), NEG_SIN=neg_sin, COPY_TAIL=copy_tail, F64=f64, BLOCK_L=BLOCK_L,
         BLOCK_F=triton.next_power_of_2(max(F, 1)), BLOCK_T=min(triton.next_power_of_2(max(tail, 1)), 128),
-        enable_fp_fusion=False)
+        **LAUNCH_OPTIONS)
 
 
 def _one(x, cos, sin, interleaved, out, neg_sin) -> torch.Tensor:
