@@ -4,7 +4,8 @@ Triton 3.9 reads ``TRITON_INTERPRET`` from the environment each time ``triton.ji
 function (``triton.knobs.runtime.interpret``), i.e. when :mod:`tokenpos.kernels.triton` is first
 imported, so it is set here, before any test module imports that package. If the package was
 already imported without it (by an earlier test), its modules are reloaded so the kernels become
-interpreted functions. Without triton installed (no ``gpu`` extra) every test here is skipped.
+interpreted functions. Without triton installed (no ``gpu`` extra) every test module here skips
+itself (``pytest.importorskip`` at its top; a skip raised in a conftest would abort the run instead).
 
 ``TOKENPOS_TRITON_DEVICE=cuda`` (on a machine with a GPU) runs the same tests compiled on CUDA.
 """
@@ -22,13 +23,16 @@ ON_CUDA = os.environ.get("TOKENPOS_TRITON_DEVICE", "cpu") == "cuda" and torch.cu
 if not ON_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
-triton = pytest.importorskip("triton")
+try:
+    import triton
+except ImportError:                                              # no gpu extra: the test modules skip themselves
+    triton = None
 
 _MODULES = ("tokenpos.kernels.triton._hash", "tokenpos.kernels.triton._cast", "tokenpos.kernels.triton.embedding",
             "tokenpos.kernels.triton.rope", "tokenpos.kernels.triton")
-if not ON_CUDA and not triton.knobs.runtime.interpret:         # an explicit knob overrode the environment
+if triton is not None and not ON_CUDA and not triton.knobs.runtime.interpret:   # a knob set explicitly
     triton.knobs.runtime.interpret = True
-if not ON_CUDA and _MODULES[0] in sys.modules:
+if triton is not None and not ON_CUDA and _MODULES[0] in sys.modules:
     from triton.runtime.interpreter import InterpretedFunction
 
     if not isinstance(sys.modules[_MODULES[0]].splitmix64, InterpretedFunction):

@@ -16,11 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import triton
-import triton.language as tl
 
-import tokenpos
-from tokenpos.kernels.triton._cast import round_to
+triton = pytest.importorskip("triton")          # the optional gpu extra
+
+import triton.language as tl  # noqa: E402
+
+import tokenpos  # noqa: E402
+from tokenpos.kernels.triton._cast import round_to  # noqa: E402
 
 # One subprocess compiles every variant: in this process triton was imported with the interpreter on,
 # which turns triton's own library functions into interpreted ones too, so compiling here is not possible.
