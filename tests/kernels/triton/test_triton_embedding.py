@@ -207,3 +207,59 @@ def test_backward_is_deterministic_and_empty_inputs_give_zeros(device, gen) -> N
     gw, gt = embedding_backward(torch.zeros(0, 10).to(device), torch.zeros(0, dtype=torch.int64).to(device),
                                 None, 4, 0, 1.0, 0.0, 0, -1)
     assert torch.equal(gw.cpu(), torch.zeros(4, 10)) and gt is None
+
+
+@SETTINGS
+@given(cases(), st.sampled_from([-1, 0, 3]))
+def test_backward_matches_numpy_reference(c, padding_idx) -> None:
+    w, ids, table, pos, scale, p, seed, offset = c
+    V, D = w.shape
+    P = 0 if table is None else table.shape[0]
+    grad = np.random.default_rng(seed % 2**32).standard_normal((*ids.shape, D)).astype(np.float32)
+    gw, gt = embedding_backward(torch.from_numpy(grad), torch.from_numpy(ids),
+                                None if pos is None else torch.from_numpy(pos), V, P, scale, p, torch.tensor(seed),
+                                padding_idx, offset=offset)
+    uniq, rows, pos_grad = embedding_backward_ref(grad, ids, scale=scale, dropout_p=p, seed=seed, dropout_offset=offset,
+                                                  padding_idx=None if padding_idx < 0 else padding_idx, pos_ids=pos,
+                                                  num_positions=P)
+    want = np.zeros((V, D), np.float32)
+    want[uniq] = rows
+    np.testing.assert_allclose(gw.numpy(), want, **TOL["triton.grad.float32"])
+    if pos is None:
+        assert gt is None
+    else:
+        np.testing.assert_allclose(gt.numpy(), pos_grad, **TOL["triton.grad.float32"])
+
+
+def test_wide_rows_and_strided_weight(device, gen) -> None:
+    # D = 1030 spans several column blocks in both kernels; the weight is a column slice (row stride 1040)
+    big = torch.randn(6, 1040, generator=gen)
+    w = big[:, 5:1035]
+    ids = torch.tensor([[1, 5, 1], [0, 2, 1]])
+    table, pos = torch.randn(3, 1030, generator=gen), torch.tensor([2, 0, 1])
+    got = embedding_forward(w.to(device), ids.to(device), table.to(device), pos.to(device), 0.5, 0.2, 9).cpu()
+    want = embedding_forward_ref(w.numpy(), ids.numpy(), scale=0.5, pos_table=table.numpy(), pos_ids=pos.numpy(),
+                                 dropout_p=0.2, seed=9)
+    np.testing.assert_array_equal(got.numpy(), want)
+    grad = torch.randn(2, 3, 1030, generator=gen)
+    gw, gt = embedding_backward(grad.to(device), ids.to(device), pos.to(device), 6, 3, 0.5, 0.2, 9, -1)
+    rw, rt = autograd_reference(w, ids, table, pos, 0.5, 0.2, 9, grad, -1)
+    np.testing.assert_allclose(gw.cpu().numpy(), rw.numpy(), **TOL["triton.grad.float32"])
+    np.testing.assert_allclose(gt.cpu().numpy(), rt.numpy(), **TOL["triton.grad.float32"])
+
+
+def test_bad_arguments_are_refused(device) -> None:
+    w = torch.zeros(4, 8, device=device)
+    ids = torch.zeros(2, 3, dtype=torch.int64, device=device)
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        embedding_forward(w.double(), ids, None, None, 1.0, 0.0, 0)
+    with pytest.raises(ValueError, match="table and pos go together"):
+        embedding_forward(w, ids, torch.zeros(3, 8, device=device), None, 1.0, 0.0, 0)
+    with pytest.raises(ValueError, match="trailing part"):
+        embedding_forward(w, ids, torch.zeros(3, 8, device=device), torch.zeros(2, dtype=torch.int64), 1.0, 0.0, 0)
+    with pytest.raises(ValueError, match=r"lie in \[0, 1\]"):
+        embedding_forward(w, ids, None, None, 1.0, 1.5, 0)
+    with pytest.raises(TypeError, match="seed"):
+        embedding_forward(w, ids, None, None, 1.0, 0.5, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="the ids' shape plus D"):
+        embedding_backward(torch.zeros(2, 4, 8, device=device), ids, None, 4, 0, 1.0, 0.0, 0, -1)

@@ -158,3 +158,14 @@ def test_bad_tables_are_refused(device) -> None:
     with pytest.raises(ValueError, match="cos and sin"):
         half = torch.zeros(4, 4, device=device, dtype=torch.float16)
         rope_forward(x, half, half, False)
+
+
+def test_long_pass_through_tail(device, gen) -> None:
+    # R = 8 of Dh = 300: the 292 pass-through dims take several tail blocks
+    x = torch.randn(1, 2, 5, 300, generator=gen)
+    cos, sin = tables(np.arange(5), 8)
+    for interleaved in (False, True):
+        got = rope_forward(x.to(device), cos.to(device), sin.to(device), interleaved).cpu()
+        want, _ = rope_apply_ref(x.numpy(), None, cos.numpy(), sin.numpy(),
+                                 layout="interleaved" if interleaved else "half")
+        np.testing.assert_array_equal(got.numpy(), want)

@@ -81,8 +81,8 @@ def _segment_sum_kernel(grad_ptr, perm_ptr, bounds_ptr, seed_ptr, out_ptr,
     tl.store(out_ptr + v.to(tl.int64) * D + cols, round_to(acc, out_ptr.dtype.element_ty), mask=cmask)
 
 
-def _block_d(D: int) -> int:
-    return min(triton.next_power_of_2(max(D, 1)), 1024)
+def _block_d(D: int, cap: int) -> int:
+    return min(triton.next_power_of_2(max(D, 1)), cap)
 
 
 def _check_float(name: str, t: torch.Tensor) -> None:
@@ -106,7 +106,7 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     Args:
         weight: (V, D) float32 / float16 / bfloat16, unit stride along D.
         ids: (...) int32 or int64 token ids in [0, V) (validated by the caller).
-        table: (P, D) float positional table, or None (then ``pos`` is ignored).
+        table: (P, D) float positional table (widened to fp32 per element), or None together with pos.
         pos: (...) or a trailing part of the ids' shape, ints in [0, P); row n uses ``pos[n % pos.numel()]``.
         scale: Python float (applied as an fp32 constant).
         p: dropout probability in [0, 1]; 0 disables the hash.
@@ -125,7 +125,11 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     flat_ids = ids.reshape(-1).contiguous()                                     # (N,)
     N = flat_ids.numel()
     out = torch.empty((*ids.shape, D), dtype=weight.dtype, device=weight.device)
-    has_pos = table is not None and pos is not None
+    if (table is None) != (pos is None):
+        raise ValueError("table and pos go together: pass both (a positional add) or neither, got "
+                         f"table={'None' if table is None else tuple(table.shape)}, "
+                         f"pos={'None' if pos is None else tuple(pos.shape)}")
+    has_pos = table is not None
     if has_pos:
         if table.dim() != 2 or table.shape[1] != D:
             raise ValueError(f"table must have shape (P, {D}), got {tuple(table.shape)}")
@@ -138,7 +142,7 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     threshold, inv_keep = dropout_args(p)
     if N == 0 or D == 0:
         return out
-    block_d = _block_d(D)
+    block_d = _block_d(D, 256)                                                  # tiles of <= 16 x 256 elements
     grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(D, block_d))
     _embedding_forward_kernel[grid](
         weight, flat_ids, table, flat_pos, seed_tensor(seed, weight.device), out,
@@ -157,7 +161,7 @@ def _segment_sum(grad2d: torch.Tensor, keys: torch.Tensor, num_rows: int, scale:
     if num_rows == 0 or D == 0:
         return out
     threshold, inv_keep = dropout_args(p)
-    block_d = _block_d(D)
+    block_d = _block_d(D, 1024)
     _segment_sum_kernel[(num_rows, triton.cdiv(D, block_d))](
         grad2d, perm, bounds, seed, out, D, float(scale), inv_keep, threshold, int(offset), int(skip_row),
         HAS_DROPOUT=p > 0.0, BLOCK_D=block_d, **LAUNCH_OPTIONS)
