@@ -43,7 +43,7 @@ if triton is not None and not ON_CUDA and _MODULES[0] in sys.modules:
 DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def device() -> torch.device:
     """Where the kernels' tensors live: CPU (interpreter) unless TOKENPOS_TRITON_DEVICE=cuda on a GPU."""
     return DEVICE

@@ -53,14 +53,17 @@ def cases(draw):
     return w, ids, table, pos, float(draw(st.sampled_from([1.0, np.sqrt(D)]))), p, seed, offset
 
 
+def on(device, a):
+    """NumPy array (or None) -> tensor on ``device``."""
+    return None if a is None else torch.from_numpy(np.asarray(a)).to(device)
+
+
 @SETTINGS
-@given(cases())
-def test_forward_fp32_equals_numpy_reference_bit_for_bit(c) -> None:
+@given(c=cases())
+def test_forward_fp32_equals_numpy_reference_bit_for_bit(c, device) -> None:
     w, ids, table, pos, scale, p, seed, offset = c
-    T = None if table is None else torch.from_numpy(table)
-    got = embedding_forward(torch.from_numpy(w), torch.from_numpy(ids), T,
-                            None if pos is None else torch.from_numpy(pos), scale, p,
-                            torch.tensor(seed), offset=offset)
+    got = embedding_forward(on(device, w), on(device, ids), on(device, table), on(device, pos), scale, p,
+                            torch.tensor(seed, device=device), offset=offset).cpu()
     ref = embedding_forward_ref(w, ids, scale=scale, pos_table=table, pos_ids=pos, dropout_p=p, seed=seed,
                                 dropout_offset=offset)
     assert got.shape == (*ids.shape, w.shape[1]) and got.dtype == torch.float32
@@ -210,15 +213,15 @@ def test_backward_is_deterministic_and_empty_inputs_give_zeros(device, gen) -> N
 
 
 @SETTINGS
-@given(cases(), st.sampled_from([-1, 0, 3]))
-def test_backward_matches_numpy_reference(c, padding_idx) -> None:
+@given(c=cases(), padding_idx=st.sampled_from([-1, 0, 3]))
+def test_backward_matches_numpy_reference(c, padding_idx, device) -> None:
     w, ids, table, pos, scale, p, seed, offset = c
     V, D = w.shape
     P = 0 if table is None else table.shape[0]
     grad = np.random.default_rng(seed % 2**32).standard_normal((*ids.shape, D)).astype(np.float32)
-    gw, gt = embedding_backward(torch.from_numpy(grad), torch.from_numpy(ids),
-                                None if pos is None else torch.from_numpy(pos), V, P, scale, p, torch.tensor(seed),
-                                padding_idx, offset=offset)
+    gw, gt = embedding_backward(on(device, grad), on(device, ids), on(device, pos), V, P, scale, p,
+                                torch.tensor(seed, device=device), padding_idx, offset=offset)
+    gw, gt = gw.cpu(), (None if gt is None else gt.cpu())
     uniq, rows, pos_grad = embedding_backward_ref(grad, ids, scale=scale, dropout_p=p, seed=seed, dropout_offset=offset,
                                                   padding_idx=None if padding_idx < 0 else padding_idx, pos_ids=pos,
                                                   num_positions=P)

@@ -54,21 +54,22 @@ def cases(draw):
 
 
 @SETTINGS
-@given(cases())
-def test_forward_and_backward_equal_numpy_reference_bit_for_bit(c) -> None:
+@given(c=cases())
+def test_forward_and_backward_equal_numpy_reference_bit_for_bit(c, device) -> None:
     q, k, cos, sin, interleaved = c
     layout = "interleaved" if interleaved else "half"
-    Q, K = torch.from_numpy(q), torch.from_numpy(k)
     rq, rk = rope_apply_ref(q, k, cos.numpy(), sin.numpy(), layout=layout)
-    gq, gk = rope_qk(Q, K, cos, sin, interleaved)
-    np.testing.assert_array_equal(gq.numpy(), rq)
-    np.testing.assert_array_equal(gk.numpy(), rk)
-    np.testing.assert_array_equal(rope_forward(Q, cos, sin, interleaved).numpy(), rq)
     bq, bk = rope_apply_backward_ref(q, k, cos.numpy(), sin.numpy(), layout=layout)
+    Q, K = torch.from_numpy(q).to(device), torch.from_numpy(k).to(device)
+    cos, sin = cos.to(device), sin.to(device)
+    gq, gk = rope_qk(Q, K, cos, sin, interleaved)
+    np.testing.assert_array_equal(gq.cpu().numpy(), rq)
+    np.testing.assert_array_equal(gk.cpu().numpy(), rk)
+    np.testing.assert_array_equal(rope_forward(Q, cos, sin, interleaved).cpu().numpy(), rq)
     dq, dk = rope_qk_backward(Q, K, cos, sin, interleaved)
-    np.testing.assert_array_equal(dq.numpy(), bq)
-    np.testing.assert_array_equal(dk.numpy(), bk)
-    np.testing.assert_array_equal(rope_backward(K, cos, sin, interleaved).numpy(), bk)
+    np.testing.assert_array_equal(dq.cpu().numpy(), bq)
+    np.testing.assert_array_equal(dk.cpu().numpy(), bk)
+    np.testing.assert_array_equal(rope_backward(K, cos, sin, interleaved).cpu().numpy(), bk)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

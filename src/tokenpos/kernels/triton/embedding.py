@@ -129,24 +129,23 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
         raise ValueError("table and pos go together: pass both (a positional add) or neither, got "
                          f"table={'None' if table is None else tuple(table.shape)}, "
                          f"pos={'None' if pos is None else tuple(pos.shape)}")
-    has_pos = table is not None
-    if has_pos:
+    has_pos = table is not None and pos is not None
+    if table is not None and pos is not None:
         if table.dim() != 2 or table.shape[1] != D:
             raise ValueError(f"table must have shape (P, {D}), got {tuple(table.shape)}")
-        if table.stride(1) != 1:
-            table = table.contiguous()
+        tab = table if table.stride(1) == 1 else table.contiguous()
         flat_pos = _flat_pos(pos, ids.shape)
-        P, npos = table.shape[0], max(flat_pos.numel(), 1)
-    else:
-        table, flat_pos, P, npos = weight, flat_ids, 0, 1
+        P, npos = tab.shape[0], max(flat_pos.numel(), 1)
+    else:                                                                       # unused by the kernel
+        tab, flat_pos, P, npos = weight, flat_ids, 0, 1
     threshold, inv_keep = dropout_args(p)
     if N == 0 or D == 0:
         return out
     block_d = _block_d(D, 256)                                                  # tiles of <= 16 x 256 elements
     grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(D, block_d))
     _embedding_forward_kernel[grid](
-        weight, flat_ids, table, flat_pos, seed_tensor(seed, weight.device), out,
-        N, D, V, P, npos, weight.stride(0), table.stride(0), float(scale), inv_keep, threshold, int(offset),
+        weight, flat_ids, tab, flat_pos, seed_tensor(seed, weight.device), out,
+        N, D, V, P, npos, weight.stride(0), tab.stride(0), float(scale), inv_keep, threshold, int(offset),
         HAS_POS=has_pos, HAS_DROPOUT=p > 0.0, BLOCK_N=BLOCK_N, BLOCK_D=block_d, **LAUNCH_OPTIONS)
     return out
 
