@@ -13,7 +13,6 @@ CUDA graph can replay it with a new seed written into the same tensor.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -21,6 +20,7 @@ import triton
 import triton.language as tl
 
 from tokenpos.tables.dropout import dropout_threshold
+from tokenpos.tables.validation import check_float
 
 GOLDEN = 0x9E3779B97F4A7C15
 SEED_MASK = (1 << 63) - 1
@@ -46,9 +46,7 @@ def dropout_multiplier(seed_ptr, flat_index, threshold, inv_keep):
 
 def dropout_args(p: float) -> tuple[int, float]:
     """Host side: (threshold on the 24-bit grid, 1/(1-p) as a Python float, 0.0 when p == 1)."""
-    p = float(p)
-    if not (0.0 <= p <= 1.0) or math.isnan(p):
-        raise ValueError(f"dropout probability must lie in [0, 1], got {p!r}")
+    p = check_float("dropout p", p, low=0.0, high=1.0)                         # ConfigError otherwise
     return dropout_threshold(p), (1.0 / (1.0 - p) if p < 1.0 else 0.0)
 
 

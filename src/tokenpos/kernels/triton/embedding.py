@@ -29,6 +29,7 @@ import triton.language as tl
 
 from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS, round_to
 from tokenpos.kernels.triton._hash import dropout_args, dropout_multiplier, seed_tensor
+from tokenpos.tables.errors import ConfigError
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_N = 16
@@ -93,7 +94,7 @@ def _check_float(name: str, t: torch.Tensor) -> None:
 def _flat_pos(pos: torch.Tensor, ids_shape: torch.Size) -> torch.Tensor:
     """pos (...) flattened; its shape must be the ids' shape or a trailing part of it."""
     if pos.dim() > len(ids_shape) or tuple(pos.shape) != tuple(ids_shape)[len(ids_shape) - pos.dim():]:
-        raise ValueError(f"pos must have the ids' shape {tuple(ids_shape)} or a trailing part of it, "
+        raise ConfigError(f"pos must have the ids' shape {tuple(ids_shape)} or a trailing part of it, "
                          f"got {tuple(pos.shape)}")
     return pos.reshape(-1).contiguous()
 
@@ -118,7 +119,7 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     """
     _check_float("weight", weight)
     if weight.dim() != 2:
-        raise ValueError(f"weight must have shape (V, D), got {tuple(weight.shape)}")
+        raise ConfigError(f"weight must have shape (V, D), got {tuple(weight.shape)}")
     if weight.stride(1) != 1:
         weight = weight.contiguous()
     V, D = weight.shape
@@ -126,13 +127,13 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     N = flat_ids.numel()
     out = torch.empty((*ids.shape, D), dtype=weight.dtype, device=weight.device)
     if (table is None) != (pos is None):
-        raise ValueError("table and pos go together: pass both (a positional add) or neither, got "
+        raise ConfigError("table and pos go together: pass both (a positional add) or neither, got "
                          f"table={'None' if table is None else tuple(table.shape)}, "
                          f"pos={'None' if pos is None else tuple(pos.shape)}")
     has_pos = table is not None and pos is not None
     if table is not None and pos is not None:
         if table.dim() != 2 or table.shape[1] != D:
-            raise ValueError(f"table must have shape (P, {D}), got {tuple(table.shape)}")
+            raise ConfigError(f"table must have shape (P, {D}), got {tuple(table.shape)}")
         tab = table if table.stride(1) == 1 else table.contiguous()
         flat_pos = _flat_pos(pos, ids.shape)
         P, npos = tab.shape[0], max(flat_pos.numel(), 1)
@@ -184,7 +185,7 @@ def embedding_backward(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor 
     _check_float("grad", grad)
     D = grad.shape[-1]
     if tuple(grad.shape[:-1]) != tuple(ids.shape):
-        raise ValueError(f"grad must have shape {(*ids.shape, D)} (the ids' shape plus D), got {tuple(grad.shape)}")
+        raise ConfigError(f"grad must have shape {(*ids.shape, D)} (the ids' shape plus D), got {tuple(grad.shape)}")
     g2 = grad.reshape(-1, D).contiguous()                                       # (N, D)
     keys = ids.reshape(-1)                                                      # (N,)
     s = seed_tensor(seed, grad.device)

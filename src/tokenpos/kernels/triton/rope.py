@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS, round_to
+from tokenpos.tables.errors import ConfigError
 
 BLOCK_L = 16
 
@@ -89,7 +90,7 @@ def _tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torc
           and cos.dim() in (2, 3) and cos.shape[-2] == L and 2 * cos.shape[-1] <= Dh
           and (cos.dim() == 2 or cos.shape[0] == B))
     if not ok:
-        raise ValueError(f"cos and sin must be float32/float64 tables of one shape ({L}, F) or ({B}, {L}, F) "
+        raise ConfigError(f"cos and sin must be float32/float64 tables of one shape ({L}, F) or ({B}, {L}, F) "
                          f"with 2F <= head_dim={Dh}, got {cos.dtype} {tuple(cos.shape)} and "
                          f"{sin.dtype} {tuple(sin.shape)}")
     cos, sin = cos.contiguous(), sin.contiguous()
@@ -98,7 +99,7 @@ def _tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torc
 
 def _unit_last(name: str, x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 4 or not x.is_floating_point():
-        raise ValueError(f"{name} must be a float tensor of shape (B, H, L, head_dim), got {x.dtype} "
+        raise ConfigError(f"{name} must be a float tensor of shape (B, H, L, head_dim), got {x.dtype} "
                          f"{tuple(x.shape)}")
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -107,7 +108,7 @@ def _output(name: str, out: torch.Tensor | None, x: torch.Tensor) -> torch.Tenso
     if out is None:
         return torch.empty_like(x)
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or out.stride(-1) != 1:
-        raise ValueError(f"{name} must be a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device} with unit "
+        raise ConfigError(f"{name} must be a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device} with unit "
                          f"stride along head_dim, got {out.dtype} {tuple(out.shape)} on {out.device}")
     return out
 
