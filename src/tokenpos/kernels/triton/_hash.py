@@ -35,10 +35,15 @@ def splitmix64(z):
 
 
 @triton.jit
-def dropout_multiplier(seed_ptr, flat_index, threshold, inv_keep):
-    """fp32 multiplier m (same shape as ``flat_index``, any integer dtype): ``inv_keep`` if kept else 0."""
+def dropout_key(seed_ptr):
+    """The per-call uint64 key from the 0-d int64 seed tensor (once per program)."""
     seed = tl.load(seed_ptr).to(tl.uint64) & 0x7FFFFFFFFFFFFFFF
-    key = splitmix64(seed + 0x9E3779B97F4A7C15)
+    return splitmix64(seed + 0x9E3779B97F4A7C15)
+
+
+@triton.jit
+def dropout_multiplier(key, flat_index, threshold, inv_keep):
+    """fp32 multiplier m (same shape as ``flat_index``, any integer dtype): ``inv_keep`` if kept else 0."""
     z = splitmix64(key ^ (flat_index.to(tl.uint64) * 0x9E3779B97F4A7C15))
     keep = (z >> 40) >= threshold
     return tl.where(keep, inv_keep, 0.0).to(tl.float32)

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS, round_to
-from tokenpos.kernels.triton._hash import dropout_args, dropout_multiplier, seed_tensor
+from tokenpos.kernels.triton._hash import dropout_args, dropout_key, dropout_multiplier, seed_tensor
 from tokenpos.tables.errors import ConfigError
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -57,7 +57,7 @@ def _embedding_forward_kernel(w_ptr, ids_ptr, t_ptr, pos_ptr, seed_ptr, out_ptr,
         y = y + t
     flat = rows[:, None] * D + cols[None, :]                                   # (BN, BD) int64
     if HAS_DROPOUT:
-        y = y * dropout_multiplier(seed_ptr, flat + offset, threshold, inv_keep)
+        y = y * dropout_multiplier(dropout_key(seed_ptr), flat + offset, threshold, inv_keep)
     tl.store(out_ptr + flat, round_to(y, out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
@@ -72,11 +72,13 @@ def _segment_sum_kernel(grad_ptr, perm_ptr, bounds_ptr, seed_ptr, out_ptr,
     end = tl.load(bounds_ptr + v + 1)
     end = tl.where(v == skip_row, start, end)                                   # padding row: no gradient
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    if HAS_DROPOUT:
+        key = dropout_key(seed_ptr)
     for j in range(start, end):
         n = tl.load(perm_ptr + j).to(tl.int64)                                  # original row of this id
         g = tl.load(grad_ptr + n * D + cols, mask=cmask, other=0.0).to(tl.float32)
         if HAS_DROPOUT:
-            g = g * dropout_multiplier(seed_ptr, n * D + cols + offset, threshold, inv_keep)
+            g = g * dropout_multiplier(key, n * D + cols + offset, threshold, inv_keep)
         acc = acc + g
     acc = acc * scale
     tl.store(out_ptr + v.to(tl.int64) * D + cols, round_to(acc, out_ptr.dtype.element_ty), mask=cmask)
@@ -95,7 +97,7 @@ def _flat_pos(pos: torch.Tensor, ids_shape: torch.Size) -> torch.Tensor:
     """pos (...) flattened; its shape must be the ids' shape or a trailing part of it."""
     if pos.dim() > len(ids_shape) or tuple(pos.shape) != tuple(ids_shape)[len(ids_shape) - pos.dim():]:
         raise ConfigError(f"pos must have the ids' shape {tuple(ids_shape)} or a trailing part of it, "
-                         f"got {tuple(pos.shape)}")
+                          f"got {tuple(pos.shape)}")
     return pos.reshape(-1).contiguous()
 
 
@@ -128,8 +130,8 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     out = torch.empty((*ids.shape, D), dtype=weight.dtype, device=weight.device)
     if (table is None) != (pos is None):
         raise ConfigError("table and pos go together: pass both (a positional add) or neither, got "
-                         f"table={'None' if table is None else tuple(table.shape)}, "
-                         f"pos={'None' if pos is None else tuple(pos.shape)}")
+                          f"table={'None' if table is None else tuple(table.shape)}, "
+                          f"pos={'None' if pos is None else tuple(pos.shape)}")
     has_pos = table is not None and pos is not None
     if table is not None and pos is not None:
         if table.dim() != 2 or table.shape[1] != D:

@@ -91,8 +91,8 @@ def _tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torc
           and (cos.dim() == 2 or cos.shape[0] == B))
     if not ok:
         raise ConfigError(f"cos and sin must be float32/float64 tables of one shape ({L}, F) or ({B}, {L}, F) "
-                         f"with 2F <= head_dim={Dh}, got {cos.dtype} {tuple(cos.shape)} and "
-                         f"{sin.dtype} {tuple(sin.shape)}")
+                          f"with 2F <= head_dim={Dh}, got {cos.dtype} {tuple(cos.shape)} and "
+                          f"{sin.dtype} {tuple(sin.shape)}")
     cos, sin = cos.contiguous(), sin.contiguous()
     return cos, sin, (cos.stride(0) if cos.dim() == 3 else 0)
 
@@ -100,7 +100,7 @@ def _tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torc
 def _unit_last(name: str, x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 4 or not x.is_floating_point():
         raise ConfigError(f"{name} must be a float tensor of shape (B, H, L, head_dim), got {x.dtype} "
-                         f"{tuple(x.shape)}")
+                          f"{tuple(x.shape)}")
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
@@ -109,7 +109,7 @@ def _output(name: str, out: torch.Tensor | None, x: torch.Tensor) -> torch.Tenso
         return torch.empty_like(x)
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or out.stride(-1) != 1:
         raise ConfigError(f"{name} must be a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device} with unit "
-                         f"stride along head_dim, got {out.dtype} {tuple(out.shape)} on {out.device}")
+                          f"stride along head_dim, got {out.dtype} {tuple(out.shape)} on {out.device}")
     return out
 
 
