@@ -59,7 +59,7 @@ def _variants() -> dict[str, tuple]:
             v[f"segment_sum{w}"] = ("embedding", "_segment_sum_kernel", {
                 "grad_ptr": w, "perm_ptr": "*i64", "bounds_ptr": "*i64", "seed_ptr": "*i64", "out_ptr": w,
                 "D": I32, "scale": "fp32", "inv_keep": "fp32", "threshold": I32, "offset": I32, "skip_row": I32},
-                {"HAS_DROPOUT": True, "BLOCK_D": 128})
+                {"HAS_DROPOUT": True, "BLOCK_D": 128, "ROWS": 8})
     for x, t, f64, interleaved in [("*bf16", "*fp32", False, False), ("*fp32", "*fp64", True, True)]:
         v[f"rope{x}{t}{interleaved}"] = ("rope", "_rope_kernel", {
             "q_ptr": x, "k_ptr": x, "oq_ptr": x, "ok_ptr": x, "cos_ptr": t, "sin_ptr": t,

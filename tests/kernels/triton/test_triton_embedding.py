@@ -161,11 +161,13 @@ def test_backward_fp32_matches_autograd_and_numpy_reference(with_pos, p, device,
     V, D, P = 13, 21, 8
     w = torch.randn(V, D, generator=gen)
     ids = torch.randint(0, V, (3, 8), generator=gen)
-    ids[0, :4] = 5                                                            # a repeated id: a long segment
+    ids[0, :] = 5                                                             # id 5: a segment of >= 11 rows,
+    ids[2, :3] = 5                                                            # more than one SEGMENT_ROWS step
+    ids[1, 0] = 7                                                             # the padding row
     table = torch.randn(P, D, generator=gen) if with_pos else None
     pos = torch.randint(0, P, (8,), generator=gen) if with_pos else None
     grad = torch.randn(3, 8, D, generator=gen)
-    scale, seed, pad = 2.5, 17, int(ids[1, 0])
+    scale, seed, pad = 2.5, 17, 7
     gw, gt = embedding_backward(grad.to(device), ids.to(device), None if pos is None else pos.to(device), V, P,
                                 scale, p, torch.tensor(seed), pad)
     rw, rt = autograd_reference(w, ids, table, pos, scale, p, seed, grad, pad)

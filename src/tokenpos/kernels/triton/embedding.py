@@ -12,9 +12,9 @@ Launches run with ``enable_fp_fusion=False`` so the GPU rounds the product and t
 exactly like the NumPy reference (an FMA would differ in the last bit).
 
 Backward: ids are sorted once (stable ``torch.sort``) and ``searchsorted`` gives every row v its segment
-of the sorted order; one program per (v, block of D) sums its segment's gradient rows in fp32 (in
-the original order of the ids, so the result is deterministic) and writes row v once: no atomics
-and no scatter into a zero-filled table. The positional gradient is the same kernel keyed by
+of the sorted order; one program per (v, block of D) sums its segment's gradient rows in fp32,
+SEGMENT_ROWS rows per step (a fixed order: the result is deterministic), and writes row v once: no
+atomics and no scatter into a zero-filled table. The positional gradient is the same kernel keyed by
 ``pos[n % Np]``. The ops layer validates ids and positions; the kernels still mask every load, so
 an id outside [0, V) reads zeros instead of foreign memory.
 """
@@ -32,7 +32,8 @@ from tokenpos.kernels.triton._hash import dropout_args, dropout_key, dropout_mul
 from tokenpos.tables.errors import ConfigError
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-BLOCK_N = 16
+BLOCK_N = 16          # forward: ids per program
+SEGMENT_ROWS = 8      # backward: gradient rows loaded per step, so a frequent id's long segment is not a serial chain
 
 
 @triton.jit
@@ -64,7 +65,7 @@ def _embedding_forward_kernel(w_ptr, ids_ptr, t_ptr, pos_ptr, seed_ptr, out_ptr,
 @triton.jit
 def _segment_sum_kernel(grad_ptr, perm_ptr, bounds_ptr, seed_ptr, out_ptr,
                         D, scale, inv_keep, threshold, offset, skip_row,
-                        HAS_DROPOUT: tl.constexpr, BLOCK_D: tl.constexpr):
+                        HAS_DROPOUT: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
     v = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)                   # (BD,)
     cmask = cols < D
@@ -74,12 +75,15 @@ def _segment_sum_kernel(grad_ptr, perm_ptr, bounds_ptr, seed_ptr, out_ptr,
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     if HAS_DROPOUT:
         key = dropout_key(seed_ptr)
-    for j in range(start, end):
-        n = tl.load(perm_ptr + j).to(tl.int64)                                  # original row of this id
-        g = tl.load(grad_ptr + n * D + cols, mask=cmask, other=0.0).to(tl.float32)
+    for j0 in range(start, end, ROWS):                                          # ROWS gradient rows per step
+        js = j0 + tl.arange(0, ROWS)
+        jm = js < end
+        n = tl.load(perm_ptr + js, mask=jm, other=0).to(tl.int64)              # (ROWS,) original rows of this id
+        off = n[:, None] * D + cols[None, :]                                    # (ROWS, BD)
+        g = tl.load(grad_ptr + off, mask=jm[:, None] & cmask[None, :], other=0.0).to(tl.float32)
         if HAS_DROPOUT:
-            g = g * dropout_multiplier(key, n * D + cols + offset, threshold, inv_keep)
-        acc = acc + g
+            g = g * dropout_multiplier(key, off + offset, threshold, inv_keep)
+        acc = acc + tl.sum(g, axis=0)
     acc = acc * scale
     tl.store(out_ptr + v.to(tl.int64) * D + cols, round_to(acc, out_ptr.dtype.element_ty), mask=cmask)
 
@@ -163,10 +167,10 @@ def _segment_sum(grad2d: torch.Tensor, keys: torch.Tensor, num_rows: int, scale:
     if num_rows == 0 or D == 0:
         return out
     threshold, inv_keep = dropout_args(p)
-    block_d = _block_d(D, 1024)
+    block_d = _block_d(D, 512)                                                  # tiles of ROWS x 512
     _segment_sum_kernel[(num_rows, triton.cdiv(D, block_d))](
         grad2d, perm, bounds, seed, out, D, float(scale), inv_keep, threshold, int(offset), int(skip_row),
-        HAS_DROPOUT=p > 0.0, BLOCK_D=block_d, **LAUNCH_OPTIONS)
+        HAS_DROPOUT=p > 0.0, BLOCK_D=block_d, ROWS=SEGMENT_ROWS, **LAUNCH_OPTIONS)
     return out
 
 
