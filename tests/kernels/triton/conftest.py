@@ -28,8 +28,9 @@ try:
 except ImportError:                                              # no gpu extra: the test modules skip themselves
     triton = None
 
-_MODULES = ("tokenpos.kernels.triton._hash", "tokenpos.kernels.triton._cast", "tokenpos.kernels.triton.embedding",
-            "tokenpos.kernels.triton.rope", "tokenpos.kernels.triton")
+_MODULES = ("tokenpos.kernels.triton._hash", "tokenpos.kernels.triton._cast",
+            "tokenpos.kernels.triton.embedding", "tokenpos.kernels.triton.rope",
+            "tokenpos.kernels.triton.cross_entropy", "tokenpos.kernels.triton")
 if triton is not None and not ON_CUDA and not triton.knobs.runtime.interpret:   # a knob set explicitly
     triton.knobs.runtime.interpret = True
 if triton is not None and not ON_CUDA and _MODULES[0] in sys.modules:

@@ -1,4 +1,4 @@
-"""Triton kernels for CUDA tensors: fused embedding forward/backward and RoPE on q and k.
+"""Triton kernels for CUDA tensors: fused embedding forward/backward, RoPE on q and k, vocab-parallel cross-entropy.
 
 Importing this package imports ``triton`` (the optional ``gpu`` extra); nothing else in tokenpos does
 so eagerly: the torch ops import it lazily for CUDA tensors. All functions take and return torch
@@ -18,6 +18,11 @@ Dh head dim, F rotary pairs (rotary dim R = 2F <= Dh).
   cos/sin (L, F) or (B, L, F), float32/float64; ``out=x`` rotates in place.
 - ``rope_qk(q, k, cos, sin, interleaved, *, out_q=None, out_k=None) -> (q', k')`` in one launch, and
   ``rope_qk_backward``.
+- Vocab-parallel cross-entropy (:mod:`.cross_entropy`), logits (N, Vs) of one vocab shard:
+  ``cross_entropy_stats(logits, targets, vocab_start=0) -> (N, 3)``, ``combine_cross_entropy_stats(
+  stats (W, N, 3), targets, ignore_index=-100) -> (loss, lse)``, ``cross_entropy_backward(logits,
+  targets, lse, grad_loss, vocab_start=0, ignore_index=-100, *, inplace=False)`` and the unsharded
+  ``cross_entropy(logits, targets, ignore_index=-100) -> (loss, lse)``.
 
 Every launch passes ``enable_fp_fusion=False``: products and sums round separately, as in the NumPy
 references, so forwards match them bit for bit on any backend.
@@ -25,10 +30,20 @@ references, so forwards match them bit for bit on any backend.
 
 from __future__ import annotations
 
+from tokenpos.kernels.triton.cross_entropy import (
+    combine_cross_entropy_stats,
+    cross_entropy,
+    cross_entropy_backward,
+    cross_entropy_stats,
+)
 from tokenpos.kernels.triton.embedding import embedding_backward, embedding_forward
 from tokenpos.kernels.triton.rope import rope_backward, rope_forward, rope_qk, rope_qk_backward
 
 __all__ = [
+    "combine_cross_entropy_stats",
+    "cross_entropy",
+    "cross_entropy_backward",
+    "cross_entropy_stats",
     "embedding_backward",
     "embedding_forward",
     "rope_backward",
