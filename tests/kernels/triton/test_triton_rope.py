@@ -170,3 +170,11 @@ def test_long_pass_through_tail(device, gen) -> None:
         want, _ = rope_apply_ref(x.numpy(), None, cos.numpy(), sin.numpy(),
                                  layout="interleaved" if interleaved else "half")
         np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_same_tensor_as_q_and_k_and_a_leading_one_table(device, gen) -> None:
+    x = torch.randn(2, 2, 4, 8, generator=gen).to(device)
+    cos, sin = tables(np.arange(4), 8)
+    want = torch_rope(x.cpu(), cos, sin, True)
+    a, b = rope_qk(x, x, cos[None].to(device), sin[None].to(device), True)   # (1, L, F) tables, k is q
+    assert torch.equal(a.cpu(), want) and torch.equal(b.cpu(), want)

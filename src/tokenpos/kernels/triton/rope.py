@@ -2,7 +2,8 @@
 
 Shapes: B batch, H query heads, Hk key heads (GQA: may differ from H), L length, Dh head dim,
 F = R/2 rotary pairs (R <= Dh even), x (B, H, L, Dh) with unit stride along Dh (any other strides).
-``cos``/``sin`` are (L, F), shared by every batch row, or (B, L, F), per batch row (packed sequences),
+``cos``/``sin`` are (L, F) or (1, L, F), shared by every batch row, or (B, L, F), per batch row (packed
+sequences),
 float32 or float64: the angles come from float64 on the host (``tables.rope``), never from a
 low-precision cache.
 
@@ -88,13 +89,13 @@ def _tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torc
     B, _, L, Dh = x.shape
     ok = (cos.dtype in (torch.float32, torch.float64) and sin.dtype == cos.dtype and sin.shape == cos.shape
           and cos.dim() in (2, 3) and cos.shape[-2] == L and 2 * cos.shape[-1] <= Dh
-          and (cos.dim() == 2 or cos.shape[0] == B))
+          and (cos.dim() == 2 or cos.shape[0] in (1, B)))
     if not ok:
         raise ConfigError(f"cos and sin must be float32/float64 tables of one shape ({L}, F) or ({B}, {L}, F) "
                           f"with 2F <= head_dim={Dh}, got {cos.dtype} {tuple(cos.shape)} and "
                           f"{sin.dtype} {tuple(sin.shape)}")
     cos, sin = cos.contiguous(), sin.contiguous()
-    return cos, sin, (cos.stride(0) if cos.dim() == 3 else 0)
+    return cos, sin, (cos.stride(0) if cos.dim() == 3 and cos.shape[0] > 1 else 0)
 
 
 def _unit_last(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -113,11 +114,10 @@ def _output(name: str, out: torch.Tensor | None, x: torch.Tensor) -> torch.Tenso
     return out
 
 
-def _launch(q, k, oq, ok, cos, sin, interleaved: bool, neg_sin: bool) -> None:
-    """One launch over q's and k's heads (k/ok may be q/oq with zero heads)."""
+def _launch(q, k, oq, ok, HK: int, cos, sin, interleaved: bool, neg_sin: bool) -> None:
+    """One launch over q's heads and HK heads of k (HK = 0: q alone; k/ok are then ignored)."""
     cos, sin, scb = _tables(q, cos, sin)
     B, H, L, Dh = q.shape
-    HK = k.shape[1] if k is not q else 0
     F = cos.shape[-1]
     tail = Dh - 2 * F
     copy_tail = tail > 0 and not (oq.data_ptr() == q.data_ptr() and (HK == 0 or ok.data_ptr() == k.data_ptr()))
@@ -138,7 +138,7 @@ def _launch(q, k, oq, ok, cos, sin, interleaved: bool, neg_sin: bool) -> None:
 def _one(x, cos, sin, interleaved, out, neg_sin) -> torch.Tensor:
     x = _unit_last("x", x)
     o = _output("out", out, x)
-    _launch(x, x, o, o, cos, sin, interleaved, neg_sin)
+    _launch(x, x, o, o, 0, cos, sin, interleaved, neg_sin)
     return o
 
 
@@ -165,10 +165,10 @@ def _qk(q, k, cos, sin, interleaved, out_q, out_k, neg_sin) -> tuple[torch.Tenso
     same = (q.dtype == k.dtype and q.device == k.device and q.shape[0] == k.shape[0]
             and q.shape[2:] == k.shape[2:] and k.shape[1] > 0)
     if same:
-        _launch(q, k, oq, ok, cos, sin, interleaved, neg_sin)
+        _launch(q, k, oq, ok, k.shape[1], cos, sin, interleaved, neg_sin)
     else:                                                                      # shapes/dtypes differ: two launches
-        _launch(q, q, oq, oq, cos, sin, interleaved, neg_sin)
-        _launch(k, k, ok, ok, cos, sin, interleaved, neg_sin)
+        _launch(q, q, oq, oq, 0, cos, sin, interleaved, neg_sin)
+        _launch(k, k, ok, ok, 0, cos, sin, interleaved, neg_sin)
     return oq, ok
 
 
