@@ -1,4 +1,4 @@
-"""Run the Triton kernels on CPU tensors through Triton's interpreter (or on CUDA when asked to).
+"""Run the Triton kernels on CPU tensors through Triton's interpreter, or compiled on CUDA when there is a GPU.
 
 Triton 3.9 reads ``TRITON_INTERPRET`` from the environment each time ``triton.jit`` decorates a
 function (``triton.knobs.runtime.interpret``), i.e. when :mod:`tokenpos.kernels.triton` is first
@@ -7,7 +7,9 @@ already imported without it (by an earlier test), its modules are reloaded so th
 interpreted functions. Without triton installed (no ``gpu`` extra) every test module here skips
 itself (``pytest.importorskip`` at its top; a skip raised in a conftest would abort the run instead).
 
-``TOKENPOS_TRITON_DEVICE=cuda`` (on a machine with a GPU) runs the same tests compiled on CUDA.
+On a machine with a GPU the same tests run compiled on CUDA and the interpreter stays off (it would
+also turn torch.compile's own Triton kernels into interpreted ones); ``TOKENPOS_TRITON_DEVICE=cpu``
+forces the interpreter there.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import pytest
 import torch
 
-ON_CUDA = os.environ.get("TOKENPOS_TRITON_DEVICE", "cpu") == "cuda" and torch.cuda.is_available()
+ON_CUDA = torch.cuda.is_available() and os.environ.get("TOKENPOS_TRITON_DEVICE", "cuda") != "cpu"
 if not ON_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -46,7 +48,7 @@ DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
 
 @pytest.fixture(scope="session")
 def device() -> torch.device:
-    """Where the kernels' tensors live: CPU (interpreter) unless TOKENPOS_TRITON_DEVICE=cuda on a GPU."""
+    """Where the kernels' tensors live: CUDA when there is a GPU, else CPU (interpreter)."""
     return DEVICE
 
 
