@@ -1,0 +1,284 @@
+"""GPU benchmark of tokenpos's Triton kernels, side by side in one run (CUDA only).
+
+Usage:
+    python benchmarks/gpu_bench.py [--quick] [--rounds N] [--json PATH]
+    python benchmarks/gpu_bench.py --smoke     # CPU, Triton interpreter, tiny shapes: checks agreement only
+
+Rows, each timed in the same process, round-robin (every round runs every impl once, median over rounds):
+- copy: ``dst.copy_(src)`` of the output's bytes, the bandwidth ceiling;
+- torch eager, torch.compile (default mode) of the same eager function;
+- Liger-Kernel's RoPE (``liger_kernel.transformers.rope.liger_rotary_pos_emb``) when importable;
+- tokenpos Triton (out of place, and in place for RoPE).
+Effective GB/s = bytes that must move (inputs read once + outputs written once) / time. Ratios are
+against copy and against the named reference measured in the same run; the issue's targets are
+RoPE >= 0.85x copy and >= 1.2x Liger, fused embedding forward >= 0.8x copy and >= 1.2x torch.compile.
+
+Workloads: RoPE q (4, 32, 4096, 128), k (4, 8, 4096, 128) bf16, half layout, fp32 cos/sin (L, 64);
+embedding V=50257, D=4096, ids (4, 2048), learned positions (2048, 4096), bf16, scale sqrt(D), p=0.1.
+``--quick`` quarters the lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
+    """Milliseconds of one call: CUDA events on a GPU, perf_counter in smoke mode."""
+    if device.type == "cuda":
+        def run(fn):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+    else:
+        def run(fn):
+            t = time.perf_counter()
+            fn()
+            return 1e3 * (time.perf_counter() - t)
+    return run
+
+
+def side_by_side(impls: dict[str, Callable[[], object]], rounds: int, device: torch.device) -> dict[str, float]:
+    """Median ms per impl over ``rounds`` round-robin rounds (each impl warmed twice first).
+
+    An optional third-party impl that raises while warming is reported on stderr and left out.
+    """
+    timer = _timer(device)
+    for name, fn in list(impls.items()):
+        try:
+            fn()
+            fn()
+        except Exception as exc:                                              # reported, then dropped
+            if name in ("tokenpos", "eager", "copy"):
+                raise
+            print(f"gpu_bench: {name} failed and is left out: {type(exc).__name__}: {exc}", file=sys.stderr)
+            del impls[name]
+    samples: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            samples[name].append(timer(fn))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# RoPE
+# --------------------------------------------------------------------------------------------------
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def eager_rope(q, k, cos_full, sin_full):
+    """HF's apply_rotary_pos_emb: cos/sin (1, 1, L, Dh) in the activations' dtype."""
+    return q * cos_full + _rotate_half(q) * sin_full, k * cos_full + _rotate_half(k) * sin_full
+
+
+def rope_case(args, device, dtype) -> list[dict]:
+    from tokenpos.kernels.triton import rope_qk, rope_qk_backward
+    from tokenpos.tables.rope import rope_angles, rope_inv_freq
+
+    B, H, Hk, L, Dh = (1, 2, 1, 8, 16) if args.smoke else (4, 32, 8, 4096 // (4 if args.quick else 1), 128)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(B, H, L, Dh, generator=g).to(device, dtype)
+    k = torch.randn(B, Hk, L, Dh, generator=g).to(device, dtype)
+    ang = torch.from_numpy(rope_angles(torch.arange(L).numpy(), rope_inv_freq(Dh)[0]))   # (L, Dh/2) float64
+    cos, sin = ang.cos().float().to(device), ang.sin().float().to(device)
+    cos_full = torch.cat([cos, cos], -1)[None, None].to(dtype)                           # HF: cache in bf16
+    sin_full = torch.cat([sin, sin], -1)[None, None].to(dtype)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    qi, ki = q.clone(), k.clone()
+
+    impls = {"tokenpos": lambda: rope_qk(q, k, cos, sin, False),
+             "tokenpos in place": lambda: rope_qk(qi, ki, cos, sin, False, out_q=qi, out_k=ki),
+             "eager": lambda: eager_rope(q, k, cos_full, sin_full)}
+    if not args.smoke:
+        compiled = torch.compile(eager_rope)
+        impls["torch.compile"] = lambda: compiled(q, k, cos_full, sin_full)
+    liger = _liger()
+    if liger is not None and device.type == "cuda":
+        impls["liger"] = lambda: liger(q, k, cos_full[0], sin_full[0])         # cos/sin (1, L, Dh)
+
+    ours_q, ours_k = rope_qk(q, k, cos, sin, False)
+    c32, s32 = torch.cat([cos, cos], -1)[None, None], torch.cat([sin, sin], -1)[None, None]
+    ref_q, ref_k = eager_rope(q.float(), k.float(), c32, s32)
+    err = max((ours_q.float() - ref_q).abs().max().item(), (ours_k.float() - ref_k).abs().max().item())
+    moved = 2 * (q.numel() + k.numel()) * q.element_size()
+    rows = _rows("rope fwd", side_by_side(impls, args.rounds, device), moved, args, device, err)
+
+    def eager_fwd_bwd():
+        qq, kk = q.detach().requires_grad_(), k.detach().requires_grad_()
+        a, b = eager_rope(qq, kk, cos_full, sin_full)
+        torch.autograd.backward((a, b), (gq, gk))
+
+    bwd = {"tokenpos": lambda: (rope_qk(q, k, cos, sin, False), rope_qk_backward(gq, gk, cos, sin, False)),
+           "eager": eager_fwd_bwd}
+    if liger is not None and device.type == "cuda":
+        def liger_fwd_bwd():
+            qq, kk = q.detach().requires_grad_(), k.detach().requires_grad_()
+            a, b = liger(qq, kk, cos_full[0], sin_full[0])
+            torch.autograd.backward((a, b), (gq, gk))
+        bwd["liger"] = liger_fwd_bwd
+    rows += _rows("rope fwd+bwd", side_by_side(bwd, args.rounds, device), 2 * moved, args, device, err)
+    return rows
+
+
+def _liger():
+    try:
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    except ImportError:
+        return None
+    return liger_rotary_pos_emb
+
+
+# --------------------------------------------------------------------------------------------------
+# embedding
+# --------------------------------------------------------------------------------------------------
+
+
+def eager_embedding(w, ids, table, pos, scale: float, p: float):
+    """Gather * scale + positional rows, then torch's dropout (its own mask; the same work)."""
+    y = torch.nn.functional.embedding(ids, w) * scale + table[pos]
+    return torch.nn.functional.dropout(y, p, training=True)
+
+
+def embedding_case(args, device, dtype) -> list[dict]:
+    from tokenpos.kernels.triton import embedding_backward, embedding_forward
+    from tokenpos.tables.dropout import dropout_keep_mask
+
+    V, D, B, L = (50, 32, 2, 8) if args.smoke else (50257, 4096, 4, 2048 // (4 if args.quick else 1))
+    p, scale = 0.1, math.sqrt(D)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    w = (0.02 * torch.randn(V, D, generator=g)).to(device, dtype)
+    table = (0.02 * torch.randn(L, D, generator=g)).to(device, dtype)
+    ids = torch.randint(0, V, (B, L), generator=g).to(device)
+    pos = torch.arange(L, device=device)
+    seed = torch.tensor(1234, device=device)
+    grad = torch.randn(B, L, D, generator=g).to(device, dtype)
+
+    impls = {"tokenpos": lambda: embedding_forward(w, ids, table, pos, scale, p, seed),
+             "eager": lambda: eager_embedding(w, ids, table, pos, scale, p)}
+    if not args.smoke:
+        compiled = torch.compile(eager_embedding)
+        impls["torch.compile"] = lambda: compiled(w, ids, table, pos, scale, p)
+    keep = torch.from_numpy(dropout_keep_mask(1234, (B, L, D), p)).to(device)
+    ref = ((w.float()[ids] * scale + table.float()[pos]) * keep / (1 - p)).to(dtype)
+    err = (embedding_forward(w, ids, table, pos, scale, p, seed).float() - ref.float()).abs().max().item()
+    out_bytes = B * L * D * w.element_size()
+    rows = _rows("embedding fwd", side_by_side(impls, args.rounds, device), 2 * out_bytes, args, device, err)
+
+    mult = keep.to(dtype) / (1 - p)
+
+    def eager_bwd():
+        gm = grad * mult                                                      # stored-mask dropout backward
+        gw = torch.ops.aten.embedding_dense_backward(gm * scale, ids, V, -1, False)
+        gt = torch.ops.aten.embedding_dense_backward(gm, pos.expand(B, L), L, -1, False)
+        return gw, gt
+
+    bwd = {"tokenpos": lambda: embedding_backward(grad, ids, pos, V, L, scale, p, seed, -1), "eager": eager_bwd}
+    if not args.smoke:
+        bwd["torch.compile"] = torch.compile(eager_bwd)
+    # bytes: read grad, write the dense (V, D) and (P, D) gradients
+    moved = out_bytes + (V + L) * D * w.element_size()
+    rows += _rows("embedding bwd", side_by_side(bwd, args.rounds, device), moved, args, device, err)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# report
+# --------------------------------------------------------------------------------------------------
+
+
+def _rows(case: str, ms: dict[str, float], moved: int, args, device, err: float) -> list[dict]:
+    src = torch.empty(moved // 2, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_ms = side_by_side({"copy": lambda: dst.copy_(src)}, args.rounds, device)["copy"]
+    rows = [{"case": case, "impl": "copy", "ms": copy_ms, "GB/s": moved / copy_ms / 1e6}]
+    for name, t in ms.items():
+        rows.append({"case": case, "impl": name, "ms": t, "GB/s": moved / t / 1e6, "x copy": copy_ms / t,
+                     "x eager": ms["eager"] / t, "max|tokenpos - fp32 formula|": err})
+    return rows
+
+
+TARGETS = [("rope fwd", "copy", 0.85), ("rope fwd", "liger", 1.2),
+           ("embedding fwd", "copy", 0.8), ("embedding fwd", "torch.compile", 1.2)]
+
+
+def report(rows: list[dict]) -> str:
+    lines = [f"{'case':<15} {'impl':<20} {'ms':>9} {'GB/s':>8} {'x copy':>7} {'x eager':>8}"]
+    for r in rows:
+        lines.append(f"{r['case']:<15} {r['impl']:<20} {r['ms']:9.4f} {r['GB/s']:8.1f} "
+                     f"{r.get('x copy', 1.0):7.2f} {r.get('x eager', float('nan')):8.2f}")
+    by = {(r["case"], r["impl"]): r["ms"] for r in rows}
+    lines.append("")
+    for case, ref, target in TARGETS:
+        if (case, ref) in by and (case, "tokenpos") in by:
+            ratio = by[(case, ref)] / by[(case, "tokenpos")]
+            lines.append(f"target {case}: tokenpos >= {target}x {ref}: {ratio:.2f}x "
+                         f"{'met' if ratio >= target else 'MISSED'}")
+        else:
+            lines.append(f"target {case} vs {ref}: not measured ({ref} unavailable)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="quarter lengths")
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds per impl (default 30, smoke 2)")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU + Triton interpreter, tiny shapes: checks that every impl runs and agrees; "
+                         "prints no timings")
+    args = ap.parse_args(argv)
+    args.rounds = args.rounds or (2 if args.smoke else 30)
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        device = torch.device("cpu")
+    elif not torch.cuda.is_available():
+        print("gpu_bench: no CUDA device (torch.cuda.is_available() is False); nothing was measured. "
+              "Run it on a machine with an NVIDIA GPU and `pip install -e .[gpu]` (plus liger-kernel to "
+              "include Liger's RoPE).", file=sys.stderr)
+        return 2
+    else:
+        device = torch.device("cuda")
+    try:
+        import triton
+    except ImportError:
+        print("gpu_bench: triton is not installed (`pip install -e .[gpu]`).", file=sys.stderr)
+        return 2
+    if args.json:
+        from tokenpos.cli._output import check_output_path
+        check_output_path(args.json)
+    rows = rope_case(args, device, torch.bfloat16) + embedding_case(args, device, torch.bfloat16)
+    if args.smoke:
+        report(rows)                                                          # formatting runs, output dropped
+        worst = max(r["max|tokenpos - fp32 formula|"] for r in rows if "x copy" in r)
+        print(f"gpu_bench smoke: {len(rows)} rows ran on the CPU interpreter; max |tokenpos - fp32 formula| = "
+              f"{worst:.3g} (timings not meaningful, not printed)")
+        return 0 if worst < 0.1 else 1
+    name = torch.cuda.get_device_name(device)
+    header = (f"device: {name}; torch {torch.__version__}; triton {triton.__version__}; "
+              f"{args.rounds} rounds, median; {'quick' if args.quick else 'full'} workload")
+    print(header)
+    print(report(rows))
+    if args.json:
+        from tokenpos.cli._output import atomic_write_text
+        atomic_write_text(args.json, json.dumps({"header": header, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
