@@ -16,6 +16,7 @@ from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import RESIZE_INITS, init_weight, resolve_rng
 from tokenpos.tables.validation import (
+    check_bool,
     check_choice,
     check_dtype,
     check_feature_dim,
@@ -51,7 +52,7 @@ class TokenEmbedding(Module):
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
         self.padding_idx = check_padding_idx(padding_idx, self.vocab_size)
-        self.scale = bool(scale)
+        self.scale = check_bool("scale", scale)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
         self.weight = Parameter(np.empty((self.vocab_size, self.d_model), self.dtype))

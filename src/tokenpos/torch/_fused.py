@@ -66,7 +66,8 @@ def checked_ids(ids: Any, vocab_size: int) -> np.ndarray | None:
         TokenIdError: a value out of range, with the shared message (the torch check raises through
             this same NumPy check).
     """
-    if not isinstance(ids, torch.Tensor) or not ids.is_cpu or ids.dtype not in INT_DTYPES:
+    if (not isinstance(ids, torch.Tensor) or not ids.is_cpu or ids.dtype not in INT_DTYPES or ids.is_nested
+            or ids.layout != torch.strided):
         return None
     return np_check_token_ids(ids.numpy(), vocab_size)
 

@@ -15,9 +15,15 @@ from torch import nn
 
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import INIT_SCHEMES, RESIZE_INITS, init_weight
-from tokenpos.tables.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
+from tokenpos.tables.validation import (
+    check_bool,
+    check_choice,
+    check_feature_dim,
+    check_padding_idx,
+    check_positive_int,
+)
 from tokenpos.torch import _fused
-from tokenpos.torch._checks import as_index, check_token_ids, resolve_dtype
+from tokenpos.torch._checks import as_index, check_token_id_tensor, resolve_dtype
 from tokenpos.torch._init import fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 
@@ -51,7 +57,7 @@ class TokenEmbedding(TokenposModule):
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
         self.padding_idx = check_padding_idx(padding_idx, self.vocab_size)
-        self.scale = bool(scale)
+        self.scale = check_bool("scale", scale)
         self.sparse = bool(sparse)
         self.init, self.std = check_choice("init", init, INIT_SCHEMES), std
         self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model, device=device,
@@ -91,7 +97,7 @@ class TokenEmbedding(TokenposModule):
         if not self.sparse and _fused.fusable(w) and w.is_contiguous():
             if _fused.checked_ids(ids, self.vocab_size) is not None:         # CPU int ids, checked on their view
                 return _fused.embedding(w, ids, scale=self.multiplier, padding_idx=self.padding_idx)
-        return self.lookup(check_token_ids(ids, self.vocab_size, self.weight.device))
+        return self.lookup(check_token_id_tensor(ids, self.vocab_size, device=self.weight.device))
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """The lookup without validation (ids already checked): (...) -> (..., D).

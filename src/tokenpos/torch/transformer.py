@@ -22,9 +22,10 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.positional_config import PositionalConfig
 from tokenpos.tables.validation import (
     check_int,
+    check_start_pos,
 )
 from tokenpos.torch import _fused
-from tokenpos.torch._checks import check_position_tensor, check_token_ids, is_compiling, resolve_dtype
+from tokenpos.torch._checks import check_position_tensor, check_token_id_tensor, is_compiling, resolve_dtype
 from tokenpos.torch._dropout import dropout_torch
 from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
@@ -131,7 +132,7 @@ class TransformerEmbedding(TokenposModule):
                 raise ConfigError(f"positions must have shape {tuple(ids.shape[-1:])} or {tuple(ids.shape)}, "
                                   f"got {tuple(pos.shape)}")
             return pos
-        start_pos = check_int("start_pos", start_pos, minimum=0)
+        start_pos = check_start_pos(start_pos, ids.shape[-1])
         pad = self.token.padding_idx
         if self.position_ids == "padding" and pad is not None:     # the constructor ensures pad is set
             return positions_from_padding(ids, pad, start_pos)
@@ -141,7 +142,7 @@ class TransformerEmbedding(TokenposModule):
         if self.num_token_types:
             if token_type_ids is None:
                 return None                                  # all type 0: row 0, broadcast
-            tt = check_token_ids(token_type_ids, self.num_token_types, ids.device)
+            tt = check_token_id_tensor(token_type_ids, self.num_token_types, device=ids.device)
             if tuple(tt.shape) != tuple(ids.shape):
                 raise ConfigError(f"token_type_ids must have shape {tuple(ids.shape)}, got {tuple(tt.shape)}")
             return tt
@@ -156,7 +157,7 @@ class TransformerEmbedding(TokenposModule):
             fused = self._fused_default_call(ids, start_pos)
             if fused is not None:
                 return fused
-        ids = check_token_ids(ids, self.vocab_size, self.token.weight.device)
+        ids = check_token_id_tensor(ids, self.vocab_size, device=self.token.weight.device)
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
         pos = self.resolve_positions(ids, positions, start_pos)
