@@ -21,7 +21,7 @@ from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.positional_config import PositionalConfig
 from tokenpos.tables.validation import (
-    check_int,
+    INT64_MAX,
     check_start_pos,
 )
 from tokenpos.torch import _fused
@@ -241,8 +241,8 @@ class TransformerEmbedding(TokenposModule):
         checked = _fused.checked_ids(ids, self.vocab_size)
         if checked is None or checked.ndim not in (1, 2):
             return None                                                       # forward raises / converts
-        if type(start_pos) is not int or start_pos < 0:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
+        if type(start_pos) is not int or not 0 <= start_pos <= INT64_MAX - checked.shape[-1]:
+            start_pos = check_start_pos(start_pos, checked.shape[-1])   # raises as forward does
         pos = None
         if table is not None:
             end = start_pos + checked.shape[-1]
