@@ -274,7 +274,7 @@ def test_bad_configuration():
         optim.SGD([np.zeros(3)])
     with pytest.raises(ValueError, match="lr must be >= 0.0, got -1.0"):
         optim.SGD(ps, lr=-1.0)
-    with pytest.raises(ValueError, match="sparse_mode must be one of 'exact', 'lazy'; got 'fast'"):
+    with pytest.raises(ValueError, match="sparse_mode must be one of 'exact', 'lazy', 'sparse_adam'; got 'fast'"):
         optim.Adam(ps, sparse_mode="fast")
     with pytest.raises(ValueError, match="betas"):
         optim.Adam(ps, betas=(0.9,))
