@@ -62,12 +62,14 @@ def id_layout_message(what: str, layout: str) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
-    """A Python/NumPy integer (not bool) >= ``minimum``; returns it as ``int``."""
+def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A Python/NumPy integer (not bool) in [``minimum``, ``maximum``]; returns it as ``int``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {int(value)}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be <= {maximum}, got {int(value)}")
     return int(value)
 
 
