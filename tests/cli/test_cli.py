@@ -237,3 +237,13 @@ def test_report_bad_extrapolation_file_keeps_the_previous_report(tmp_path: Path,
     assert code == 2 and "cannot read extrapolation results" in err and len(err.strip().splitlines()) == 1
     assert (out_dir / "index.html").read_text(encoding="utf-8") == "previous"
     assert sorted(p.name for p in out_dir.iterdir()) == ["index.html"]
+
+
+def test_a_memory_error_is_one_line_not_a_traceback(capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def exhausted(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr("tokenpos.analysis.plots.PLOTS", {"sinusoidal": exhausted})
+    code, out, err = run(capsys, "plot", "sinusoidal", "--out", str(tmp_path / "x.png"))
+    assert code == 2 and err.strip() == "tokenpos plot: error: out of memory; try smaller sizes"
