@@ -207,8 +207,8 @@ def _extrapolation_section(ctx: ReportContext, path: Path, data: Any) -> str:
     try:
         from tokenpos.analysis.extrapolate.plot import plot_extrapolation
     except ImportError:
-        plot_extrapolation = None
-    if plot_extrapolation is not None:
+        pass
+    else:
         png = _atomic_figure(lambda tmp: plot_extrapolation(data, tmp), ctx.out_dir / "extrapolation.png")
         ctx.images.append(png)
         body += H.figure(png, "Perplexity and tail-NLL ratio against evaluation length.", "extrapolation plot")

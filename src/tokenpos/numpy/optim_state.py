@@ -72,9 +72,9 @@ def check_optimizer_state(state: dict[str, Any], params: Sequence[Parameter], na
                 raise StateDictError(f"optimizer state {key!r} has negative entries; a second moment is >= 0")
             new.setdefault(id(p), {})[name] = value.copy()
         by_index.setdefault(int(index), set()).add(name)
-    for index, got in sorted(by_index.items()):
+    for i, got in sorted(by_index.items()):
         if got != set(names):
-            raise StateDictError(f"optimizer state of parameter {index} is incomplete: has {sorted(got)}, missing "
+            raise StateDictError(f"optimizer state of parameter {i} is incomplete: has {sorted(got)}, missing "
                                  f"{sorted(set(names) - got)}; expected all of {list(names)} or none")
     return new, step_count
 

@@ -66,11 +66,12 @@ def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int
     """A Python/NumPy integer (not bool) in [``minimum``, ``maximum``]; returns it as ``int``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {int(value)}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{name} must be <= {maximum}, got {int(value)}")
-    return int(value)
+    v = int(value)
+    if minimum is not None and v < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise ConfigError(f"{name} must be <= {maximum}, got {v}")
+    return v
 
 
 def check_positive_int(name: str, value: Any) -> int:
