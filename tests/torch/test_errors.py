@@ -229,3 +229,16 @@ def test_scale_must_be_a_bool_in_both_backends(value: Any) -> None:
                ConfigError)
     same_error(lambda: tpn.TransformerEmbedding(10, 4, 8, scale=value),
                lambda: tpt.TransformerEmbedding(10, 4, 8, scale=value), ConfigError)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.bool_])
+def test_integer_and_bool_float_inputs_are_refused_in_both_backends(dtype: Any) -> None:
+    from tokenpos.tables.errors import DtypeError
+
+    h = np.ones((2, 4)).astype(dtype)
+    np_layer, t_layer = pair("TokenEmbedding", 10, 4)
+    same_error(lambda: np_layer.attend(h), lambda: t_layer.attend(torch.from_numpy(h)), DtypeError)
+    for norm in ("LayerNorm", "RMSNorm"):
+        n_np, n_t = getattr(tpn, norm)(4), getattr(tpt, norm)(4)
+        msg = same_error(lambda: n_np(h), lambda: n_t(torch.from_numpy(h)), DtypeError)  # noqa: B023
+        assert msg.startswith("x must be a floating-point array")

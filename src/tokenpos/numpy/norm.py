@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.validation import check_dtype, check_feature_dim, check_float, check_positive_int
+from tokenpos.tables.validation import (
+    check_dtype,
+    check_feature_dim,
+    check_float,
+    check_float_array,
+    check_positive_int,
+)
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -39,7 +45,7 @@ class LayerNorm(Module):
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x)
+        x = check_float_array("x", x)
         check_feature_dim("x", x.shape, self.d_model)
         xs = _stats_input(x)                                          # float16 -> float64
         mu = xs.mean(axis=-1, keepdims=True)
@@ -75,7 +81,7 @@ class RMSNorm(Module):
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x)
+        x = check_float_array("x", x)
         check_feature_dim("x", x.shape, self.d_model)
         xs = _stats_input(x)                                          # float16 -> float64
         rrms = 1.0 / np.sqrt((xs * xs).mean(axis=-1, keepdims=True) + self.eps)

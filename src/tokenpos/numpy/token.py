@@ -20,6 +20,7 @@ from tokenpos.tables.validation import (
     check_choice,
     check_dtype,
     check_feature_dim,
+    check_float_array,
     check_padding_idx,
     check_positive_int,
     check_token_ids,
@@ -119,7 +120,7 @@ class TokenEmbedding(Module):
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: np.ndarray) -> np.ndarray:
         """Logits against the same table: h (..., D) -> (..., V) = h @ W.T (flax's ``attend``)."""
-        h = np.asarray(h)
+        h = check_float_array("h", h)
         check_feature_dim("h", h.shape, self.d_model)
         self._attend_cache = h
         return h @ self.weight.data.T

@@ -23,7 +23,7 @@ from tokenpos.tables.validation import (
     check_positive_int,
 )
 from tokenpos.torch import _fused
-from tokenpos.torch._checks import as_index, check_token_id_tensor, resolve_dtype
+from tokenpos.torch._checks import as_index, check_float_tensor, check_token_id_tensor, resolve_dtype
 from tokenpos.torch._init import fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 
@@ -117,6 +117,7 @@ class TokenEmbedding(TokenposModule):
 
         Like a tied ``nn.Linear``, every row (the padding row included) receives gradient here.
         """
+        check_float_tensor("h", h)
         check_feature_dim("h", tuple(h.shape), self.d_model)
         return F.linear(h, self.weight)
 
