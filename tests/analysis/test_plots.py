@@ -31,9 +31,10 @@ def assert_real_png(path: Path) -> None:
 
 @pytest.mark.parametrize("kind", sorted(plots.PLOTS))
 def test_every_kind_writes_a_real_png(kind: str, tmp_path: Path) -> None:
-    out = plots.plot(kind, tmp_path / "sub" / f"{kind}.png", dpi=60)   # folders are created
-    assert out == tmp_path / "sub" / f"{kind}.png"
+    out = plots.plot(kind, tmp_path / f"{kind}.png", dpi=60)
+    assert out == tmp_path / f"{kind}.png"
     assert_real_png(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{kind}.png"]       # no temporary file left
 
 
 @pytest.mark.parametrize("kind", sorted(plots.PLOTS))
@@ -91,3 +92,45 @@ def test_rope_wavelengths_relations() -> None:
     assert default[0] == pytest.approx(2 * np.pi)              # first pair: inv_freq 1
     for wave, _ in waves.values():
         assert np.all(wave >= default * (1 - 1e-12))           # no scaling shortens a wavelength
+
+
+def test_a_missing_output_folder_is_an_error_not_created(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="output directory .*sub' of .* does not exist"):
+        plots.plot("sinusoidal", tmp_path / "sub" / "x.png", dpi=30)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_drawing_leaves_the_previous_figure_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "x.png"
+    target.write_bytes(b"previous figure")
+
+    def broken_savefig(self: Any, fname: Any, **kw: Any) -> None:
+        fname.write(b"half a png")
+        raise KeyboardInterrupt                       # Ctrl-C in the middle of rendering
+
+    from matplotlib.figure import Figure
+
+    monkeypatch.setattr(Figure, "savefig", broken_savefig)
+    with pytest.raises(KeyboardInterrupt):
+        plots.plot("sinusoidal", target, dpi=30)
+    assert target.read_bytes() == b"previous figure"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.png"]
+
+
+@pytest.mark.parametrize("kind, opts, match", [
+    ("sinusoidal", {"dpi": 100_000}, "dpi must be <= 600"),
+    ("sinusoidal", {"num_positions": 10**9}, "num_positions must be <= 65536"),
+    ("sinusoidal", {"num_positions": 65_536, "d_model": 16_384}, "num_positions \\* d_model must be <="),
+    ("similarity", {"d_model": 10**7}, "d_model must be <= 16384"),
+    ("rope", {"head_dim": 10**8}, "head_dim must be <= 16384"),
+    ("rope", {"factor": 1e300}, "factor must be <= 1000000.0"),
+    ("alibi", {"num_heads": 10**5}, "num_heads must be <= 64"),
+    ("alibi", {"seq_len": 10**6}, "seq_len must be <= 512"),
+    ("alibi", {"num_heads": 64, "dpi": 600}, "pixels; expected at most 50,000,000"),
+    ("t5", {"seq_len": 10**6}, "seq_len must be <= 2048"),
+])
+def test_absurd_sizes_are_config_errors_not_memory_errors(kind: str, opts: dict[str, Any], match: str,
+                                                          tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=match):
+        plots.plot(kind, tmp_path / "x.png", **opts)
+    assert list(tmp_path.iterdir()) == []

@@ -133,3 +133,70 @@ def test_bad_arguments(tmp_path: Path, fast_plots: None) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(OSError):
         build_report(tmp_path / "file" / "rep", bench=False)
+
+
+# -- never destroy the previous report --------------------------------------------------------------
+
+
+OLD_PAGE = "<html>the previous report</html>"
+
+
+def _previous_report(tmp_path: Path) -> Path:
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / HTML_NAME).write_text(OLD_PAGE, encoding="utf-8")
+    return out
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, RuntimeError], ids=["ctrl-c", "crash"])
+def test_an_interrupted_run_leaves_the_previous_index_html_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   fast_plots: None, interrupt: type) -> None:
+    out = _previous_report(tmp_path)
+
+    def tradeoffs_interrupted(ctx: object) -> str:
+        assert (out / HTML_NAME).read_text(encoding="utf-8") == OLD_PAGE     # untouched while the run goes on
+        raise interrupt("stopped in the middle of the run")
+
+    monkeypatch.setattr("tokenpos.analysis.report._tradeoff_section", tradeoffs_interrupted)
+    with pytest.raises(interrupt):
+        build_report(out, mode="quick", bench=False)
+    assert (out / HTML_NAME).read_text(encoding="utf-8") == OLD_PAGE
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]       # no temporary file left
+
+
+def test_a_failure_while_writing_the_page_leaves_the_previous_index_html_intact(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_plots: None) -> None:
+    out = _previous_report(tmp_path)
+
+    def page_interrupted(*args: object) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("tokenpos.analysis.report_html.page", page_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_report(out, mode="quick", bench=False)
+    assert (out / HTML_NAME).read_text(encoding="utf-8") == OLD_PAGE
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"results": 3}', "[]"], ids=["syntax", "results", "list"])
+def test_a_bad_extrapolation_file_fails_before_anything_is_written(tmp_path: Path, fast_plots: None,
+                                                                   content: str) -> None:
+    out = _previous_report(tmp_path)
+    bad = tmp_path / "bad.json"
+    bad.write_text(content, encoding="utf-8")
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ConfigError, match="cannot read extrapolation results"):
+        build_report(out, mode="quick", bench=False, extrapolation=bad)
+    assert (out / HTML_NAME).read_text(encoding="utf-8") == OLD_PAGE
+    assert sorted(p.name for p in out.iterdir()) == before                    # no figure written either
+    fresh = tmp_path / "fresh"
+    with pytest.raises(ConfigError):
+        build_report(fresh, mode="quick", bench=False, extrapolation=bad)
+    assert not fresh.exists()                                                 # not even the folder
+
+
+def test_a_successful_run_replaces_the_previous_page(tmp_path: Path, fast_plots: None) -> None:
+    out = _previous_report(tmp_path)
+    build_report(out, mode="quick", bench=False)
+    page = (out / HTML_NAME).read_text(encoding="utf-8")
+    assert page != OLD_PAGE and page.startswith("<!DOCTYPE html>")
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]

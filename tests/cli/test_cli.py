@@ -145,7 +145,12 @@ BAD = [
     (["memory", "--vocab-size", "50257"], "memory", "go together"),
     (["memory", "--preset", "gpt2", "--vocab-size", "5", "--d-model", "8"], "memory", "not both"),
     (["plot", "spiral"], "plot", "invalid choice"),
-    (["plot", "sinusoidal", "--out", "x.jpg"], "plot", "output file type"),
+    (["plot", "sinusoidal", "--out", "x.jpg"], "plot", "must end in one of .png, .svg, .pdf"),
+    (["plot", "sinusoidal", "--dpi", "100000"], "plot", "dpi must be <= 600"),
+    (["plot", "sinusoidal", "--num-positions", "1000000000", "--d-model", "100000"], "plot", "must be <="),
+    (["plot", "alibi", "--num-heads", "100000"], "plot", "num_heads must be <= 64"),
+    (["plot", "t5", "--seq-len", "10000000"], "plot", "seq_len must be <= 2048"),
+    (["plot", "sinusoidal", "--out", "missing/x.png"], "plot", "output directory 'missing' of"),
     (["plot", "sinusoidal", "--num-heads", "4"], "plot", "does not apply"),
     (["plot", "rope", "--factor", "-2"], "plot", "--factor"),
     (["report", "--quick", "--full"], "report", "not allowed"),
@@ -177,3 +182,68 @@ def test_unwritable_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert code == 2 and "not a folder" in err and len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "report", "--out", str(blocker / "sub"), "--no-progress", "--no-bench")
     assert code == 2 and err.startswith("tokenpos report: error:") and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+
+def test_plot_out_never_overwrites_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "x.png"
+    target.write_bytes(b"my own picture")
+    code, _, err = run(capsys, "plot", "sinusoidal", "--out", str(target), "--dpi", "40")
+    assert code == 2 and "exists; pass --force to replace it" in err and len(err.strip().splitlines()) == 1
+    assert target.read_bytes() == b"my own picture"
+    code, out, _ = run(capsys, "plot", "sinusoidal", "--out", str(target), "--dpi", "40", "--force")
+    assert code == 0 and target.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plot_default_output_is_not_overwritten_either(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t5.png").write_bytes(b"keep")
+    code, _, err = run(capsys, "plot", "t5", "--dpi", "40")
+    assert code == 2 and "'t5.png' exists" in err and (tmp_path / "t5.png").read_bytes() == b"keep"
+
+
+def test_plot_does_not_create_missing_folders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plot", "sinusoidal", "--out", str(tmp_path / "a" / "b" / "x.png"), "--force")
+    assert code == 2 and "does not exist" in err and "Traceback" not in err
+    assert not (tmp_path / "a").exists()
+
+
+def test_report_interrupted_by_ctrl_c_keeps_the_previous_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    out_dir = tmp_path / "rep"
+    out_dir.mkdir()
+    (out_dir / "index.html").write_text("previous", encoding="utf-8")
+
+    def ctrl_c(ctx: object) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("tokenpos.analysis.report._figures", ctrl_c)
+    code, _, err = run(capsys, "report", "--out", str(out_dir), "--quick", "--no-bench", "--no-progress")
+    assert code == 130 and "interrupted" in err
+    assert (out_dir / "index.html").read_text(encoding="utf-8") == "previous"
+
+
+def test_report_bad_extrapolation_file_keeps_the_previous_report(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "rep"
+    out_dir.mkdir()
+    (out_dir / "index.html").write_text("previous", encoding="utf-8")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json", encoding="utf-8")
+    code, _, err = run(capsys, "report", "--out", str(out_dir), "--extrapolation", str(bad), "--no-progress")
+    assert code == 2 and "cannot read extrapolation results" in err and len(err.strip().splitlines()) == 1
+    assert (out_dir / "index.html").read_text(encoding="utf-8") == "previous"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["index.html"]
+
+
+def test_a_memory_error_is_one_line_not_a_traceback(capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def exhausted(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr("tokenpos.analysis.plots.PLOTS", {"sinusoidal": exhausted})
+    code, out, err = run(capsys, "plot", "sinusoidal", "--out", str(tmp_path / "x.png"))
+    assert code == 2 and err.strip() == "tokenpos plot: error: out of memory; try smaller sizes"

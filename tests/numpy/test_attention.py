@@ -182,3 +182,29 @@ def test_t5_bias_trains_end_to_end() -> None:
         scaled_dot_product_attention_backward(2 * (out - target) / out.size, cache)
         t5.weight.data -= 5.0 * t5.weight.grad
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.bool_, np.complex128])
+def test_integer_bool_or_complex_qkv_are_refused_not_rotated_as_garbage(dtype):
+    from tokenpos.tables.errors import DtypeError
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((B, H, 4, DH)) for _ in range(3))
+    with pytest.raises(DtypeError, match="k must be a floating-point array"):
+        scaled_dot_product_attention(q, (k * 3).astype(dtype), v, positional=schemes()["rope"]())
+
+
+def test_a_scheme_name_string_is_never_treated_as_no_positions():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((B, H, 4, DH)) for _ in range(3))
+    with pytest.raises(ConfigError, match=r"got the string 'rope'.*emb\.position"):
+        scaled_dot_product_attention(q, k, v, positional="rope")
+
+
+def test_bias_and_mask_shape_mismatches_are_config_errors():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((B, H, 4, DH)) for _ in range(3))
+    with pytest.raises(ConfigError, match="positional bias has shape"):
+        scaled_dot_product_attention(q, k, v, positional=ALiBi(H + 1))
+    with pytest.raises(ConfigError, match="attn_mask has shape"):
+        scaled_dot_product_attention(q, k, v, attn_mask=np.ones((3, 4), bool))

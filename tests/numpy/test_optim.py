@@ -274,7 +274,7 @@ def test_bad_configuration():
         optim.SGD([np.zeros(3)])
     with pytest.raises(ValueError, match="lr must be >= 0.0, got -1.0"):
         optim.SGD(ps, lr=-1.0)
-    with pytest.raises(ValueError, match="sparse_mode must be one of 'exact', 'lazy'; got 'fast'"):
+    with pytest.raises(ValueError, match="sparse_mode must be one of 'exact', 'lazy', 'sparse_adam'; got 'fast'"):
         optim.Adam(ps, sparse_mode="fast")
     with pytest.raises(ValueError, match="betas"):
         optim.Adam(ps, betas=(0.9,))
@@ -321,3 +321,66 @@ def test_adam_float16_small_gradients_take_an_lr_sized_step(mode):
     step = layer.weight.data.astype(np.float64) - w0
     np.testing.assert_allclose(step[[1, 2]], -1e-3, rtol=2e-2)     # Adam's first step is -lr * sign(g)
     assert not step[[0, 3, 4]].any()
+
+
+# -- torch.optim.SparseAdam, exactly ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "numpy"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sparse_adam_mode_equals_torch_sparse_adam_over_50_steps(kernels, dtype):
+    """sparse_mode="sparse_adam" is torch.optim.SparseAdam bit for bit (eps outside the bias correction)."""
+    torch = pytest.importorskip("torch")
+    import tokenpos
+
+    vocab, width, used = 40, 8, 12
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((vocab, width)).astype(dtype)
+    p = tpn.Parameter(w0.copy())
+    ref = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+    opt = optim.Adam([p], lr=1e-2, eps=1e-8, sparse_mode="sparse_adam")
+    ref_opt = torch.optim.SparseAdam([ref], lr=1e-2, eps=1e-8)
+    tokenpos.set_kernels(kernels)
+    try:
+        for _ in range(50):
+            ids = rng.choice(vocab, used, replace=False)
+            rows = (1e-6 * rng.standard_normal((used, width))).astype(dtype)   # small: eps placement matters
+            p.zero_grad()
+            p.accumulate_rows(ids, rows)
+            opt.step()
+            ref.grad = torch.sparse_coo_tensor(torch.from_numpy(ids)[None], torch.from_numpy(rows), (vocab, width),
+                                               check_invariants=True)
+            ref_opt.step()
+    finally:
+        tokenpos.set_kernels(True)
+    np.testing.assert_allclose(p.data, ref.detach().numpy(), **TOL["exact"])
+    state = ref_opt.state[ref]
+    np.testing.assert_allclose(opt.state[id(p)]["m"], state["exp_avg"].numpy(), **TOL["exact"])
+    np.testing.assert_allclose(opt.state[id(p)]["v"], state["exp_avg_sq"].numpy(), **TOL["exact"])
+    assert opt.state[id(p)]["step"] == int(state["step"]) == 50
+
+
+def test_lazy_mode_differs_from_sparse_adam_only_by_eps_placement():
+    """The documented difference: lazy = dense Adam's formula on the used rows; with eps = 0 both agree."""
+    rng = np.random.default_rng(1)
+    w0 = rng.standard_normal((20, 4))
+    results = {}
+    for mode, eps in (("lazy", 0.0), ("sparse_adam", 0.0), ("lazy", 1e-3), ("sparse_adam", 1e-3)):
+        p = tpn.Parameter(w0.copy())
+        opt = optim.Adam([p], lr=1e-2, eps=eps, sparse_mode=mode)
+        steps = np.random.default_rng(2)
+        for _ in range(5):
+            ids = steps.choice(20, 6, replace=False)
+            p.zero_grad()
+            p.accumulate_rows(ids, steps.standard_normal((6, 4)) * 1e-3)
+            opt.step()
+        results[mode, eps] = p.data
+    np.testing.assert_allclose(results["lazy", 0.0], results["sparse_adam", 0.0], rtol=1e-12, atol=0)
+    assert np.max(np.abs(results["lazy", 1e-3] - results["sparse_adam", 1e-3])) > 1e-4
+
+
+def test_sparse_adam_mode_refuses_weight_decay():
+    with pytest.raises(ValueError, match="SparseAdam, which has no weight decay"):
+        optim.AdamW(table().parameters(), sparse_mode="sparse_adam")
+    with pytest.raises(ValueError, match="sparse_mode must be one of 'exact', 'lazy'; got 'sparse_adam'"):
+        optim.SGD(table().parameters(), sparse_mode="sparse_adam")

@@ -81,3 +81,76 @@ def test_bad_checkpoints_are_refused_and_change_nothing(bad, match):
     assert sorted(before) == sorted(after)
     for key in before:
         np.testing.assert_array_equal(before[key], after[key])
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"step_count": np.int64(1), "0.m": np.zeros((10, 4), np.float32)},
+     r"incomplete: has \['m'\], missing \['step', 'v'\]"),
+    ({"step_count": np.int64(1), "0.m": np.zeros((10, 4), np.float32), "0.v": np.zeros((10, 4), np.float32)},
+     r"missing \['step'\]"),
+    ({"step_count": np.int64(2), "0.m": np.zeros((10, 4), np.float32), "0.v": np.zeros((10, 4), np.float32),
+      "0.step": np.int64(-1)}, "'0.step' is -1; expected a count >= 0"),
+    ({"step_count": np.int64(-3)}, "'step_count' is -3; expected a count >= 0"),
+    ({"step_count": np.float64(1.0)}, "'step_count' must be an integer scalar"),
+    ({"step_count": np.int64(1), "0.m": np.zeros((10, 4), np.float32), "0.v": np.zeros((10, 4), np.float32),
+      "0.step": np.float32(1.0)}, "'0.step' must be an integer scalar"),
+    ({"step_count": np.int64(1), "0.m": np.zeros((10, 4), np.float32), "0.v": np.zeros((10, 4), np.float32),
+      "0.step": np.int64(5)}, "'0.step' is 5, more than step_count 1"),
+    ({"step_count": np.int64(1), "0.m": np.zeros((10, 4), np.float32), "0.v": -np.ones((10, 4), np.float32),
+      "0.step": np.int64(1)}, "'0.v' has negative entries"),
+])
+def test_a_partial_or_negative_state_is_refused_whole_before_anything_changes(bad, match):
+    emb = tpn.TokenEmbedding(10, 4, seed=0)
+    opt = tpn.optim.Adam(emb.parameters(), lr=1e-2)
+    _train(emb, opt, [np.array([1, 2, 2])])
+    before, weight = opt.state_dict(), emb.weight.data.copy()
+    with pytest.raises(StateDictError, match=match):
+        opt.load_state_dict(bad)
+    after = opt.state_dict()
+    assert sorted(before) == sorted(after)
+    for key in before:
+        np.testing.assert_array_equal(before[key], after[key])
+    _train(emb, opt, [np.array([3])])                              # still trains: no NaN, no KeyError
+    assert np.all(np.isfinite(emb.weight.data)) and not np.array_equal(emb.weight.data, weight)
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "numpy"])
+@pytest.mark.parametrize("name", sorted(OPTIMISERS))
+def test_a_step_after_resize_raises_without_moving_counters_or_weights(name, kernels):
+    import tokenpos
+
+    emb = tpn.TokenEmbedding(10, 4, seed=0)
+    opt = OPTIMISERS[name](emb.parameters())
+    tokenpos.set_kernels(kernels)
+    try:
+        _train(emb, opt, [np.array([1, 2, 2]), np.array([3, 4])])
+        emb.resize(12)
+        opt.zero_grad()
+        emb.backward(np.ones_like(emb(np.array([11, 1]))))
+        before, weight = opt.state_dict(), emb.weight.data.copy()
+        with pytest.raises(StateDictError, match=r"parameter 0 now has shape \(12, 4\).*create a new optimiser"):
+            opt.step()
+        assert opt.step_count == 2
+        after = opt.state_dict()
+        for key in before:
+            np.testing.assert_array_equal(before[key], after[key], err_msg=key)
+        np.testing.assert_array_equal(emb.weight.data, weight)
+        fresh = OPTIMISERS[name](emb.parameters())                 # the documented way on
+        fresh.step()
+        assert fresh.step_count == 1 and not np.array_equal(emb.weight.data, weight)
+    finally:
+        tokenpos.set_kernels(True)
+
+
+def test_optimizer_checkpoint_files_are_checked_like_layer_files(tmp_path):
+    emb = tpn.TokenEmbedding(10, 4, seed=0)
+    opt = tpn.optim.Adam(emb.parameters(), lr=1e-2)
+    emb.save(tmp_path / "emb.safetensors")
+    with pytest.raises(StateDictError, match="emb.safetensors' holds a TokenEmbedding state; expected a file saved "
+                                             "by Adam"):
+        opt.load(tmp_path / "emb.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 40)
+    with pytest.raises(StateDictError, match="junk.safetensors' cannot be read as a safetensors file"):
+        opt.load(tmp_path / "junk.safetensors")
+    with pytest.raises(StateDictError, match="missing.safetensors' does not exist"):
+        opt.load(tmp_path / "missing.safetensors")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -137,3 +139,54 @@ def test_check_state_dict():
     with pytest.raises(StateDictError, match=r"missing keys \['weight'\], unexpected keys \['w'\]"):
         v.check_state_dict({"w": np.zeros((3, 4), np.float32)}, exp)
     v.check_state_dict({"extra": np.zeros(2)}, exp, strict=False)
+
+
+# ---------------------------------------------------------------------------------------------- odd dtypes
+
+
+@pytest.mark.parametrize("dtype", ["m8[s]", "M8[D]", object, np.float64, np.complex64, np.bool_])
+def test_ids_and_positions_of_non_integer_dtypes_are_refused(dtype):
+    """timedelta64 is a subtype of np.integer for NumPy, yet it is not an id (nor is datetime64 or object)."""
+    arr = np.array([1, 2]).astype(dtype)
+    with pytest.raises(TokenIdError, match=re.escape(f"must be integers, got dtype {np.dtype(dtype)};")):
+        v.check_token_ids(arr, 10)
+    with pytest.raises(PositionError, match="must be integers"):
+        v.check_positions(arr, 10)
+
+
+@given(hnp.arrays(st.sampled_from([np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int32]),
+                  hnp.array_shapes(max_dims=2, max_side=4), elements=st.integers(0, 9)))
+@FAST
+def test_every_integer_dtype_is_an_id(ids):
+    np.testing.assert_array_equal(v.check_token_ids(ids, 10), ids.astype(np.int64))
+
+
+def test_uint64_positions_beyond_int64_are_refused_not_wrapped():
+    with pytest.raises(PositionError, match=r"position 18446744073709551615 at index \(1,\) is out of range"):
+        v.check_positions(np.array([0, 2**64 - 1], np.uint64))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_, np.complex64, object])
+def test_float_inputs_of_integer_bool_complex_or_object_dtype_are_refused(dtype):
+    from tokenpos.tables.errors import DtypeError
+
+    with pytest.raises(DtypeError, match=r"q must be a floating-point array, got dtype") as err:
+        v.check_float_array("q", np.ones((2, 3)).astype(dtype))
+    assert isinstance(err.value, ConfigError) and isinstance(err.value, TypeError)
+    for dt in (np.float16, np.float32, np.float64):
+        assert v.check_float_array("q", np.ones(3, dt)).dtype == dt
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, None, 1.0, "False"])
+def test_check_bool_refuses_everything_but_bools(value):
+    with pytest.raises(ConfigError, match="scale must be True or False"):
+        v.check_bool("scale", value)
+    assert v.check_bool("scale", np.bool_(True)) is True and v.check_bool("scale", False) is False
+
+
+def test_start_pos_whose_positions_overflow_int64_is_a_position_error():
+    assert v.check_start_pos(2**63 - 4, 3) == 2**63 - 4
+    with pytest.raises(PositionError, match="overflows int64"):
+        v.check_start_pos(2**63 - 2, 3)
+    with pytest.raises(ConfigError, match="start_pos must be >= 0"):
+        v.check_start_pos(-1, 3)

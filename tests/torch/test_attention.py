@@ -96,3 +96,55 @@ def test_errors_are_the_numpy_ones() -> None:
             np_sdpa(*(a.numpy() for a in args), positional=NpRotary(DH),
                     **{kk: (vv.numpy() if isinstance(vv, torch.Tensor) else vv) for kk, vv in kwargs.items()})
         assert type(t_err.value) is type(n_err.value) and str(t_err.value) == str(n_err.value)
+
+
+def _same_error(t_fn, n_fn, cls) -> str:
+    with pytest.raises(cls) as t_err:
+        t_fn()
+    with pytest.raises(cls) as n_err:
+        n_fn()
+    assert type(t_err.value) is type(n_err.value) and str(t_err.value) == str(n_err.value)
+    return str(t_err.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_integer_and_bool_qkv_are_refused_in_both_backends(dtype: torch.dtype, which: int) -> None:
+    from tokenpos.numpy.rotary import RotaryEmbedding as NpRotary
+    from tokenpos.tables.errors import DtypeError
+
+    qkv = list(data(4, 4))
+    qkv[which] = (qkv[which] * 3).to(dtype)
+    msg = _same_error(lambda: scaled_dot_product_attention(*qkv, positional=RotaryEmbedding(DH)),
+                      lambda: np_sdpa(*(t.numpy() for t in qkv), positional=NpRotary(DH)), DtypeError)
+    assert msg.startswith(f"{'qkv'[which]} must be a floating-point array, got dtype {str(dtype)[6:]}")
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5", "none", "learned"])
+def test_a_scheme_name_instead_of_the_scheme_object_is_a_config_error(name: str) -> None:
+    q, k, v = data(4, 4)
+    msg = _same_error(lambda: scaled_dot_product_attention(q, k, v, positional=name),
+                      lambda: np_sdpa(q.numpy(), k.numpy(), v.numpy(), positional=name), ConfigError)
+    assert "emb.position" in msg
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_bias_scheme_head_count_mismatch_is_a_config_error(name: str) -> None:
+    from tokenpos.numpy.alibi import ALiBi as NpALiBi
+    from tokenpos.numpy.t5_bias import T5RelativePositionBias as NpT5
+
+    q, k, v = data(4, 4)
+    t_scheme = ALiBi(H + 2) if name == "alibi" else T5RelativePositionBias(H + 2, num_buckets=8, seed=0)
+    n_scheme = NpALiBi(H + 2) if name == "alibi" else NpT5(H + 2, num_buckets=8, seed=0)
+    msg = _same_error(lambda: scaled_dot_product_attention(q, k, v, positional=t_scheme),
+                      lambda: np_sdpa(q.numpy(), k.numpy(), v.numpy(), positional=n_scheme), ConfigError)
+    assert f"expected (H, Lq, Lk) = ({H}, 4, 4)" in msg
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (B, H + 1, 4, 4), (2, B, H, 4, 4)])
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+def test_attn_mask_of_a_bad_shape_is_a_config_error(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    q, k, v = data(4, 4)
+    mask = torch.ones(shape, dtype=dtype)
+    _same_error(lambda: scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                lambda: np_sdpa(q.numpy(), k.numpy(), v.numpy(), attn_mask=mask.numpy()), ConfigError)

@@ -171,3 +171,74 @@ def test_cuda_checks_are_opt_in() -> None:
         tpt.set_device_checks(False)
     with pytest.raises(TokenIdError, match="must be integers"):   # dtype checks are always on
         layer(torch.tensor([1.0], device="cuda"))
+
+
+# ---------------------------------------------------------------------------------------------- odd ids
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_wide_unsigned_id_tensors_are_accepted_and_range_checked_as_numpy_does(dtype: torch.dtype) -> None:
+    np_dtype = {torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64}[dtype]
+    for name, args in (("TokenEmbedding", (50, 4)), ("TransformerEmbedding", (50, 4, 8))):
+        np_layer, t_layer = pair(name, *args)
+        ids = np.array([[1, 2, 49]], dtype=np_dtype)
+        torch.testing.assert_close(t_layer(torch.from_numpy(ids)), t_layer(torch.from_numpy(ids.astype(np.int64))))
+        np.testing.assert_allclose(t_layer(torch.from_numpy(ids)).detach().numpy(), np_layer(ids), rtol=1e-6)
+        bad = np.array([[1, 2**16 - 1]], dtype=np_dtype)
+        same_error(lambda: np_layer(bad), lambda: t_layer(torch.from_numpy(bad)), TokenIdError)  # noqa: B023
+
+
+def _nested_ids() -> torch.Tensor:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                      # "nested tensors are a prototype"
+        return torch.nested.nested_tensor([torch.tensor([1, 2]), torch.tensor([3])])
+
+
+@pytest.mark.parametrize("make", [lambda: torch.tensor([[1, 2], [0, 3]]).to_sparse(), _nested_ids,
+                                  lambda: torch.tensor([[1, 2], [0, 3]]).to_sparse_csr()],
+                         ids=["sparse_coo", "nested", "sparse_csr"])
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_nested_and_sparse_id_tensors_are_token_id_errors(make: Callable[[], torch.Tensor]) -> None:
+    for name, args in (("TokenEmbedding", (50, 4)), ("TransformerEmbedding", (50, 4, 8))):
+        layer = getattr(tpt, name)(*args, seed=0)
+        with pytest.raises(TokenIdError, match=r"token ids must be a dense \(strided\) tensor, got a \w+ tensor"):
+            layer(make())
+    with pytest.raises(PositionError, match=r"positions must be a dense \(strided\) tensor"):
+        tpt.LearnedPositionalEmbedding(8, 4, seed=0)(torch.tensor([1, 2]).to_sparse())
+
+
+@pytest.mark.parametrize("dtype", ["m8[s]", "M8[D]", object])
+def test_timedelta_datetime_and_object_ids_are_refused_in_both_backends(dtype: Any) -> None:
+    ids = np.array([1, 2]).astype(dtype)
+    np_layer, t_layer = pair("TokenEmbedding", 50, 4)
+    same_error(lambda: np_layer(ids), lambda: t_layer(ids), TokenIdError)
+
+
+def test_start_pos_near_int64_max_is_a_position_error_not_an_overflow() -> None:
+    for positional in ("sinusoidal", "rope", "none"):
+        layer = tpt.TransformerEmbedding(10, 4, 8, positional=positional, num_heads=1, seed=0)
+        with pytest.raises(PositionError, match="overflows int64"):
+            layer(torch.tensor([[1, 2, 3]]), start_pos=2**63 - 2)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_scale_must_be_a_bool_in_both_backends(value: Any) -> None:
+    same_error(lambda: tpn.TokenEmbedding(10, 4, scale=value), lambda: tpt.TokenEmbedding(10, 4, scale=value),
+               ConfigError)
+    same_error(lambda: tpn.TransformerEmbedding(10, 4, 8, scale=value),
+               lambda: tpt.TransformerEmbedding(10, 4, 8, scale=value), ConfigError)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.bool_])
+def test_integer_and_bool_float_inputs_are_refused_in_both_backends(dtype: Any) -> None:
+    from tokenpos.tables.errors import DtypeError
+
+    h = np.ones((2, 4)).astype(dtype)
+    np_layer, t_layer = pair("TokenEmbedding", 10, 4)
+    same_error(lambda: np_layer.attend(h), lambda: t_layer.attend(torch.from_numpy(h)), DtypeError)
+    for norm in ("LayerNorm", "RMSNorm"):
+        n_np, n_t = getattr(tpn, norm)(4), getattr(tpt, norm)(4)
+        msg = same_error(lambda: n_np(h), lambda: n_t(torch.from_numpy(h)), DtypeError)  # noqa: B023
+        assert msg.startswith("x must be a floating-point array")

@@ -6,6 +6,11 @@ titled, with labelled axes and a colour bar on every heatmap. Every number comes
 
 Shapes: P positions, D model dim, H heads, Dh head dim, F = Dh / 2 rotary frequencies.
 This module holds the additive-scheme and memory plots; rope / alibi / t5 live in plots_relative.py.
+
+Outputs: the folder must exist (it is never created here); the file is rendered in memory and written
+atomically (``tokenpos.cli._output``: a temporary file renamed over the target), so an interrupted run
+never leaves a truncated figure. Sizes are bounded (``LIMITS``, ``MAX_DPI``, ``MAX_PIXELS``): an absurd
+request is a ConfigError, never a MemoryError.
 """
 
 from __future__ import annotations
@@ -16,9 +21,21 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.tables.validation import check_choice, check_positive_int
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.validation import check_choice, check_int, check_positive_int
 
 FORMATS = ("png", "svg", "pdf")
+MAX_DPI = 600
+MAX_PIXELS = 50_000_000                      # width x height of the rendered figure (about 200 MB as RGBA)
+# the largest size option each figure accepts (beyond these the arrays or the figure would not fit in memory)
+LIMITS = {"num_positions": 65_536, "d_model": 16_384, "head_dim": 16_384, "num_heads": 64, "alibi_seq_len": 512,
+          "t5_seq_len": 2_048, "max_distance": 65_536, "num_buckets": 4_096, "original_max": 1 << 24,
+          "table_cells": 1 << 23}
+
+
+def check_size(name: str, value: int, limit: str | None = None) -> int:
+    """A size option: an integer in [1, LIMITS[limit or name]] (ConfigError otherwise)."""
+    return check_int(name, value, minimum=1, maximum=LIMITS[limit or name])
 
 
 def new_figure(width: float = 8.0, height: float = 5.0) -> Any:
@@ -32,18 +49,40 @@ def new_figure(width: float = 8.0, height: float = 5.0) -> Any:
 
 
 def output_path(path: str | Path) -> Path:
-    """The output path, its suffix checked (png, svg or pdf) and its folder created."""
+    """The output path, its suffix checked (png, svg or pdf) and its folder required to exist.
+
+    Raises:
+        ConfigError: another suffix.
+        FileNotFoundError: the folder does not exist (it is not created).
+    """
     p = Path(path)
     check_choice("output file type", p.suffix.lower().lstrip(".") or "(none)", FORMATS)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise FileNotFoundError(f"output directory {str(parent)!r} of {str(p)!r} does not exist")
     return p
 
 
 def save(fig: Any, path: str | Path, dpi: int = 110) -> Path:
-    """Write ``fig`` to ``path`` (format from the suffix) and return the path."""
+    """Write ``fig`` to ``path`` (format from the suffix) atomically and return the path.
+
+    Raises:
+        ConfigError: dpi outside [1, MAX_DPI], or a rendered size above MAX_PIXELS.
+    """
+    import io
+
+    from tokenpos.cli._output import atomic_write_bytes
+
     p = output_path(path)
-    fig.savefig(p, dpi=check_positive_int("dpi", dpi), format=p.suffix.lower().lstrip("."))
-    return p
+    dpi = check_int("dpi", dpi, minimum=1, maximum=MAX_DPI)
+    width, height = fig.get_size_inches()
+    pixels = int(width * dpi) * int(height * dpi)
+    if pixels > MAX_PIXELS:
+        raise ConfigError(f"figure of {width:g} x {height:g} inches at dpi {dpi} is {pixels:,} pixels; expected "
+                          f"at most {MAX_PIXELS:,} (lower --dpi or the sizes)")
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format=p.suffix.lower().lstrip("."))
+    return atomic_write_bytes(p, buf.getvalue())
 
 
 # ---------------------------------------------------------------------------------------------- sinusoidal
@@ -54,6 +93,9 @@ def plot_sinusoidal(path: str | Path, *, num_positions: int = 256, d_model: int 
     """Heatmap of the sinusoidal table: position (rows) x dimension (columns)."""
     from tokenpos.tables import sinusoidal_table
 
+    check_size("num_positions", num_positions)
+    check_size("d_model", d_model)
+    check_int("num_positions * d_model", num_positions * d_model, maximum=LIMITS["table_cells"])
     pe = sinusoidal_table(num_positions, d_model, base=base, layout=layout)          # (P, D)
     fig = new_figure(8.0, 5.5)
     ax = fig.add_subplot()
@@ -109,6 +151,10 @@ def similarity_curves(*, max_distance: int = 256, d_model: int = 128, head_dim: 
 def plot_similarity(path: str | Path, *, max_distance: int = 256, d_model: int = 128, head_dim: int = 64,
                     seed: int = 0, dpi: int = 110) -> Path:
     """Line plot: similarity of two position encodings against their distance (see similarity_curves)."""
+    check_size("max_distance", max_distance)
+    check_size("d_model", d_model)
+    check_size("head_dim", head_dim)
+    check_int("max_distance * d_model", max_distance * d_model, maximum=LIMITS["table_cells"])
     k, curves = similarity_curves(max_distance=max_distance, d_model=d_model, head_dim=head_dim, seed=seed)
     fig = new_figure(8.0, 5.0)
     ax = fig.add_subplot()

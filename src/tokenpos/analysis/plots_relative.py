@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.analysis.plots import new_figure, save
-from tokenpos.tables.validation import check_positive_int
+from tokenpos.analysis.plots import check_size, new_figure, save
+from tokenpos.tables.validation import check_float
 
 # ---------------------------------------------------------------------------------------------- rope
 
@@ -51,6 +51,9 @@ def rope_wavelengths(*, head_dim: int = 128, base: float = 10000.0, original_max
 def plot_rope(path: str | Path, *, head_dim: int = 128, base: float = 10000.0, original_max: int = 4096,
               factor: float = 4.0, dpi: int = 110) -> Path:
     """Two panels: the wavelength of each rotary pair per scaling; its ratio to the unscaled wavelength."""
+    check_size("head_dim", head_dim)
+    check_size("original_max", original_max)
+    check_float("factor", factor, low=0.0, high=1e6, low_inclusive=False)
     waves = rope_wavelengths(head_dim=head_dim, base=base, original_max=original_max, factor=factor)
     default = next(iter(waves.values()))[0]
     fig = new_figure(8.5, 7.5)
@@ -83,8 +86,8 @@ def plot_alibi(path: str | Path, *, num_heads: int = 8, seq_len: int = 24, dpi: 
     """One heatmap per head of the causal ALiBi bias ``-m_h |i - j|`` (keys after the query masked)."""
     from tokenpos.tables.alibi import alibi_bias, alibi_slopes
 
-    H = check_positive_int("num_heads", num_heads)
-    L = check_positive_int("seq_len", seq_len)
+    H = check_size("num_heads", num_heads)
+    L = check_size("seq_len", seq_len, "alibi_seq_len")
     bias = alibi_bias(H, L, L)                                                      # (H, L, L)
     slopes = alibi_slopes(H)                                                        # (H,)
     causal = np.tril(np.ones((L, L), dtype=bool))                                   # (L, L)
@@ -115,7 +118,9 @@ def plot_t5(path: str | Path, *, seq_len: int = 256, num_buckets: int = 32, max_
     """Left: the bidirectional bucket of each (query, key) pair. Right: bucket against relative position."""
     from tokenpos.tables.t5 import t5_bucket_matrix, t5_relative_bucket
 
-    L = check_positive_int("seq_len", seq_len)
+    L = check_size("seq_len", seq_len, "t5_seq_len")
+    check_size("num_buckets", num_buckets)
+    check_size("max_distance", max_distance)
     buckets = t5_bucket_matrix(L, L, num_buckets=num_buckets, max_distance=max_distance)   # (L, L)
     fig = new_figure(12.0, 5.0)
     left, right = fig.subplots(1, 2, width_ratios=[1.1, 1])

@@ -171,45 +171,66 @@ def _tradeoff_section(ctx: ReportContext) -> str:
     return body
 
 
-def _extrapolation_section(ctx: ReportContext, path: Path | None, explicit: bool) -> str:
+def read_extrapolation(path: Path) -> Any:
+    """The parsed results of ``tokenpos extrapolate --json`` (ValueError / KeyError / TypeError if broken)."""
     try:
-        return _extrapolation_body(ctx, path)
-    except (ValueError, KeyError, TypeError) as exc:  # a broken file: fatal if asked for, a note otherwise
-        if explicit:
-            raise ValueError(f"cannot read extrapolation results {path}: {exc}") from exc
-        ctx.on_note(f"extrapolation results skipped: {exc}")
-        return H.paragraphs([f"Could not read {path}: {exc}"], "warn")
-
-
-def _extrapolation_body(ctx: ReportContext, path: Path | None) -> str:
-    target = html.escape(str(ctx.out_dir / EXTRAPOLATION_NAME))
-    hint = (f"No extrapolation results. Run <code>tokenpos extrapolate --json {target}</code> (about 10 minutes), "
-            "then <code>tokenpos report</code> again.")
-    if path is None or not path.is_file():
-        return f'<p class="note">{hint}</p>'
-    ctx.progress("extrapolation table", 0, 1)
-    try:
-        from tokenpos.analysis.extrapolate.results import html_table, load_json
-
-        data = load_json(path)
-        body = H.paragraphs([f"From {path}."], "note") + html_table(data)
+        from tokenpos.analysis.extrapolate.results import load_json
     except ImportError:
         import json
 
         data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+            raise ValueError("expected a JSON object with a 'results' list") from None
+        return data
+    return load_json(path)
+
+
+def _extrapolation_section(ctx: ReportContext, path: Path, data: Any) -> str:
+    """``data``: results read before the run (an explicit file), or None to read ``path`` now (the
+    default file; a broken one becomes a note)."""
+    target = html.escape(str(ctx.out_dir / EXTRAPOLATION_NAME))
+    hint = (f"No extrapolation results. Run <code>tokenpos extrapolate --json {target}</code> (about 10 minutes), "
+            "then <code>tokenpos report</code> again.")
+    if data is None:
+        if not path.is_file():
+            return f'<p class="note">{hint}</p>'
+        try:
+            data = read_extrapolation(path)
+        except (ValueError, KeyError, TypeError) as exc:
+            ctx.on_note(f"extrapolation results skipped: {exc}")
+            return H.paragraphs([f"Could not read {path}: {exc}"], "warn")
+    ctx.progress("extrapolation table", 0, 1)
+    try:
+        from tokenpos.analysis.extrapolate.results import html_table
+
+        body = H.paragraphs([f"From {path}."], "note") + html_table(data)
+    except ImportError:
         rows = [[r["scheme"], r["eval_len"], r["ppl"], r["tail_nll"], r["ratio"]] for r in data["results"]]
         body = H.table(["scheme", "eval_len", "ppl", "tail NLL", "ratio"], rows,
                        caption=f"Trained at L = {data['train_len']} ({path}).")
     try:
         from tokenpos.analysis.extrapolate.plot import plot_extrapolation
-
-        png = plot_extrapolation(data, ctx.out_dir / "extrapolation.png")
-        ctx.images.append(png)
-        body += H.figure(png, "Perplexity and tail-NLL ratio against evaluation length.", "extrapolation plot")
     except ImportError:
         pass
+    else:
+        png = _atomic_figure(lambda tmp: plot_extrapolation(data, tmp), ctx.out_dir / "extrapolation.png")
+        ctx.images.append(png)
+        body += H.figure(png, "Perplexity and tail-NLL ratio against evaluation length.", "extrapolation plot")
     ctx.progress("extrapolation table", 1, 1)
     return body
+
+
+def _atomic_figure(draw: Callable[[Path], Any], path: Path) -> Path:
+    """Let ``draw(tmp)`` write a figure to a temporary path beside ``path``, then replace ``path`` with it
+    through the CLI's one atomic writer (for plot functions that write to a path themselves)."""
+    from tokenpos.cli._output import atomic_write_bytes
+
+    tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        draw(tmp)
+        return atomic_write_bytes(path, tmp.read_bytes())
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench: bool = True,
@@ -225,19 +246,32 @@ def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench
         progress: ``progress(step, done, total)``, called as each step advances.
         on_note: called with a one-line message when a section is skipped (benchmark missing or failed,
             unreadable default extrapolation file); the page shows the same message.
+    Every check (mode, the ``extrapolation`` file, a writable folder) runs before anything is
+    written; every file (figures, index.html) is written atomically (temporary file + rename), so an
+    interrupted or failed run leaves the previous report as it was, never a truncated page.
+
     Raises:
-        ConfigError: unknown mode, or an ``extrapolation`` file that is missing or not a result.
+        ConfigError: unknown mode, an ``out_dir`` that is a file, or an ``extrapolation`` file that is
+            missing or not a result.
         OSError: ``out_dir`` cannot be created or written.
     """
+    from tokenpos.cli._output import atomic_write_text, check_output_path
+    from tokenpos.tables.errors import ConfigError
+
     check_choice("mode", mode, MODES)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"report folder {str(out)!r} exists and is not a folder")
+    data = None
+    if extrapolation is not None:        # read and checked before anything is written
+        if not Path(extrapolation).is_file():
+            raise ConfigError(f"extrapolation results file {str(extrapolation)!r} does not exist")
+        try:
+            data = read_extrapolation(Path(extrapolation))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"cannot read extrapolation results {extrapolation}: {exc}") from exc
     out.mkdir(parents=True, exist_ok=True)
-    if extrapolation is not None and not Path(extrapolation).is_file():
-        from tokenpos.tables.errors import ConfigError
-
-        raise ConfigError(f"extrapolation results file {str(extrapolation)!r} does not exist")
-    target = out / HTML_NAME
-    target.write_text("", encoding="utf-8")  # fail early (before minutes of work) if it is not writable
+    target = check_output_path(out / HTML_NAME)   # writable? (probed with a temporary file; index.html untouched)
     ctx = ReportContext(out, mode, progress or (lambda step, done, total: None), on_note or (lambda note: None))
     start = time.perf_counter()
     memory = _memory_section(ctx)
@@ -245,7 +279,7 @@ def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench
     bench_body = _bench_section(ctx, bench)
     tradeoffs = _tradeoff_section(ctx)
     ext = Path(extrapolation) if extrapolation is not None else out / EXTRAPOLATION_NAME
-    ext_body = _extrapolation_section(ctx, ext, explicit=extrapolation is not None)
+    ext_body = _extrapolation_section(ctx, ext, data)
     ctx.progress("writing HTML", 0, 1)
     sections = [
         ("memory", "Embedding memory", memory + figs["memory"]),
@@ -260,6 +294,6 @@ def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench
     meta = (f"tokenpos {__version__}, mode {mode}, generated {time.strftime('%Y-%m-%d %H:%M:%S')} in "
             f"{time.perf_counter() - start:.1f} s on {platform.platform()}, Python {platform.python_version()}, "
             f"{os.cpu_count()} CPUs")
-    target.write_text(H.page("tokenpos analysis report", html.escape(meta), sections), encoding="utf-8")
+    atomic_write_text(target, H.page("tokenpos analysis report", html.escape(meta), sections))
     ctx.progress("writing HTML", 1, 1)
     return target

@@ -4,9 +4,12 @@ Each sub-command lives in its own module exposing ``add_parser(subparsers)`` and
 Sub-command modules import heavy things (numpy arrays, matplotlib, torch) inside ``run`` only, so
 ``tokenpos --help`` stays fast.
 
-Errors: a bad argument (argparse), a ``ValueError`` from the library (``ConfigError`` and friends) or
-an ``OSError`` on output files becomes one line ``tokenpos <cmd>: error: ...`` on stderr and exit
-code 2, never a traceback. Ctrl-C exits 130.
+Errors: a bad argument (argparse), a ``ValueError`` from the library (``ConfigError`` and friends),
+an ``OSError`` on output files or a ``MemoryError`` becomes one line ``tokenpos <cmd>: error: ...`` on
+stderr and exit code 2, never a traceback. Ctrl-C exits 130.
+
+Outputs: every file a sub-command writes goes through :mod:`tokenpos.cli._output` (path checked before
+the work, written atomically after it), so a failed or interrupted run never destroys a previous file.
 """
 
 from __future__ import annotations
@@ -124,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(prog, f"{where}{exc.strerror or exc}")
     except (ValueError, RuntimeError, ImportError) as exc:
         return _fail(prog, str(exc))
+    except MemoryError as exc:   # a last line of defence: sizes are bounded where they are read
+        return _fail(prog, f"out of memory{': ' + str(exc) if str(exc) else ''}; try smaller sizes")
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -32,8 +32,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("plot", help=HELP, description=f"{HELP}. Kinds: {kinds}.",
                               epilog="Example: tokenpos plot sinusoidal --out sinusoidal.png")
     p.add_argument("kind", choices=list(DESCRIPTIONS), metavar="KIND", help="one of " + ", ".join(DESCRIPTIONS))
-    p.add_argument("--out", metavar="FILE", help="output file, .png (or .svg / .pdf); default KIND.png")
-    p.add_argument("--dpi", type=positive_int, default=110, help="resolution (default 110)")
+    p.add_argument("--out", metavar="FILE", help="output file, .png (or .svg / .pdf); default KIND.png. Its folder "
+                                                 "must exist; an existing file is kept unless --force")
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    p.add_argument("--dpi", type=positive_int, default=110, help="resolution (default 110, at most 600)")
     g = p.add_argument_group("figure options (each applies to the kinds that use it)")
     g.add_argument("--d-model", type=positive_int, help="sinusoidal, similarity: embedding width (128)")
     g.add_argument("--num-positions", type=positive_int, help="sinusoidal: rows of the heatmap (256)")
@@ -46,7 +48,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenpos.analysis.plots import PLOTS
+    from tokenpos.analysis.plots import FORMATS, PLOTS
+    from tokenpos.cli._output import check_output_path
+
+    out = check_output_path(args.out or f"{args.kind}.png", overwrite=args.force,
+                            suffixes=tuple(f".{f}" for f in FORMATS))      # before any drawing
 
     fn = PLOTS[args.kind]
     target = fn
@@ -67,6 +73,6 @@ def run(args: argparse.Namespace) -> int:
         if kw not in accepted:
             raise ValueError(f"--{dest.replace('_', '-')} does not apply to plot {args.kind!r}")
         opts[kw] = value
-    path = fn(args.out or f"{args.kind}.png", **opts)
+    path = fn(out, **opts)
     console().print(f"wrote {path}", markup=False)
     return 0

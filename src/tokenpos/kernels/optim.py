@@ -13,9 +13,15 @@ Two modes:
   a nonzero moment moves, so this is a dense pass over (V, D) (parameter + state), but no dense
   gradient is ever built. (Plain SGD without momentum or weight decay only touches ``indices``, as
   the dense update is zero elsewhere.)
-- ``"lazy"``: only the rows in ``indices`` are read and written (like ``torch.optim.SparseAdam``).
-  Bias correction uses the global ``step`` (one counter per parameter, as SparseAdam), not a
-  per-row count. Weight decay (L2 or decoupled) applies to the updated rows only.
+- ``"lazy"``: only the rows in ``indices`` are read and written, with dense Adam's formula on them
+  (``denom = sqrt(v) / sqrt(1 - b2^t) + eps``). Bias correction uses the parameter's ``step``
+  (one counter per parameter, as SparseAdam), not a per-row count. Weight decay (L2 or decoupled)
+  applies to the updated rows only. This is *not* bit-for-bit ``torch.optim.SparseAdam``: that one
+  places eps outside the bias correction (``denom = sqrt(v) + eps``, ``step_size = lr * sqrt(1 - b2^t)
+  / (1 - b1^t)``), i.e. its effective eps is ``eps / sqrt(1 - b2^t)`` here, larger in early steps.
+- ``"sparse_adam"`` (Adam only): exactly ``torch.optim.SparseAdam`` (same formula and the same float
+  operations in the same order: ``m += (1 - b1) * (g - m)``, ``v += (1 - b2) * (g * g - v)``,
+  ``p += -step_size * (m / (sqrt(v) + eps))``), listed rows only; no weight decay (SparseAdam has none).
 
 Adam follows ``torch.optim.Adam`` / ``AdamW`` (amsgrad off): with ``decoupled=False`` weight decay
 is L2 (``g += wd * p``); with ``decoupled=True`` (AdamW) ``p -= lr * wd * p`` first.
@@ -36,6 +42,7 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice
 
 MODES = ("exact", "lazy")
+ADAM_MODES = (*MODES, "sparse_adam")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -55,6 +62,30 @@ def _adam_row(p, m, v, g, has_g, step_size, inv_bc2_sqrt, b1, b2, c1, c2, eps, l
         m[d] = md
         v[d] = vd
         p[d] = pv * decay - step_size * md / (math.sqrt(vd) * inv_bc2_sqrt + eps)
+
+
+@njit(inline="always", cache=True)
+def _sparse_adam_row(p, m, v, g, neg_step_size, c1, c2, eps):  # pragma: no cover
+    """One row of torch.optim.SparseAdam, operation for operation (c1 = 1 - b1, c2 = 1 - b2)."""
+    for d in range(p.shape[0]):
+        mo = m[d]
+        vo = v[d]
+        um = (g[d] - mo) * c1
+        uv = (g[d] * g[d] - vo) * c2
+        numer = um + mo
+        vn = uv + vo
+        m[d] = numer
+        v[d] = vn
+        p[d] = p[d] + neg_step_size * (numer / (math.sqrt(vn) + eps))
+
+
+@njit(parallel=True, cache=True)
+def _sparse_adam_core(param, exp_avg, exp_avg_sq, indices, rows, neg_step_size, c1, c2, eps):  # pragma: no cover
+    U = indices.shape[0]
+    for j in prange(U):
+        _prefetch_rows(param, exp_avg, exp_avg_sq, indices, j, U)
+        r = indices[j]
+        _sparse_adam_row(param[r], exp_avg[r], exp_avg_sq[r], rows[j], neg_step_size, c1, c2, eps)
 
 
 @njit(inline="always", cache=True)
@@ -188,14 +219,18 @@ def sparse_adam_update(param: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.nd
         indices: (U,) strictly increasing row ids; rows: (U, D) gradient rows.
         step: this step's number, 1 for the first call (the caller increments it).
         decoupled: False = Adam with L2 weight decay, True = AdamW.
-        mode: "exact" (equals dense Adam with zero rows elsewhere) or "lazy" (listed rows only).
+        mode: "exact" (equals dense Adam with zero rows elsewhere), "lazy" (listed rows only) or
+            "sparse_adam" (listed rows only, exactly torch.optim.SparseAdam; weight_decay must be 0).
     """
-    check_choice("mode", mode, MODES)
+    check_choice("mode", mode, ADAM_MODES)
     idx, r = prepare_sparse(param, indices, rows)
     m = _state("exp_avg", exp_avg, param)
     v = _state("exp_avg_sq", exp_avg_sq, param)
     if int(step) < 1:
         raise ConfigError(f"step must be >= 1, got {step}")
+    if mode == "sparse_adam":
+        _sparse_adam(param, m, v, idx, r, int(step), lr, beta1, beta2, eps, weight_decay)
+        return
     step_size = lr / (1.0 - beta1 ** int(step))
     inv_bc2_sqrt = 1.0 / math.sqrt(1.0 - beta2 ** int(step))
     l2 = 0.0 if decoupled else float(weight_decay)
@@ -214,6 +249,24 @@ def sparse_adam_update(param: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.nd
         chunk = _chunk(param.shape[0])
         with launch(-(-param.shape[0] // chunk), 6 * param.size * isz, max_chunk=1):
             _adam_exact_core(param, m, v, idx, r, *args, chunk)  # type: ignore[call-arg]
+
+
+def sparse_adam_step_size(lr: float, beta1: float, beta2: float, step: int) -> float:
+    """torch.optim.SparseAdam's step size ``lr * sqrt(1 - b2^t) / (1 - b1^t)`` (float64)."""
+    return lr * math.sqrt(1.0 - beta2 ** int(step)) / (1.0 - beta1 ** int(step))
+
+
+def _sparse_adam(param: np.ndarray, m: np.ndarray, v: np.ndarray, idx: np.ndarray, r: np.ndarray, step: int,
+                 lr: float, beta1: float, beta2: float, eps: float, weight_decay: float) -> None:
+    if float(weight_decay) != 0.0:
+        raise ConfigError(f"mode 'sparse_adam' follows torch.optim.SparseAdam, which has no weight decay; got "
+                          f"weight_decay={weight_decay}, expected 0.0 (or mode 'lazy')")
+    if not idx.size:
+        return
+    typ = param.dtype.type              # element math in the parameter dtype, as SparseAdam on that dtype
+    args = (typ(-sparse_adam_step_size(lr, beta1, beta2, step)), typ(1.0 - beta1), typ(1.0 - beta2), typ(eps))
+    with launch(idx.size, 7 * idx.size * param.shape[1] * param.itemsize):
+        _sparse_adam_core(param, m, v, idx, r, *args)
 
 
 def sparse_sgd_update(param: np.ndarray, indices: Any, rows: Any, *, lr: float, momentum: float = 0.0,

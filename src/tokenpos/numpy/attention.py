@@ -34,8 +34,10 @@ from tokenpos.tables.attention import (
     key_start_message,
     resolve_query_start,
 )
+from tokenpos.tables.attention_checks import check_bias_shape, check_mask_shape, check_scheme
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.llama4 import query_temperature
+from tokenpos.tables.validation import check_float_array
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class AttentionCache:
 
 
 def _kind(positional: Any) -> str:
-    return "none" if positional is None else str(getattr(positional, "kind", "none"))
+    return "none" if positional is None else str(positional.kind)   # checked by check_scheme in the forward
 
 
 def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
@@ -99,11 +101,13 @@ def scaled_dot_product_attention_forward(
             multiplied by ``tables.llama4.llama4_attn_scales`` of its position (``positions``, else
             start_pos + arange(Lq)) after any rotation; None = off.
     """
-    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    q, k, v = check_float_array("q", q), check_float_array("k", k), check_float_array("v", v)
     _check_shapes(q, k, v)
+    kind = check_scheme(positional)
+    if attn_mask is not None:
+        check_mask_shape(np.shape(attn_mask), (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
     dtypes = (q.dtype, k.dtype, v.dtype)
     compute = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
-    kind = _kind(positional)
     rotary_cache = None
     if kind == "rotary":
         q, k, rotary_cache = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
@@ -116,7 +120,9 @@ def scaled_dot_product_attention_forward(
     scale = float(1.0 / np.sqrt(dh)) if scale is None else float(scale)
     logits = (q @ np.swapaxes(k, -1, -2)) * scale                              # (B, H, Lq, Lk)
     if kind == "bias":
-        logits = logits + np.asarray(positional.bias(lq, lk)).astype(compute)[None]
+        bias = np.asarray(positional.bias(lq, lk))                           # (H, Lq, Lk)
+        check_bias_shape(bias.shape, q.shape[1], lq, lk)
+        logits = logits + bias.astype(compute)[None]
     keep = np.ones((lq, lk), dtype=bool)
     if causal:
         keep = causal_keep_mask(lq, lk)                                        # (Lq, Lk)

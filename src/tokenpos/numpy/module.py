@@ -235,17 +235,21 @@ class Module:
                 params[key].zero_grad()
 
     def save(self, path: str | Path) -> None:
-        """Write the state_dict as a safetensors file (never pickle)."""
-        from safetensors.numpy import save_file
+        """Write the state_dict as a safetensors file (never pickle), with this class in its metadata."""
+        from tokenpos.tables.checkpoint import write_numpy
 
-        tensors = {k: np.ascontiguousarray(v) for k, v in self.state_dict().items()}
-        save_file(tensors, str(path), metadata={"format": "tokenpos", "class": type(self).__name__})
+        write_numpy(self.state_dict(), path, type(self).__name__)
 
     def load(self, path: str | Path, strict: bool = True) -> None:
-        """Load a safetensors file written by ``save`` (either backend) into this layer."""
-        from safetensors.numpy import load_file
+        """Load a safetensors file written by ``save`` (either backend) into this layer.
 
-        self.load_state_dict(load_file(str(path)), strict=strict)
+        Raises:
+            StateDictError: naming the file: missing, unreadable, not safetensors, written by another
+                class (its metadata), or a state that does not fit; nothing is written then.
+        """
+        from tokenpos.tables.checkpoint import class_names, read_checkpoint
+
+        self.load_state_dict(read_checkpoint(path, class_names(self)), strict=strict)
 
     def extra_repr(self) -> str:
         return ""

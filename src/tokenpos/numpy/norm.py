@@ -12,7 +12,14 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.validation import check_choice, check_dtype, check_feature_dim, check_float, check_positive_int
+from tokenpos.tables.validation import (
+    check_choice,
+    check_dtype,
+    check_feature_dim,
+    check_float,
+    check_float_array,
+    check_positive_int,
+)
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -41,7 +48,7 @@ class LayerNorm(Module):
 
     def norm_forward(self, x: Any) -> tuple[np.ndarray, F.NormCache]:
         """x (..., D) -> (y, cache) without keeping anything (for callers that keep their own cache)."""
-        x = np.asarray(x)
+        x = check_float_array("x", x)
         check_feature_dim("x", x.shape, self.d_model)
         return F.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
 
@@ -85,7 +92,7 @@ class RMSNorm(Module):
 
     def norm_forward(self, x: Any) -> tuple[np.ndarray, F.NormCache]:
         """x (..., D) -> (y, cache) without keeping anything."""
-        x = np.asarray(x)
+        x = check_float_array("x", x)
         check_feature_dim("x", x.shape, self.d_model)
         return F.rmsnorm_forward(x, self.weight.data, self.eps)
 

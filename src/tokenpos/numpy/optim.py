@@ -1,18 +1,31 @@
 """Optimisers for the NumPy backend: SGD (momentum) and Adam / AdamW, dense or row-sparse.
 
-Row-sparse gradients (embedding tables) have two modes:
+Row-sparse gradients (embedding tables) have these modes:
 
 - ``sparse_mode="exact"``: the result is identical (to float rounding) to the dense optimiser fed a
   gradient that is zero on the unused rows. Adam's moments decay on every row and every row with a
   non-zero moment moves, so each step touches the whole table: exact, but O(V * D).
 - ``sparse_mode="lazy"``: only the rows used in this step are touched (moments, weight decay and the
-  update), like ``torch.optim.SparseAdam``. Unused rows keep stale moments and are not decayed; the
-  bias correction uses the parameter's step count (the steps in which it had a gradient), not a
-  per-row count. Cost O(rows used * D), after the optimiser state is allocated at the first step.
-  For plain SGD without momentum or weight decay both modes are the same.
+  update). Unused rows keep stale moments and are not decayed; the bias correction uses the
+  parameter's step count (the steps in which it had a gradient), not a per-row count. The rows that
+  move follow dense Adam's formula (``denom = sqrt(v) / sqrt(1 - b2^t) + eps``), so this is NOT
+  bit-for-bit ``torch.optim.SparseAdam``, which uses ``denom = sqrt(v) + eps`` and ``step_size =
+  lr * sqrt(1 - b2^t) / (1 - b1^t)``: its eps is in effect ``eps / sqrt(1 - b2^t)`` of ours (31.6x at
+  step 1 with b2 = 0.999, 1.0x after a few thousand steps). Cost O(rows used * D), after the
+  optimiser state is allocated at the first step. For plain SGD without momentum or weight decay
+  all modes are the same.
+- ``sparse_mode="sparse_adam"`` (Adam only): exactly ``torch.optim.SparseAdam`` (same formula, same
+  float operations in the same order; tested against it), lazy rows, no weight decay (SparseAdam has
+  none). Dense gradients (a bias, a norm weight) get the same formula on every element. float16
+  parameters keep float32 moments (SparseAdam would keep float16 ones).
 
-The update formulas follow torch.optim exactly (``denom = sqrt(v) / sqrt(1 - b2^t) + eps``, AdamW
-decays ``p *= 1 - lr * wd`` before the step), so the torch and NumPy backends train alike.
+The dense update formulas follow torch.optim exactly (``denom = sqrt(v) / sqrt(1 - b2^t) + eps``,
+AdamW decays ``p *= 1 - lr * wd`` before the step), so the torch and NumPy backends train alike.
+
+State safety: ``load_state_dict`` checks the whole state before it changes anything, and ``step``
+checks that every state still fits its parameter before it updates anything; counters move only
+after the update succeeds. After ``TokenEmbedding.resize()`` the old moments no longer fit: ``step``
+raises StateDictError without changing anything (create a new optimiser for the resized table).
 Shapes: a parameter (V, D) or (D,); a sparse gradient has ids (n,) and rows (n, D).
 """
 
@@ -25,16 +38,20 @@ from typing import Any
 import numpy as np
 
 from tokenpos._config import kernels_enabled
-from tokenpos.kernels.optim import sparse_adam_update, sparse_sgd_update
+from tokenpos.kernels.optim import sparse_adam_step_size, sparse_adam_update, sparse_sgd_update
 from tokenpos.numpy.module import Parameter
-from tokenpos.tables.errors import ConfigError, StateDictError
+from tokenpos.numpy.optim_state import check_optimizer_state, check_state_fits
+from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice, check_float
 
 SPARSE_MODES = ("exact", "lazy")
+ADAM_SPARSE_MODES = (*SPARSE_MODES, "sparse_adam")
 
 
 class Optimizer:
     """Holds the parameter list and per-parameter state; subclasses define ``_update``."""
+
+    SPARSE_MODES: tuple[str, ...] = SPARSE_MODES
 
     def __init__(self, params: Iterable[Parameter], lr: float, sparse_mode: str) -> None:
         self.params = list(params)
@@ -44,7 +61,7 @@ class Optimizer:
             if not isinstance(p, Parameter):
                 raise ConfigError(f"optimizer expects tokenpos.numpy Parameters, got {type(p).__name__}")
         self.lr = check_float("lr", lr, low=0.0)
-        self.sparse_mode = check_choice("sparse_mode", sparse_mode, SPARSE_MODES)
+        self.sparse_mode = check_choice("sparse_mode", sparse_mode, self.SPARSE_MODES)
         self.state: dict[int, dict[str, Any]] = {}
         self.step_count = 0
 
@@ -53,17 +70,22 @@ class Optimizer:
             p.zero_grad()
 
     def step(self) -> None:
-        """Apply one update from the accumulated gradients (parameters without one are skipped)."""
-        self.step_count += 1
-        for p in self.params:
-            if not p.requires_grad or not p.has_grad:
-                continue
+        """Apply one update from the accumulated gradients (parameters without one are skipped).
+
+        Raises:
+            StateDictError: a parameter no longer fits its state (resized); nothing has changed then.
+        """
+        work = [(i, p) for i, p in enumerate(self.params) if p.requires_grad and p.has_grad]
+        for i, p in work:
+            check_state_fits(i, p, self.state.get(id(p), {}))
+        for _, p in work:
             state = self.state.setdefault(id(p), {})
             sparse = p.sparse_grad
             if sparse is not None:
                 self._update(p, state, None, sparse.indices, sparse.rows)
             else:
                 self._update(p, state, p.grad, None, None)
+        self.step_count += 1
 
     def _update(self, p: Parameter, state: dict[str, Any], grad: np.ndarray | None,
                 ids: np.ndarray | None, rows: np.ndarray | None) -> None:  # pragma: no cover - abstract
@@ -89,42 +111,30 @@ class Optimizer:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict()`` output after checking every entry; nothing changes on error.
+        """Restore ``state_dict()`` output after checking all of it; nothing changes on error.
 
         Raises:
-            StateDictError: an unknown key, a missing ``step_count``, or a wrong shape or dtype.
+            StateDictError: an unknown key, a missing ``step_count``, an incomplete per-parameter entry
+                (``m`` without ``v`` or ``step``), a wrong shape or dtype, a negative count or ``v``.
         """
-        arrays = {k: np.asarray(v) for k, v in state.items()}
-        if "step_count" not in arrays or arrays["step_count"].shape != ():
-            raise StateDictError("optimizer state_dict needs a scalar 'step_count'; got keys " + str(sorted(arrays)))
-        new: dict[int, dict[str, Any]] = {}
-        for key, value in arrays.items():
-            if key == "step_count":
-                continue
-            index, _, name = key.partition(".")
-            if not index.isdigit() or int(index) >= len(self.params) or name not in self.STATE_NAMES:
-                raise StateDictError(f"optimizer state key {key!r} is not expected; expected 'step_count' and "
-                                     f"'<i>.<name>' with i < {len(self.params)} and name in {self.STATE_NAMES}")
-            p = self.params[int(index)]
-            want_shape, want_dtype = ((), np.dtype(np.int64)) if name == "step" else \
-                (p.data.shape, self._state_dtype(p, name))
-            if value.shape != want_shape or value.dtype != want_dtype:
-                raise StateDictError(f"optimizer state {key!r} has shape {value.shape} and dtype {value.dtype}, "
-                                     f"expected shape {want_shape} and dtype {want_dtype}")
-            new.setdefault(id(p), {})[name] = int(value) if name == "step" else value.copy()
-        self.state, self.step_count = new, int(arrays["step_count"])
+        self.state, self.step_count = check_optimizer_state(state, self.params, self.STATE_NAMES,
+                                                            self._state_dtype)
 
     def save(self, path: str | Path) -> None:
-        """Write ``state_dict()`` as a safetensors file (never pickle)."""
-        from safetensors.numpy import save_file
+        """Write ``state_dict()`` as a safetensors file (never pickle), with this class in its metadata."""
+        from tokenpos.tables.checkpoint import write_numpy
 
-        save_file(self.state_dict(), str(path), metadata={"format": "tokenpos", "class": type(self).__name__})
+        write_numpy(self.state_dict(), path, type(self).__name__)
 
     def load(self, path: str | Path) -> None:
-        """Load a file written by ``save`` into this optimiser (same parameters, same order)."""
-        from safetensors.numpy import load_file
+        """Load a file written by ``save`` into this optimiser (same parameters, same order).
 
-        self.load_state_dict(load_file(str(path)))
+        Raises:
+            StateDictError: naming the file: missing, unreadable, not safetensors, or written by another class.
+        """
+        from tokenpos.tables.checkpoint import class_names, read_checkpoint
+
+        self.load_state_dict(read_checkpoint(path, class_names(self)))
 
     @staticmethod
     def _dense_from_rows(p: Parameter, ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -183,6 +193,7 @@ class Adam(Optimizer):
     """Adam (Kingma & Ba), torch's formulation; ``decoupled_weight_decay=True`` gives AdamW."""
 
     STATE_NAMES = ("m", "v", "step")
+    SPARSE_MODES = ADAM_SPARSE_MODES
 
     def _state_dtype(self, p: Parameter, name: str) -> np.dtype:
         return np.dtype(np.float32) if p.data.dtype == np.float16 else p.data.dtype   # fp16: fp32 moments
@@ -198,17 +209,25 @@ class Adam(Optimizer):
         self.eps = check_float("eps", eps, low=0.0)
         self.weight_decay = check_float("weight_decay", weight_decay, low=0.0)
         self.decoupled = bool(decoupled_weight_decay)
+        if self.sparse_mode == "sparse_adam" and self.weight_decay:
+            raise ConfigError(f"sparse_mode 'sparse_adam' follows torch.optim.SparseAdam, which has no weight decay; "
+                              f"got weight_decay={self.weight_decay}, expected 0.0 (or sparse_mode 'lazy')")
 
     def _update(self, p, state, grad, ids, rows):  # type: ignore[no-untyped-def]
+        if "m" in state:
+            m, v = state["m"], state["v"]
+        else:   # float16 parameters keep float32 moments: (1 - b2) * g * g and eps underflow in float16
+            sdt = self._state_dtype(p, "m")
+            m, v = np.zeros(p.data.shape, sdt), np.zeros(p.data.shape, sdt)
+        t = int(state.get("step", 0)) + 1           # the counter moves only after the update succeeded
+        if self.sparse_mode == "sparse_adam":
+            self._sparse_adam(p, m, v, t, grad, ids, rows)
+        else:
+            self._adam(p, m, v, t, grad, ids, rows)
+        state["m"], state["v"], state["step"] = m, v, t
+
+    def _adam(self, p, m, v, t, grad, ids, rows):  # type: ignore[no-untyped-def]
         b1, b2, lr, wd = self.beta1, self.beta2, self.lr, self.weight_decay
-        if "m" not in state:
-            # float16 parameters keep float32 moments: (1 - b2) * g * g and eps underflow in float16
-            sdt = np.float32 if p.dtype == np.float16 else p.dtype
-            state["m"], state["v"] = np.zeros(p.data.shape, sdt), np.zeros(p.data.shape, sdt)
-            state["step"] = 0
-        state["step"] += 1
-        t = state["step"]
-        m, v = state["m"], state["v"]
         bc1, bc2_sqrt = 1.0 - b1**t, np.sqrt(1.0 - b2**t)
         step_size = lr / bc1
         if ids is not None and _use_kernel(p) and m.dtype == p.dtype:
@@ -238,6 +257,24 @@ class Adam(Optimizer):
         v += (1.0 - b2) * g * g
         denom = np.sqrt(v) / bc2_sqrt + self.eps
         p.data -= (step_size * m / denom).astype(p.dtype)
+
+    def _sparse_adam(self, p, m, v, t, grad, ids, rows):  # type: ignore[no-untyped-def]
+        """torch.optim.SparseAdam, operation for operation, on the listed rows (all rows for a dense grad)."""
+        if ids is not None and _use_kernel(p) and m.dtype == p.dtype:
+            sparse_adam_update(p.data, m, v, ids, rows, step=t, lr=self.lr, beta1=self.beta1, beta2=self.beta2,
+                               eps=self.eps, mode="sparse_adam")
+            return
+        sel: Any = ids if ids is not None else slice(None)
+        typ = m.dtype.type
+        g = (rows if ids is not None else grad).astype(m.dtype, copy=False)
+        mo, vo = m[sel], v[sel]
+        um = (g - mo) * typ(1.0 - self.beta1)
+        uv = (g * g - vo) * typ(1.0 - self.beta2)
+        numer, vn = um + mo, uv + vo
+        m[sel], v[sel] = numer, vn
+        update = typ(-sparse_adam_step_size(self.lr, self.beta1, self.beta2, t)) * (numer / (np.sqrt(vn)
+                                                                                         + typ(self.eps)))
+        p.data[sel] = (p.data[sel].astype(m.dtype) + update).astype(p.dtype)
 
 
 class AdamW(Adam):

@@ -15,9 +15,11 @@ from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import RESIZE_INITS, init_weight, resolve_rng
 from tokenpos.tables.validation import (
+    check_bool,
     check_choice,
     check_dtype,
     check_feature_dim,
+    check_float_array,
     check_padding_idx,
     check_positive_int,
     check_token_ids,
@@ -48,7 +50,7 @@ class TokenEmbedding(Module):
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
         self.padding_idx = check_padding_idx(padding_idx, self.vocab_size)
-        self.scale = bool(scale)
+        self.scale = check_bool("scale", scale)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
         self.weight = Parameter(np.empty((self.vocab_size, self.d_model), self.dtype))
@@ -103,7 +105,7 @@ class TokenEmbedding(Module):
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: np.ndarray) -> np.ndarray:
         """Logits against the same table: h (..., D) -> (..., V) = h @ W.T (flax's ``attend``)."""
-        h = np.asarray(h)
+        h = check_float_array("h", h)
         check_feature_dim("h", h.shape, self.d_model)
         logits, self._attend_cache = F.attend_forward(h, self.weight.data)
         return logits

@@ -17,3 +17,7 @@ class ConfigError(ValueError):
 
 class StateDictError(ValueError):
     """A state_dict that does not fit the layer: missing or unexpected keys, wrong shape or dtype."""
+
+
+class DtypeError(ConfigError, TypeError):
+    """A float input (q, k, v, hidden states) of a dtype that is not floating point (int, bool, complex)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.tables.errors import ConfigError, PositionError, StateDictError, TokenIdError
+from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, StateDictError, TokenIdError
 
 # ----------------------------------------------------------------------------------------------
 # Message builders (used by the torch backend with values taken from tensors)
@@ -46,18 +46,32 @@ def position_dtype_message(dtype: Any) -> str:
     return f"positions must be integers, got dtype {dtype}; expected a non-negative integer array"
 
 
+def float_dtype_message(name: str, dtype: Any) -> str:
+    """``q must be a floating-point array, got dtype int64; expected float16, bfloat16, float32 or float64``."""
+    return (f"{name} must be a floating-point array, got dtype {dtype_name(dtype)}; expected float16, bfloat16, "
+            f"float32 or float64")
+
+
+def id_layout_message(what: str, layout: str) -> str:
+    """Nested / sparse tensors of ids or positions (the torch backend finds the layout)."""
+    return f"{what} must be a dense (strided) tensor, got a {layout} tensor; expected a plain integer tensor"
+
+
 # ----------------------------------------------------------------------------------------------
 # Scalar arguments
 # ----------------------------------------------------------------------------------------------
 
 
-def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
-    """A Python/NumPy integer (not bool) >= ``minimum``; returns it as ``int``."""
+def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A Python/NumPy integer (not bool) in [``minimum``, ``maximum``]; returns it as ``int``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {int(value)}")
-    return int(value)
+    v = int(value)
+    if minimum is not None and v < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise ConfigError(f"{name} must be <= {maximum}, got {v}")
+    return v
 
 
 def check_positive_int(name: str, value: Any) -> int:
@@ -78,6 +92,30 @@ def check_float(name: str, value: Any, *, low: float | None = None, high: float 
         bound = f"{'<=' if high_inclusive else '<'} {high}"
         raise ConfigError(f"{name} must be {bound}, got {v}")
     return v
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """A real bool (``True`` / ``False``, NumPy bools too); ``"yes"``, 1 or None are refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def check_start_pos(start_pos: Any, length: int) -> int:
+    """``start_pos`` >= 0 such that the positions ``start_pos + arange(length)`` fit in int64.
+
+    Raises:
+        ConfigError: not an integer, or negative.
+        PositionError: ``start_pos + length`` beyond 2**63 - 1 (the positions would overflow int64).
+    """
+    start = check_int("start_pos", start_pos, minimum=0)
+    if start + int(length) > INT64_MAX:
+        raise PositionError(f"start_pos {start} with {int(length)} positions overflows int64: the positions would "
+                            f"run to {start + int(length) - 1}; expected start_pos + length <= {INT64_MAX}")
+    return start
 
 
 def check_probability(name: str, value: Any) -> float:
@@ -121,6 +159,25 @@ def check_dtype(name: str, dtype: Any, allowed: Sequence[Any] = (np.float16, np.
 # ----------------------------------------------------------------------------------------------
 
 
+def _is_int_dtype(dtype: np.dtype) -> bool:
+    """Signed or unsigned integers only: bool, float, object, timedelta64 and datetime64 are not ids
+    (``np.issubdtype(np.timedelta64, np.integer)`` is True, so the kind code is checked instead)."""
+    return dtype.kind in "iu"
+
+
+def check_float_array(name: str, x: Any) -> np.ndarray:
+    """A float input (q, k, v, hidden states) as an array of a floating dtype; the one float-input check.
+
+    Raises:
+        DtypeError (a ConfigError and a TypeError): integer, bool, complex or object input, whose
+            arithmetic with float32 cos/sin or softmax would silently give garbage.
+    """
+    arr = np.asarray(x)
+    if arr.dtype.kind != "f":
+        raise DtypeError(float_dtype_message(name, arr.dtype))
+    return arr
+
+
 def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
@@ -135,7 +192,7 @@ def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
     arr = np.asarray(ids)
     if arr.size == 0 and not isinstance(ids, np.ndarray):
         arr = arr.astype(np.int64)  # an empty Python list has no dtype of its own
-    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+    if not _is_int_dtype(arr.dtype):
         raise TokenIdError(token_id_dtype_message(arr.dtype, vocab_size))
     if arr.size:
         bad = (arr < 0) | (arr >= vocab_size)
@@ -152,7 +209,7 @@ def check_positions(positions: Any, max_seq_len: int | None = None, *, what: str
         PositionError: non-integer dtype, a negative position, or one >= max_seq_len.
     """
     arr = np.asarray(positions)
-    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+    if not _is_int_dtype(arr.dtype):
         raise PositionError(position_dtype_message(arr.dtype))
     if arr.size:
         neg = arr < 0
@@ -160,11 +217,12 @@ def check_positions(positions: Any, max_seq_len: int | None = None, *, what: str
             index = _first_bad(neg)
             raise PositionError(f"{what} {int(arr[index])} at index {_index_str(index)} is negative; "
                                 f"expected positions >= 0")
-        if max_seq_len is not None:
-            bad = arr >= max_seq_len
+        limit = INT64_MAX + 1 if max_seq_len is None else max_seq_len   # uint64 beyond int64 would wrap
+        if max_seq_len is not None or arr.dtype == np.uint64:
+            bad = arr >= limit
             if bad.any():
                 index = _first_bad(bad)
-                raise PositionError(position_range_message(arr[index], index, max_seq_len, what))
+                raise PositionError(position_range_message(arr[index], index, limit, what))
     return arr.astype(np.int64, copy=False)
 
 

@@ -24,18 +24,24 @@ import numpy as np
 import torch
 
 from tokenpos._config import device_checks_enabled
-from tokenpos.tables.errors import ConfigError, PositionError, TokenIdError
+from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, TokenIdError
 from tokenpos.tables.validation import (
+    INT64_MAX,
     check_positions,
     check_seq_len_or_positions,
+    check_token_ids,
     dtype_name,
+    float_dtype_message,
+    id_layout_message,
     position_dtype_message,
     token_id_dtype_message,
 )
-from tokenpos.tables.validation import check_token_ids as np_check_token_ids
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+# the unsigned 16/32/64-bit dtypes have no min/max kernels in torch: their values are checked through
+# NumPy (which accepts the same dtypes), and ``as_index`` widens them to int64 after the range check
+_WIDE_UINT_DTYPES = (torch.uint16, torch.uint32, torch.uint64)
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, *_WIDE_UINT_DTYPES)
 
 
 def is_compiling() -> bool:
@@ -79,20 +85,56 @@ def _numpy_view(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def check_token_ids(ids: Any, vocab_size: int, device: torch.device | None = None) -> torch.Tensor:
-    """Integer ids with every value in [0, vocab_size); returns the (possibly converted) tensor.
+def check_float_tensor(name: str, t: Any) -> torch.Tensor:
+    """A float input (q, k, v, hidden states): a tensor of a floating dtype; the torch twin of
+    ``tables.validation.check_float_array`` (same message).
 
     Raises:
-        TokenIdError: a non-integer dtype (always), or a value out of range (see the module doc).
+        DtypeError (a ConfigError and a TypeError): integer, bool or complex tensors, or a non-tensor.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise DtypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.dtype.is_floating_point:
+        raise DtypeError(float_dtype_message(name, dtype_name(t.dtype)))
+    return t
+
+
+def _layout_name(t: torch.Tensor) -> str | None:
+    """None for a plain strided tensor, else the layout's name ("nested", "sparse_coo", ...)."""
+    if t.is_nested:
+        return "nested"
+    if t.layout != torch.strided:
+        return str(t.layout).replace("torch.", "")
+    return None
+
+
+def _out_of_range(t: torch.Tensor, high: int | None) -> bool:
+    """Whether any value is < 0 or >= high (cheap reduction; wide unsigned dtypes via NumPy)."""
+    if t.dtype in _WIDE_UINT_DTYPES:
+        arr = _numpy_view(t)                 # uint64 values beyond int64 are refused even without a bound
+        return int(arr.max()) >= (high if high is not None else INT64_MAX + 1)
+    lo, hi = torch.aminmax(t)
+    return int(lo) < 0 or (high is not None and int(hi) >= high)
+
+
+def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | None = None) -> torch.Tensor:
+    """Integer ids with every value in [0, vocab_size); returns a tensor (the torch twin of NumPy's
+    ``tables.validation.check_token_ids``, same messages). Non-tensors go through the NumPy check and
+    become an int64 tensor on ``device``.
+
+    Raises:
+        TokenIdError: a non-integer dtype, a nested or sparse tensor (always), or a value out of range
+            (see the module doc).
     """
     if not isinstance(ids, torch.Tensor):
-        return torch.as_tensor(np_check_token_ids(ids, vocab_size), device=device)
+        return torch.as_tensor(check_token_ids(ids, vocab_size), device=device)
+    layout = _layout_name(ids)
+    if layout is not None:
+        raise TokenIdError(id_layout_message("token ids", layout))
     if not _is_int_tensor(ids):
         raise TokenIdError(token_id_dtype_message(dtype_name(ids.dtype), vocab_size))
-    if ids.numel() and _value_checks_apply(ids):
-        lo, hi = torch.aminmax(ids)
-        if int(lo) < 0 or int(hi) >= vocab_size:
-            np_check_token_ids(_numpy_view(ids), vocab_size)     # raises with the shared text
+    if ids.numel() and _value_checks_apply(ids) and _out_of_range(ids, vocab_size):
+        check_token_ids(_numpy_view(ids), vocab_size)     # raises with the shared text
     return ids
 
 
@@ -111,13 +153,14 @@ def check_position_tensor(positions: Any, max_seq_len: int | None = None, *,
         arr = np.asarray(positions)
         check_positions(np.broadcast_to(arr, broadcast_to) if broadcast_to else arr, max_seq_len)
         return torch.as_tensor(arr.astype(np.int64), device=device)
+    layout = _layout_name(positions)
+    if layout is not None:
+        raise PositionError(id_layout_message("positions", layout))
     if not _is_int_tensor(positions):
         raise PositionError(position_dtype_message(dtype_name(positions.dtype)))
-    if positions.numel() and _value_checks_apply(positions):
-        lo, hi = torch.aminmax(positions)
-        if int(lo) < 0 or (max_seq_len is not None and int(hi) >= max_seq_len):
-            arr = _numpy_view(positions)
-            check_positions(np.broadcast_to(arr, broadcast_to) if broadcast_to else arr, max_seq_len)
+    if positions.numel() and _value_checks_apply(positions) and _out_of_range(positions, max_seq_len):
+        arr = _numpy_view(positions)
+        check_positions(np.broadcast_to(arr, broadcast_to) if broadcast_to else arr, max_seq_len)
     return positions
 
 

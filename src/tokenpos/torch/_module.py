@@ -43,14 +43,22 @@ class TokenposModule(nn.Module):
         return super().load_state_dict(tensors, strict=strict, assign=assign)
 
     def save(self, path: str | Path) -> None:
-        """Write the state_dict as a safetensors file (readable by either backend's ``load``)."""
+        """Write the state_dict as a safetensors file (readable by either backend's ``load``), with this
+        class in its metadata."""
         from safetensors.torch import save_file
 
+        from tokenpos.tables.checkpoint import metadata
+
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(tensors, str(path), metadata={"format": "tokenpos", "class": type(self).__name__})
+        save_file(tensors, str(path), metadata=metadata(type(self).__name__))
 
     def load(self, path: str | Path, strict: bool = True) -> None:
-        """Load a safetensors file written by ``save`` (either backend) into this layer."""
-        from safetensors.torch import load_file
+        """Load a safetensors file written by ``save`` (either backend) into this layer.
 
-        self.load_state_dict(load_file(str(path)), strict=strict)
+        Raises:
+            StateDictError: naming the file: missing, unreadable, not safetensors, written by another
+                class (its metadata), or a state that does not fit; nothing is written then.
+        """
+        from tokenpos.tables.checkpoint import class_names, read_checkpoint
+
+        self.load_state_dict(read_checkpoint(path, class_names(self), framework="pt"), strict=strict)

@@ -23,15 +23,15 @@ from typing import Any
 import torch
 
 from tokenpos.tables.attention import attention_shape_message, key_start_message, resolve_query_start
+from tokenpos.tables.attention_checks import check_bias_shape, check_mask_shape, check_scheme
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.llama4 import query_temperature
-
-
-def _kind(positional: Any) -> str:
-    return "none" if positional is None else str(getattr(positional, "kind", "none"))
+from tokenpos.torch._checks import check_float_tensor
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(name, t)
     ok = q.dim() == k.dim() == v.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2] \
         and k.shape[2] == v.shape[2] and q.shape[3] == k.shape[3] and q.shape[2] <= k.shape[2]
     if not ok:
@@ -74,9 +74,11 @@ def scaled_dot_product_attention(
             twin); None = off.
     """
     _check_shapes(q, k, v)
+    kind = check_scheme(positional)
+    if attn_mask is not None:
+        check_mask_shape(tuple(attn_mask.shape), (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
     out_dtype = q.dtype
     compute = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))
-    kind = _kind(positional)
     if kind == "rotary":
         q, k = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
@@ -87,7 +89,9 @@ def scaled_dot_product_attention(
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
     logits = torch.matmul(q, k.transpose(-1, -2)) * scale                        # (B, H, Lq, Lk)
     if kind == "bias":
-        logits = logits + positional.bias(lq, lk).to(compute)[None]
+        bias = positional.bias(lq, lk)                                        # (H, Lq, Lk)
+        check_bias_shape(tuple(bias.shape), q.shape[1], lq, lk)
+        logits = logits + bias.to(compute)[None]
     keep = None
     if causal:
         key_idx = torch.arange(lk, device=q.device)

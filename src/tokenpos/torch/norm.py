@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenpos.tables.validation import check_choice, check_feature_dim, check_float, check_positive_int
-from tokenpos.torch._checks import resolve_dtype
+from tokenpos.torch._checks import check_float_tensor, resolve_dtype
 from tokenpos.torch._module import TokenposModule
 
 NORMS = ("layernorm", "rmsnorm")
@@ -40,6 +40,7 @@ class LayerNorm(TokenposModule):
         nn.init.zeros_(self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_float_tensor("x", x)
         check_feature_dim("x", tuple(x.shape), self.d_model)
         return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
 
@@ -62,6 +63,7 @@ class RMSNorm(TokenposModule):
         nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_float_tensor("x", x)
         check_feature_dim("x", tuple(x.shape), self.d_model)
         return F.rms_norm(x, (self.d_model,), self.weight, self.eps)
 

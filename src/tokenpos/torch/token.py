@@ -15,8 +15,14 @@ from torch import nn
 
 from tokenpos.tables.errors import ConfigError, TokenIdError
 from tokenpos.tables.init import INIT_SCHEMES, RESIZE_INITS, init_weight
-from tokenpos.tables.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
-from tokenpos.torch._checks import as_index, check_token_ids, resolve_dtype
+from tokenpos.tables.validation import (
+    check_bool,
+    check_choice,
+    check_feature_dim,
+    check_padding_idx,
+    check_positive_int,
+)
+from tokenpos.torch._checks import as_index, check_float_tensor, check_token_id_tensor, resolve_dtype
 from tokenpos.torch._init import fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.ops import embed
@@ -33,7 +39,7 @@ def checked_ids(ids: Any, vocab_size: int, weight: torch.Tensor) -> torch.Tensor
     if isinstance(ids, torch.Tensor) and ids.is_meta and not weight.is_meta:
         raise TokenIdError(f"token ids are on the meta device (they hold no values), but the table is on "
                            f"{weight.device}; expected ids on {weight.device} (or the CPU)")
-    return check_token_ids(ids, vocab_size, weight.device)
+    return check_token_id_tensor(ids, vocab_size, device=weight.device)
 
 
 def token_rows(token: TokenEmbedding, ids: torch.Tensor) -> torch.Tensor:
@@ -79,7 +85,7 @@ class TokenEmbedding(TokenposModule):
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
         self.padding_idx = check_padding_idx(padding_idx, self.vocab_size)
-        self.scale = bool(scale)
+        self.scale = check_bool("scale", scale)
         self.sparse = bool(sparse)
         self.init, self.std = check_choice("init", init, INIT_SCHEMES), std
         self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model, device=device,
@@ -123,6 +129,7 @@ class TokenEmbedding(TokenposModule):
 
         Like a tied ``nn.Linear``, every row (the padding row included) receives gradient here.
         """
+        check_float_tensor("h", h)
         check_feature_dim("h", tuple(h.shape), self.d_model)
         return F.linear(h, self.weight)
 

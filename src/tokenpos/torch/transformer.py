@@ -19,8 +19,8 @@ import torch
 from tokenpos.tables.dropout import SEED_MASK
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_int
-from tokenpos.torch._checks import check_position_tensor, check_token_ids, is_compiling, resolve_dtype
+from tokenpos.tables.validation import check_start_pos
+from tokenpos.torch._checks import check_position_tensor, is_compiling, resolve_dtype
 from tokenpos.torch._dropout import dropout_torch
 from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
@@ -122,7 +122,7 @@ class TransformerEmbedding(TokenposModule):
                 raise ConfigError(f"positions must have shape {tuple(ids.shape[-1:])} or {tuple(ids.shape)}, "
                                   f"got {tuple(pos.shape)}")
         else:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
+            start_pos = check_start_pos(start_pos, ids.shape[-1])
             pad = self.token.padding_idx
             if self.position_ids == "padding" and pad is not None:     # the constructor ensures pad is set
                 pos = positions_from_padding(ids, pad, start_pos)
@@ -139,7 +139,7 @@ class TransformerEmbedding(TokenposModule):
         if self.num_token_types:
             if token_type_ids is None:
                 return None                                  # all type 0: row 0, broadcast
-            tt = check_token_ids(token_type_ids, self.num_token_types, ids.device)
+            tt = check_token_id_tensor(token_type_ids, self.num_token_types, device=ids.device)
             if tuple(tt.shape) != tuple(ids.shape):
                 raise ConfigError(f"token_type_ids must have shape {tuple(ids.shape)}, got {tuple(tt.shape)}")
             return tt
