@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tokenpos.tables.init import INIT_SCHEMES
+from tokenpos.tables.init import INIT_SCHEMES, resolve_rng
 from tokenpos.tables.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
 from tokenpos.tables.vocab_parallel import padded_vocab_size, shard_range
 from tokenpos.torch._checks import check_token_ids, device_checks_enabled, is_compiling, resolve_dtype
@@ -101,8 +101,6 @@ class VocabParallelEmbedding(TokenposModule):
     @torch.no_grad()
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         """Re-draw this rank's rows of the one-process table (see the class doc for seed / rng)."""
-        from tokenpos.tables.init import resolve_rng
-
         if seed is None and rng is None:
             dev = None if self.weight.is_meta else self.weight.device
             shared = torch.tensor([torch_seed() if self.rank == 0 else 0], dtype=torch.int64, device=dev)
