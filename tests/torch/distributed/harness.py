@@ -47,7 +47,9 @@ def run_checks(checks: list[tuple[str, Callable[[], None]]]) -> CheckResults:
 
 
 def _entry(rank: int, world: int, port: int, target: str, kwargs: dict[str, Any], outdir: str) -> None:
-    for var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    # numba re-reads NUMBA_NUM_THREADS at every compile and refuses a change once its threads run:
+    # set the variable only where numba is not loaded yet, else use its own per-thread setting below
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") + (() if "numba" in sys.modules else ("NUMBA_NUM_THREADS",)):
         os.environ[var] = "1"
     import torch
     import torch.distributed as dist

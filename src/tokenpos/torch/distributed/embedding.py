@@ -23,10 +23,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tokenpos._config import device_checks_enabled
 from tokenpos.tables.init import INIT_SCHEMES, resolve_rng
 from tokenpos.tables.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
 from tokenpos.tables.vocab_parallel import padded_vocab_size, shard_range
-from tokenpos.torch._checks import check_token_ids, device_checks_enabled, is_compiling, resolve_dtype
+from tokenpos.torch._checks import check_token_id_tensor, is_compiling, resolve_dtype
 from tokenpos.torch._init import torch_seed
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.distributed import checkpoint
@@ -115,11 +116,11 @@ class VocabParallelEmbedding(TokenposModule):
     # -- lookup ------------------------------------------------------------------------------
     def _checked_ids(self, ids: Any) -> torch.Tensor:
         """Ids validated in [0, V) on this rank (whatever the device: a silent zero row is worse than a sync)."""
-        t = check_token_ids(ids, self.vocab_size, self.weight.device)
+        t = check_token_id_tensor(ids, self.vocab_size, device=self.weight.device)
         if t.device.type != "cpu" and t.numel() and not device_checks_enabled() and not is_compiling():
             lo, hi = torch.aminmax(t)
             if int(lo) < 0 or int(hi) >= self.vocab_size:
-                check_token_ids(t.cpu(), self.vocab_size)                     # raises the shared message
+                check_token_id_tensor(t.cpu(), self.vocab_size)                     # raises the shared message
         return t.to(self.weight.device)
 
     def forward(self, ids: Any) -> torch.Tensor:
