@@ -26,6 +26,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from tokenpos.kernels._prefetch import prefetch_row
 from tokenpos.kernels._rng import GOLDEN, keep_bits_mul
 from tokenpos.kernels._stream import store_fence, stream_row
 
@@ -72,6 +73,8 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv,
                 nbad += 1
                 continue
             base = offset + np.uint64(n * D)
+            if n + 2 < N:
+                prefetch_row(weight[ids[n + 2]])
             o = tmp if stream else out[n]
             _row(weight[r], pos_table[pos_ids[n % Lp]], has_pos, scale, key, thr, inv, base, o)
             if stream:
@@ -154,6 +157,8 @@ def forward_bf16_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr,
             if check and (r < 0 or r >= V):
                 nbad += 1
                 continue
+            if n + 2 < N:
+                prefetch_row(weight[ids[n + 2]])            # measured: see BENCHMARKS.md
             o = tmp if stream else out[n]
             _row_bf16(weight[r], pos_table[pos_ids[n % Lp]], has_pos, scale, key, thr, inv,
                       offset + np.uint64(n * D), o)
