@@ -22,8 +22,11 @@ rounding of ``torch.Tensor.bfloat16()``).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
+from tokenpos.kernels._prefetch import prefetch_row
 from tokenpos.kernels._rng import GOLDEN, keep_bits_mul
 from tokenpos.kernels._stream import store_fence, stream_row
 
@@ -70,6 +73,8 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv,
                 nbad += 1
                 continue
             base = offset + np.uint64(n * D)
+            if n + 2 < N:
+                prefetch_row(weight[ids[n + 2]])
             o = tmp if stream else out[n]
             _row(weight[r], pos_table[pos_ids[n % Lp]], has_pos, scale, key, thr, inv, base, o)
             if stream:
@@ -79,22 +84,60 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv,
     return nbad
 
 
-@njit(inline="always", cache=True)
-def _widen(bits, out32):  # pragma: no cover - compiled
-    """bf16 bits (uint16) -> the float32 bit patterns of the same values (exact)."""
-    for d in range(bits.shape[0]):
-        out32[d] = np.uint32(bits[d]) << np.uint32(16)
+@intrinsic
+def _bf16_to_f32(typingctx, bits):  # pragma: no cover - compiled
+    """The float32 with the same value as bf16 ``bits`` (uint16): ``bits << 16``, reinterpreted."""
+    sig = types.float32(bits)
+
+    def codegen(context, builder, signature, args):
+        u32 = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(u32, ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _to_bf16(typingctx, y):  # pragma: no cover - compiled
+    """float32 -> bf16 bits (uint16), round to nearest even; NaN -> 0x7FC0 (as ``Tensor.bfloat16()``).
+
+    In 32-bit integer IR (``(u + 0x7FFF + ((u >> 16) & 1)) >> 16``) so loops vectorise 16 wide.
+    """
+    sig = types.uint16(y)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        u = builder.bitcast(args[0], i32)
+        lsb = builder.and_(builder.lshr(u, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+        r = builder.lshr(builder.add(builder.add(u, ir.Constant(i32, 0x7FFF)), lsb), ir.Constant(i32, 16))
+        nan = builder.fcmp_unordered("uno", args[0], args[0])
+        return builder.select(nan, ir.Constant(ir.IntType(16), 0x7FC0), builder.trunc(r, ir.IntType(16)))
+
+    return sig, codegen
 
 
 @njit(inline="always", cache=True)
-def _round_bf16(f32bits, out16):  # pragma: no cover - compiled
-    """float32 bit patterns -> bf16 bits, round to nearest even; NaN -> 0x7FC0 (as torch)."""
-    for d in range(f32bits.shape[0]):
-        u = np.int64(f32bits[d])
-        if (u & 0x7FFFFFFF) > 0x7F800000:
-            out16[d] = 0x7FC0
+def _row_bf16(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - compiled
+    """:func:`_row` for bf16 bits: widen, compute in float32 (``scale``/``inv`` float32), round once."""
+    D = o.shape[0]
+    zero = inv - inv
+    if has_pos:
+        if thr != 0:
+            ig = base * GOLDEN
+            for d in range(D):
+                y = _bf16_to_f32(w[d]) * scale + _bf16_to_f32(pe[d])
+                o[d] = _to_bf16(y * (inv if keep_bits_mul(key, ig) >= thr else zero))
+                ig += GOLDEN
         else:
-            out16[d] = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+            for d in range(D):
+                o[d] = _to_bf16(_bf16_to_f32(w[d]) * scale + _bf16_to_f32(pe[d]))
+    elif thr != 0:
+        ig = base * GOLDEN
+        for d in range(D):
+            o[d] = _to_bf16((_bf16_to_f32(w[d]) * scale) * (inv if keep_bits_mul(key, ig) >= thr else zero))
+            ig += GOLDEN
+    else:
+        for d in range(D):
+            o[d] = _to_bf16(_bf16_to_f32(w[d]) * scale)
 
 
 @njit(parallel=True, cache=True)
@@ -108,27 +151,19 @@ def forward_bf16_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr,
     row_bytes = np.uint64(D * 2)
     nbad = 0
     for task in prange((N + rows - 1) // rows):
-        wb = np.empty(D, np.uint32)
-        pb = np.empty(D, np.uint32)
-        yb = np.empty(D, np.uint32)
-        o16 = np.empty(D, np.uint16)
-        wf = wb.view(np.float32)
-        pf = pb.view(np.float32)
-        yf = yb.view(np.float32)
+        tmp = np.empty(D, np.uint16)
         for n in range(task * rows, min(N, task * rows + rows)):
             r = ids[n]
             if check and (r < 0 or r >= V):
                 nbad += 1
                 continue
-            _widen(weight[r], wb)
-            if has_pos:
-                _widen(pos_table[pos_ids[n % Lp]], pb)
-            _row(wf, pf, has_pos, scale, key, thr, inv, offset + np.uint64(n * D), yf)
+            if n + 2 < N:
+                prefetch_row(weight[ids[n + 2]])            # measured: see BENCHMARKS.md
+            o = tmp if stream else out[n]
+            _row_bf16(weight[r], pos_table[pos_ids[n % Lp]], has_pos, scale, key, thr, inv,
+                      offset + np.uint64(n * D), o)
             if stream:
-                _round_bf16(yb, o16)
-                stream_row(out[n], o16, out_addr + np.uint64(n) * row_bytes)
-            else:
-                _round_bf16(yb, out[n])
+                stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
         if stream:
             store_fence()
     return nbad
