@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.library import opcheck
 
 import tokenpos.torch.ops as ops
@@ -147,3 +149,22 @@ def test_per_sample_gradients(kernels: bool) -> None:
             for name in ("w", "t"):
                 _close(per[name][b], ref[name])
             assert per["w"][b][pad].abs().max() == 0
+
+
+@given(shape=st.lists(st.integers(0, 4), min_size=1, max_size=3), D=st.integers(1, 9), V=st.integers(1, 30),
+       p=st.sampled_from([0.0, 0.1, 0.5]), dtype=st.sampled_from([torch.float32, torch.float64]),
+       id_dtype=st.sampled_from([torch.int64, torch.int32, torch.uint8, torch.int16]), table=st.booleans(),
+       seed=st.integers(0, 2**62), data=st.data())
+def test_any_shape_and_dtype_kernel_equals_plain(shape, D, V, p, dtype, id_dtype, table, seed, data) -> None:
+    g = torch.Generator().manual_seed(seed % 1000)
+    V = min(V, 255)
+    ids = torch.randint(0, V, tuple(shape), generator=g).to(id_dtype)
+    w = torch.randn(V, D, generator=g, dtype=dtype)
+    t = torch.randn(7, D, generator=g, dtype=dtype) if table else None
+    k = data.draw(st.integers(0, len(shape)))                                 # positions: a trailing part
+    pos = torch.randint(0, 7, tuple(shape[len(shape) - k:]), generator=g) if table else None
+    args = (w, ids, t, pos, 1.25, p, torch.tensor(seed), -1)
+    fused = OPS.embedding(*args)
+    with use_kernels(False):
+        plain = OPS.embedding(*args)
+    assert fused.shape == (*shape, D) and torch.equal(fused, plain)

@@ -111,7 +111,7 @@ class TransformerEmbedding(TokenposModule):
         init_rng = resolve_torch_rng(seed, rng, generator)
         for m in (self.token, self.position, self.token_type, self.norm):
             if m is not None:
-                m.reset_parameters(rng=init_rng)
+                m.reset_parameters(rng=init_rng)  # type: ignore[operator]
 
     # -- inputs (checked once, here) -------------------------------------------------------------
     def resolve_positions(self, ids: torch.Tensor, positions: Any, start_pos: int) -> torch.Tensor:
@@ -128,6 +128,9 @@ class TransformerEmbedding(TokenposModule):
                 pos = positions_from_padding(ids, pad, start_pos)
             else:
                 pos = torch.arange(start_pos, start_pos + ids.shape[-1], device=ids.device)
+                if not isinstance(self.position, LearnedPositionalEmbedding) or (
+                        start_pos + ids.shape[-1] <= self.position.max_seq_len):
+                    return pos                                         # in range by construction
         if isinstance(self.position, LearnedPositionalEmbedding):      # range, indexed as NumPy does
             check_position_tensor(pos, self.position.max_seq_len, broadcast_to=tuple(ids.shape))
         return pos

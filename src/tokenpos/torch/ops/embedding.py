@@ -69,11 +69,10 @@ def _forward_numba(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor 
     return out
 
 
-@torch.library.custom_op("tokenpos::embedding", mutates_args=())
-def embedding(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
-              pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
-              padding_idx: int) -> torch.Tensor:
-    """weight (V, D), ids (...) -> (..., D): gather * scale + table[pos], dropout. See the module doc."""
+def forward_impl(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
+                 pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
+                 padding_idx: int) -> torch.Tensor:
+    """The implementation of ``tokenpos::embedding`` on real tensors (the kernel choice: ``_dispatch``)."""
     tensors = [weight] if table is None else [weight, table]
     if weight.is_cpu:
         path = cpu_path(*tensors)
@@ -84,6 +83,14 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | Non
         if tk is not None:
             return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)
     return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
+
+
+@torch.library.custom_op("tokenpos::embedding", mutates_args=())
+def embedding(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
+              pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
+              padding_idx: int) -> torch.Tensor:
+    """weight (V, D), ids (...) -> (..., D): gather * scale + table[pos], dropout. See the module doc."""
+    return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx)
 
 
 @embedding.register_fake
@@ -243,17 +250,3 @@ def _backward_vmap(info: Any, in_dims: tuple[Any, ...], grad: torch.Tensor, ids:
 
 torch.library.register_vmap("tokenpos::embedding_backward", _backward_vmap)
 
-
-def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None,
-          pos: torch.Tensor | None = None, *, scale: float = 1.0, p: float = 0.0,
-          seed: torch.Tensor | None = None, padding_idx: int = -1) -> torch.Tensor:
-    """The one call the layers make: ``tokenpos::embedding``, or, under ``torch.func`` transforms
-    (whose grad level cannot run a custom op's autograd), the same formula in plain torch ops.
-
-    weight (V, D), ids (...), table (P, D) | None, pos (...) | trailing part | None -> (..., D).
-    """
-    if seed is None:
-        seed = torch.zeros((), dtype=torch.int64, device=weight.device)
-    if torch._C._are_functorch_transforms_active():
-        return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
-    return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)

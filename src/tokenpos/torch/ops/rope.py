@@ -59,7 +59,8 @@ def _rope_numba(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin:
     return out, out_k
 
 
-def _rope_any(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+def rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """The implementation of ``tokenpos::rope`` on real tensors (the kernel choice: ``_dispatch``)."""
     if x.is_cpu and cpu_path(x) == "numba":
         return _rope_numba(x, None, cos, sin, interleaved)[0]
     if x.is_cuda and x.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
@@ -72,7 +73,7 @@ def _rope_any(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved
 @torch.library.custom_op("tokenpos::rope", mutates_args=())
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """Rotate the first R = 2 * cos.shape[-1] dims of x (B, H, L, Dh) -> (B, H, L, Dh)."""
-    return _rope_any(x, cos, sin, interleaved)
+    return rope_impl(x, cos, sin, interleaved)
 
 
 @rope.register_fake
@@ -97,14 +98,19 @@ rope.register_autograd(_rope_backward, setup_context=_rope_setup)
 @torch.library.custom_op("tokenpos::rope_qk", mutates_args=())
 def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (B, H, L, Dh), k (B, Hk, L', Dh) -> (q', k'); one kernel pass over both when B, L and Dh
-    match (the CPU kernel), else one pass each (k then needs tables of its own length: the caller
-    passes k's positions only where L' == L)."""
+    """q (B, H, L, Dh), k (B, Hk, L, Dh) -> (q', k'): one kernel pass over both (CPU kernel)."""
+    return rope_qk_impl(q, k, cos, sin, interleaved)
+
+
+def rope_qk_impl(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The implementation of ``tokenpos::rope_qk``: one kernel pass over q and k when B, L and Dh
+    match, else one pass each (both with the same cos / sin)."""
     if (q.is_cpu and k.is_cpu and cpu_path(q, k) == "numba" and k.shape[0] == q.shape[0]
             and k.shape[2:] == q.shape[2:]):
         oq, ok = _rope_numba(q, k, cos, sin, interleaved)
         return oq, cast(torch.Tensor, ok)
-    return _rope_any(q, cos, sin, interleaved), _rope_any(k, cos, sin, interleaved)
+    return rope_impl(q, cos, sin, interleaved), rope_impl(k, cos, sin, interleaved)
 
 
 @rope_qk.register_fake
@@ -158,17 +164,3 @@ def _rope_qk_vmap(info: Any, in_dims: tuple[Any, ...], q: torch.Tensor, k: torch
 
 torch.library.register_vmap("tokenpos::rope_qk", _rope_qk_vmap)
 
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """``tokenpos::rope``, or the plain formula under ``torch.func`` transforms: (B, H, L, Dh) -> same."""
-    if torch._C._are_functorch_transforms_active():
-        return _rope_plain(x, cos, sin, interleaved)
-    return torch.ops.tokenpos.rope(x, cos, sin, interleaved)
-
-
-def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tokenpos::rope_qk`` (one pass over q and k), or the plain formula under transforms."""
-    if torch._C._are_functorch_transforms_active():
-        return _rope_plain(q, cos, sin, interleaved), _rope_plain(k, cos, sin, interleaved)
-    return torch.ops.tokenpos.rope_qk(q, k, cos, sin, interleaved)
