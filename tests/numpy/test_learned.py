@@ -114,3 +114,14 @@ def test_refilling_the_positions_buffer_before_backward_cannot_redirect_the_grad
     pos[...] = 7
     layer.backward(np.ones_like(out))
     assert set(np.flatnonzero(layer.weight.grad.any(axis=1))) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("make", [lambda: tpn.LearnedPositionalEmbedding(8, 3, seed=0),
+                                  lambda: tpn.SinusoidalPositionalEncoding(8, 3),
+                                  lambda: tpn.TokenEmbedding(8, 3, seed=0)])
+def test_an_output_never_aliases_the_layers_table(kernel_mode, make):
+    layer = make()
+    before = layer(np.arange(8)).copy()
+    out = layer(np.arange(8))
+    out += 1.0                                                             # in place on the output
+    np.testing.assert_array_equal(layer(np.arange(8)), before)

@@ -420,3 +420,11 @@ def test_float16_embedding_computes_in_float32_and_rounds_once(kernel_mode, posi
     if positional == "none":                                               # one rounding of the exact value
         exact = np.where(keep, layer.token.weight.data.astype(np.float64)[ids] * math.sqrt(d) / 0.9, 0.0)
         np.testing.assert_array_equal(out, exact.astype(np.float16))
+
+
+def test_token_types_are_summed_in_hugging_faces_order(kernel_mode):
+    """BERT: (W[ids] * s + T[tt]) + P[pos], bit for bit in float32 (the torch backend's order too)."""
+    layer = tpn.TransformerEmbedding(V, D, P, scale=True, num_token_types=3, seed=0, init="standard_normal")
+    w, t, p = (m.weight.data for m in (layer.token, layer.token_type, layer.position))
+    expected = (w[IDS] * np.float32(math.sqrt(D)) + t[TT]) + p[np.arange(IDS.shape[1])]
+    np.testing.assert_array_equal(layer(IDS, token_type_ids=TT), expected)

@@ -1,7 +1,7 @@
 """Post-embedding normalisation layers: LayerNorm (BERT) and RMSNorm, over the last axis.
 
-Shapes: x (..., D) -> (..., D). The computation is ``tokenpos.numpy.functional.norm`` (float16
-inputs are normalised in float64 and cast back).
+Shapes: x (..., D) -> (..., D). The computation is ``tokenpos.numpy.functional.norm`` (normalised
+in float64 and cast back to the input dtype once).
 """
 
 from __future__ import annotations

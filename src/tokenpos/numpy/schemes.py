@@ -63,4 +63,4 @@ def build_shortcut(name: str, *, d_model: int, max_seq_len: int, num_heads: int 
         return T5RelativePositionBias(int(num_heads), init=init, std=std, dtype=dtype, rng=rng)  # type: ignore[arg-type]
     if name == "none":
         return NoPositionalEncoding()
-    raise ConfigError(positional_choice_message(name, "numpy"))
+    raise ConfigError(positional_choice_message(name))

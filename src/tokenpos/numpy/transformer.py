@@ -1,10 +1,11 @@
 """TransformerEmbedding: token table (+ sqrt(D) scale) + positions + token types, norm, dropout.
 
-    x = W[ids] * s + P[positions] + T[token_type_ids]      (P only for additive schemes, T only with token types)
-    y = dropout(norm(x))                                  (s = sqrt(D) when scale=True, else 1)
+    x = W[ids] * s + P[positions]                          (no token types; P only for additive schemes)
+    x = W[ids] * s + T[token_type_ids] + P[positions]      (with token types: Hugging Face's BERT order)
+    y = dropout(norm(x))                                   (s = sqrt(D) when scale=True, else 1)
 
 Each step is one call of ``tokenpos.numpy.functional``; without norm and token types the first call
-also applies the dropout (one fused pass on the kernel path).
+also applies the dropout (one fused pass on the kernel path). The torch backend sums in the same order.
 
 Shapes: B batch, L length, D d_model; ids (B, L) -> (B, L, D) and ids (L,) -> (L, D).
 """
@@ -31,13 +32,15 @@ from tokenpos.tables.validation import check_positions, check_token_ids
 
 @dataclass(frozen=True)
 class TransformerCache:
-    """One forward's caches, in order: embedding (token + positions), token types, norm, dropout.
+    """One forward's caches, in order: embedding (token, + positions without token types), token
+    types, positions (with token types), norm, dropout.
 
     ``table_param`` is the learned positional Parameter that receives the table gradient, or None.
     """
 
     embedding: F.EmbeddingCache
     token_type: F.EmbeddingCache | None
+    position: F.EmbeddingCache | None
     norm: F.NormCache | None
     dropout: F.DropoutCache | None
     table_param: Parameter | None
@@ -149,20 +152,25 @@ class TransformerEmbedding(Module):
         p = self.dropout if self.training else 0.0
         seed = draw_seed(self._rng) if p > 0.0 else 0                          # the last state change
         late = self.norm is not None or tt is not None                          # dropout after the sum and norm
-        x, c_emb = F.embedding_forward(                                         # W[ids] * s + P[pos]
-            self.token.weight.data, ids, scale=self.token.multiplier, table=table, pos=index,
-            p=0.0 if late else p, seed=seed, padding_idx=self.token.padding_idx,
-            table_grad=table_param is not None and table_param.requires_grad,
-            table_padding_idx=getattr(self.position, "padding_idx", None))
-        c_tt = c_norm = c_drop = None
-        if tt is not None:                                                      # + T[token_type_ids]
+        w, s, pad_pos = self.token.weight.data, self.token.multiplier, getattr(self.position, "padding_idx", None)
+        c_pos = c_tt = c_norm = c_drop = None
+        if tt is None:
+            x, c_emb = F.embedding_forward(                                     # W[ids] * s + P[pos]
+                w, ids, scale=s, table=table, pos=index, p=0.0 if late else p, seed=seed,
+                padding_idx=self.token.padding_idx, table_padding_idx=pad_pos,
+                table_grad=table_param is not None and table_param.requires_grad)
+        else:                                                                   # HF's (BERT's) order:
+            x, c_emb = F.embedding_forward(w, ids, scale=s, padding_idx=self.token.padding_idx)   # W[ids] * s
             t, c_tt = F.embedding_forward(self.token_type.weight.data, tt)      # type: ignore[union-attr]
-            x = x + t
+            x = x + t                                                           # + T[token_type_ids]
+            if table is not None and index is not None:                         # + P[pos]
+                rows, c_pos = F.embedding_forward(table, np.broadcast_to(index, ids.shape), padding_idx=pad_pos)
+                x = x + rows
         if self.norm is not None:                                               # norm
             x, c_norm = self.norm.norm_forward(x)
         if late:                                                                # dropout
             x, c_drop = F.dropout_forward(x, p=p, seed=seed)
-        self._cache = TransformerCache(c_emb, c_tt, c_norm, c_drop, table_param, x.shape)
+        self._cache = TransformerCache(c_emb, c_tt, c_pos, c_norm, c_drop, table_param, x.shape)
         return x
 
     def backward(self, grad_output: np.ndarray) -> None:
@@ -178,6 +186,9 @@ class TransformerEmbedding(Module):
         if cache.token_type is not None:
             (ids, rows), _ = F.embedding_backward(g, cache.token_type)
             self.token_type.weight.accumulate_rows(ids, rows, coalesced=True)   # type: ignore[union-attr]
+        if cache.position is not None and cache.table_param is not None:
+            (at, rows), _ = F.embedding_backward(g, cache.position)
+            cache.table_param.accumulate_rows(at, rows, coalesced=True)
         (ids, rows), table_grad = F.embedding_backward(g, cache.embedding)
         self.token.weight.accumulate_rows(ids, rows, coalesced=True)
         if table_grad is not None:

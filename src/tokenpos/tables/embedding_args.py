@@ -34,11 +34,15 @@ POSITION_IDS = ("default", "padding")
 # ----------------------------------------------------------------------------------------------
 
 
-def positional_choice_message(value: Any, backend: str) -> str:
-    """``positional must be one of 'alibi', ...; or a numpy positional-scheme object; got 'x'``."""
+def positional_choice_message(value: Any, backend: str | None = None) -> str:
+    """``positional must be one of 'alibi', ...; got 'x'``: the same text in both backends.
+
+    ``backend`` is accepted for existing callers and not used: a NumPy and a torch layer given the
+    same bad value say the same thing.
+    """
     listed = ", ".join(repr(c) for c in POSITIONAL_SHORTCUTS)
     shown = repr(value) if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
-    return (f"positional must be one of {listed}, None, or a {backend} positional-scheme object "
+    return (f"positional must be one of {listed}, None, or a positional-scheme object of the layer's backend "
             f"(class attributes kind in {SCHEME_KINDS} and name); got {shown}")
 
 
@@ -72,12 +76,12 @@ def check_positional(positional: Any, *, backend: str, scheme_base: type) -> Any
         return "none"
     if isinstance(positional, str):
         if positional not in POSITIONAL_SHORTCUTS:
-            raise ConfigError(positional_choice_message(positional, backend))
+            raise ConfigError(positional_choice_message(positional))
         return positional
+    if getattr(type(positional), "kind", None) in SCHEME_KINDS and not isinstance(positional, scheme_base):
+        raise ConfigError(scheme_backend_message(positional, backend))      # e.g. a torch scheme given to NumPy
     if not is_scheme(positional):
-        raise ConfigError(positional_choice_message(positional, backend))
-    if not isinstance(positional, scheme_base):
-        raise ConfigError(scheme_backend_message(positional, backend))
+        raise ConfigError(positional_choice_message(positional))
     return positional
 
 

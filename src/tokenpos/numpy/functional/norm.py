@@ -1,8 +1,8 @@
 """LayerNorm and RMSNorm as forward/backward pairs over the last axis.
 
-Shapes: x (..., D) -> (..., D); weight, bias (D,). Statistics are computed in the input dtype, in
-float64 for float16 inputs (x * x overflows float16 from |x| = 256 on), and the result is cast
-back to the input dtype.
+Shapes: x (..., D) -> (..., D); weight, bias (D,). Statistics and the normalised values are computed
+in float64 (float16's x * x overflows from |x| = 256 on; float32's x - mean loses digits when the
+mean is large against the spread), and the result is cast back to the input dtype once.
 
     layernorm: xhat = (x - mean) / sqrt(var + eps),  y = xhat * weight + bias   (biased variance)
     rmsnorm:   xhat = x / sqrt(mean(x**2) + eps),    y = xhat * weight
@@ -25,7 +25,7 @@ class NormCache:
 
 
 def _stats_input(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float64) if x.dtype == np.float16 else x
+    return x.astype(np.float64, copy=False)
 
 
 def _like(y: np.ndarray, x: np.ndarray) -> np.ndarray:
