@@ -61,7 +61,8 @@ def check_same_key_positions(scheme: str, query_positions: Any, key_positions: A
         return
     a, b = np.asarray(query_positions), np.asarray(key_positions)
     try:
-        same = bool(np.array_equal(*np.broadcast_arrays(a, b)))
+        ba, bb = np.broadcast_arrays(a, b)
+        same = bool(np.array_equal(ba, bb))
     except ValueError:
         same = False
     if not same:
