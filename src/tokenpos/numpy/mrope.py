@@ -56,7 +56,7 @@ class MRotaryEmbedding(Module):
         self.head_dim, self.max_seq_len, self.qk_layout, self.num_heads = st.head_dim, st.max_seq_len, \
             st.qk_layout, st.num_heads
         self.inv_freq, self.attention_factor, self.axis_map = st.inv_freq, st.attention_factor, st.axis_map
-        self._last: F.RopeCache | None = None
+        self._last: tuple[F.RopeCache, F.RopeCache | None] | None = None
 
     def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
         """Nothing to reset (no parameters, no cache)."""
@@ -83,32 +83,44 @@ class MRotaryEmbedding(Module):
     def _out(self, x: np.ndarray) -> np.ndarray:
         return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
 
-    def apply_forward(self, q: Any, k: Any, positions: Any = None, *,
-                      start_pos: int = 0) -> tuple[np.ndarray, np.ndarray, F.RopeCache]:
-        """``(q', k', cache)``; q and k share positions (same batch and length): one functional pass."""
+    def _tables(self, pos: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        ang = mrope_angles(pos, self.inv_freq, self.axis_map)              # (L, F) | (B, L, F) float64
+        return (np.cos(ang) * self.attention_factor).astype(dtype), (np.sin(ang) * self.attention_factor).astype(dtype)
+
+    def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0, key_positions: Any = None
+                      ) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache | None]]:
+        """``(q', k', cache)``: one functional pass over q and k at the same positions; with
+        ``key_positions`` (Lk,) | (3, B, Lk) | ... (a KV cache, as the attention functions pass) k is
+        rotated at its own positions."""
         q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
         k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
-        if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        if key_positions is None and (q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
             raise ConfigError(rope_length_message(q.shape, k.shape))
         pos = self._positions(positions, start_pos, q.shape[0], q.shape[2])
-        ang = mrope_angles(pos, self.inv_freq, self.axis_map)              # (L, F) | (B, L, F) float64
-        cos = (np.cos(ang) * self.attention_factor).astype(q.dtype)
-        sin = (np.sin(ang) * self.attention_factor).astype(q.dtype)
-        if q.dtype == k.dtype:
+        cos, sin = self._tables(pos, q.dtype)
+        if key_positions is None and q.dtype == k.dtype:
             q_out, k_out, cache = F.rope_qk_forward(q, k, cos, sin, interleaved=False)
-        else:
-            q_out, cache = F.rope_forward(q, cos, sin, interleaved=False)
-            k_out = F.rope_forward(k, cos.astype(k.dtype), sin.astype(k.dtype), interleaved=False)[0]
-        return self._out(q_out), self._out(k_out), cache
+            return self._out(q_out), self._out(k_out), (cache, None)
+        kpos = pos if key_positions is None else self._positions(key_positions, 0, k.shape[0], k.shape[2])
+        q_out, cache_q = F.rope_forward(q, cos, sin, interleaved=False)
+        k_out, cache_k = F.rope_forward(k, *self._tables(kpos, k.dtype), interleaved=False)
+        return self._out(q_out), self._out(k_out), (cache_q, cache_k)
 
-    def apply_backward(self, grad_q: Any, grad_k: Any, cache: F.RopeCache) -> tuple[np.ndarray, np.ndarray]:
+    def apply_backward(self, grad_q: Any, grad_k: Any, cache: tuple[F.RopeCache, F.RopeCache | None]
+                       ) -> tuple[np.ndarray, np.ndarray]:
         """(dq, dk) from (dq', dk') in the declared layout: the rotation by -angle."""
         gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
-        return self._out(F.rope_backward(gq, cache)), self._out(F.rope_backward(gk, cache))
+        if cache[1] is None:
+            dq, dk = F.rope_qk_backward(gq, gk, cache[0])
+        else:
+            dq, dk = F.rope_backward(gq, cache[0]), F.rope_backward(gk, cache[1])
+        return self._out(dq), self._out(dk)
 
-    def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
+              key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Rotate q and k; keeps what :meth:`backward` needs."""
-        q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos)
+        q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos,
+                                                      key_positions=key_positions)
         return q_out, k_out
 
     forward = apply

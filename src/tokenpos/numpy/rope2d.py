@@ -16,7 +16,7 @@ from tokenpos.numpy.module import Module
 from tokenpos.numpy.rotary import to_bhld
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.mrope import mrope_angles
-from tokenpos.tables.rope import check_qk_layout, rope_length_message
+from tokenpos.tables.rope import check_qk_layout, check_same_key_positions, rope_length_message
 from tokenpos.tables.rope2d import check_positions_2d, rope2d_inv_freq, sincos_2d_table
 from tokenpos.tables.validation import check_float, check_int
 
@@ -63,8 +63,10 @@ class RotaryEmbedding2D(Module):
     def _out(self, x: np.ndarray) -> np.ndarray:
         return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
 
-    def apply_forward(self, q: Any, k: Any, positions: Any) -> tuple[np.ndarray, np.ndarray, F.RopeCache]:
-        """``(q', k', cache)``; q and k share the patch positions."""
+    def apply_forward(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,
+                      key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, F.RopeCache]:
+        """``(q', k', cache)``; q and k share the patch positions (``start_pos`` is ignored: positions are
+        explicit; ``key_positions``, if given, must equal them)."""
         q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
         k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
         if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
@@ -73,6 +75,7 @@ class RotaryEmbedding2D(Module):
         if pos.shape[-2] != q.shape[2] or (pos.ndim == 3 and pos.shape[0] not in (1, q.shape[0])) or pos.ndim > 3:
             raise ConfigError(f"positions must have shape ({q.shape[2]}, 2) or ({q.shape[0]}, {q.shape[2]}, 2), "
                               f"got {tuple(pos.shape)}")
+        check_same_key_positions("2-D RoPE", pos, key_positions)
         cos, sin = (t.astype(q.dtype) for t in self.cos_sin(pos))
         if q.dtype == k.dtype:
             q_out, k_out, cache = F.rope_qk_forward(q, k, cos, sin, interleaved=False)
@@ -86,9 +89,10 @@ class RotaryEmbedding2D(Module):
         gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
         return self._out(F.rope_backward(gq, cache)), self._out(F.rope_backward(gk, cache))
 
-    def apply(self, q: Any, k: Any, positions: Any) -> tuple[np.ndarray, np.ndarray]:
+    def apply(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,
+              key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Rotate q and k at (row, col) positions; keeps what :meth:`backward` needs."""
-        q_out, k_out, self._last = self.apply_forward(q, k, positions)
+        q_out, k_out, self._last = self.apply_forward(q, k, positions, key_positions=key_positions)
         return q_out, k_out
 
     forward = apply

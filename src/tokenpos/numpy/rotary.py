@@ -191,9 +191,11 @@ class RotaryEmbedding(Module):
                 c, s = np.cos(ang) * self.attention_factor, np.sin(ang) * self.attention_factor
                 out.append((c, s) if dtype is None else (c.astype(dtype), s.astype(dtype)))
                 continue
-            hit = (snap.cos, snap.sin) if dtype is None else snap.halves.get(dtype)
-            if hit is None:                                         # idempotent; setdefault keeps the first
-                hit = snap.halves.setdefault(dtype, (snap.cos.astype(dtype), snap.sin.astype(dtype)))
+            if dtype is None:
+                hit = (snap.cos, snap.sin)
+            else:                                                   # idempotent; setdefault keeps the first
+                hit = snap.halves.get(dtype) or snap.halves.setdefault(
+                    dtype, (snap.cos.astype(dtype), snap.sin.astype(dtype)))
             if start is not None:
                 out.append((hit[0][start:start + pos.shape[0]], hit[1][start:start + pos.shape[0]]))
             else:

@@ -20,13 +20,14 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope import (
     check_qk_layout,
     check_rotary_dim,
+    check_same_key_positions,
     rope_angles,
     rope_inv_freq,
     rope_length_message,
     rope_positions_message,
 )
 from tokenpos.tables.validation import check_float, check_int, check_positions
-from tokenpos.tables.xpos import xpos_scale
+from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_scale
 
 
 class XPosRotaryEmbedding(Module):
@@ -79,14 +80,16 @@ class XPosRotaryEmbedding(Module):
     def _out(self, x: np.ndarray) -> np.ndarray:
         return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
 
-    def apply_forward(self, q: Any, k: Any, positions: Any = None, *,
-                      start_pos: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache]]:
-        """``(q', k', cache)``; q and k share positions."""
+    def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0, key_positions: Any = None
+                      ) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache]]:
+        """``(q', k', cache)``; q and k share positions (``key_positions``, if given, must equal them)."""
         q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
         k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
         b, length = q.shape[0], q.shape[2]
         if k.shape[0] != b or k.shape[2] != length:
             raise ConfigError(rope_length_message(q.shape, k.shape))
+        if positions is None and key_positions is not None:      # the attention's KV path: as torch, refused
+            raise ConfigError(XPOS_TOGETHER_MESSAGE)
         if positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
             pos = np.arange(start_pos, start_pos + length, dtype=np.int64)
@@ -95,6 +98,7 @@ class XPosRotaryEmbedding(Module):
             pos = pos[0] if pos.shape == (1, length) else pos
             if pos.shape not in ((length,), (b, length)):
                 raise ConfigError(rope_positions_message(pos.shape, b, length))
+        check_same_key_positions("xPos", pos, key_positions)
         cq, sq, ck, sk = (t.astype(q.dtype if i < 2 else k.dtype) for i, t in enumerate(self.tables(pos, length)))
         q_out, cache_q = F.rope_forward(q, cq, sq, interleaved=self.interleaved)
         k_out, cache_k = F.rope_forward(k, ck, sk, interleaved=self.interleaved)
@@ -106,9 +110,11 @@ class XPosRotaryEmbedding(Module):
         gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
         return self._out(F.rope_backward(gq, cache[0])), self._out(F.rope_backward(gk, cache[1]))
 
-    def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
+              key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Rotate and scale q and k; keeps what :meth:`backward` needs."""
-        q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos)
+        q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos,
+                                                      key_positions=key_positions)
         return q_out, k_out
 
     forward = apply

@@ -50,7 +50,7 @@ def llama4_attn_scales(positions: Any, *, floor_scale: float = 8192.0, attn_scal
 def llama4_kwargs_from_hf_config(config: Any) -> dict[str, Any]:
     """``{"rope_layers": [...], "attn_temperature": (floor_scale, attn_scale) | None}`` from a Llama4TextConfig."""
     get = (lambda k: config.get(k)) if isinstance(config, dict) else (lambda k: getattr(config, k, None))
-    layers = llama4_rope_layers(get("num_hidden_layers"), no_rope_layers=get("no_rope_layers"),
+    layers = llama4_rope_layers(int(get("num_hidden_layers") or 0), no_rope_layers=get("no_rope_layers"),
                                 interval=get("no_rope_layer_interval") or 4)
     tuning = get("attn_temperature_tuning")
     temp = (float(get("floor_scale") or 8192), float(get("attn_scale") or 0.1)) if tuning in (None, True) else None

@@ -55,6 +55,21 @@ def rope_heads_message(name: str, shape: tuple[int, ...], qk_layout: str, num_he
             f"is {int(shape[axis])}; expected a head count {rule}. Is the layout right?")
 
 
+def check_same_key_positions(scheme: str, query_positions: Any, key_positions: Any) -> None:
+    """Schemes that rotate q and k together (M-RoPE, xPos, 2-D RoPE) accept ``key_positions`` only equal to q's."""
+    if key_positions is None:
+        return
+    a, b = np.asarray(query_positions), np.asarray(key_positions)
+    try:
+        ba, bb = np.broadcast_arrays(a, b)
+        same = bool(np.array_equal(ba, bb))
+    except ValueError:
+        same = False
+    if not same:
+        raise ConfigError(f"{scheme} rotates q and k at the same positions; got key_positions of shape {b.shape} "
+                          f"that differ from the query positions of shape {a.shape}")
+
+
 def rope_dtype_message(name: str, dtype: Any) -> str:
     """Integer / bool q or k would make cos and sin integers: refused."""
     return f"{name} must be a floating-point array (float16, bfloat16, float32 or float64), got dtype {dtype}"

@@ -36,3 +36,7 @@ def xpos_scale(positions: Any, rotary_dim: int, *, scale_base: float = 512.0, ce
     pos = check_positions(positions).astype(np.float64)
     power = (pos - float(center)) / scale_base
     return xpos_zeta(rotary_dim) ** power[..., None]
+
+
+XPOS_TOGETHER_MESSAGE = ("xPos scales q up and k down: rotate q and k together at explicit positions, "
+                         "apply(q, k, positions) (scaled_dot_product_attention does so when given positions=)")

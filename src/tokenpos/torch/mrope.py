@@ -104,23 +104,36 @@ class MRotaryEmbedding(TokenposModule):
     def _op_tables(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) else t
 
-    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0) -> Any:  # type: ignore[override]
+    def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: Any = None) -> torch.Tensor:
+        """Rotate one tensor x (B, H, L, Dh) at positions (3, B, L) | (B, L) | (L,) | None (start_pos + arange)."""
+        x = to_bhld("x", x, self.head_dim, self.qk_layout, self.num_heads)
+        cos, sin = self._pairs(self._positions(positions, start_pos, x.shape[0], x.shape[2]))
+        out = ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), False)
+        return out.transpose(1, 2) if self.qk_layout == "blhd" else out
+
+    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
+              key_positions: Any = None) -> Any:
         """Rotate q and k (one ``tokenpos::rope_qk`` call); returns (q', k') with the input shapes and dtypes.
 
-        ``apply(fn)`` with a single callable is nn.Module's.
+        ``key_positions`` rotates k at its own positions (a KV cache). ``apply(fn)`` with a single callable
+        is nn.Module's.
         """
         if k is None and callable(q) and not isinstance(q, torch.Tensor):
             return super().apply(q)
         q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
         k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
-        if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        if key_positions is None and (q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
             raise ConfigError(rope_length_message(tuple(q.shape), tuple(k.shape)))
         cos, sin = self._pairs(self._positions(positions, start_pos, q.shape[0], q.shape[2]))   # (B|1, L, F) | (L, F)
-        if q.dtype == k.dtype:
+        if key_positions is None and q.dtype == k.dtype:
             q_out, k_out = ops.rotate_qk(q, k, self._op_tables(cos, q), self._op_tables(sin, q), False)
         else:
+            if key_positions is not None:
+                cos_k, sin_k = self._pairs(self._positions(key_positions, 0, k.shape[0], k.shape[2]))
+            else:
+                cos_k, sin_k = cos, sin
             q_out = ops.rotate(q, self._op_tables(cos, q), self._op_tables(sin, q), False)
-            k_out = ops.rotate(k, self._op_tables(cos, k), self._op_tables(sin, k), False)
+            k_out = ops.rotate(k, self._op_tables(cos_k, k), self._op_tables(sin_k, k), False)
         if self.qk_layout == "blhd":
             return q_out.transpose(1, 2), k_out.transpose(1, 2)
         return q_out, k_out

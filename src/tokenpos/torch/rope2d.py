@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope import check_qk_layout, rope_length_message
+from tokenpos.tables.rope import check_qk_layout, check_same_key_positions, rope_length_message
 from tokenpos.tables.rope2d import rope2d_inv_freq, sincos_2d_table
 from tokenpos.tables.validation import check_float, check_int
 from tokenpos.torch import ops
@@ -79,8 +79,14 @@ class RotaryEmbedding2D(TokenposModule):
         ang = pos.to(self.inv_freq.dtype).movedim(0, -1) * self.inv_freq      # (..., N, F)
         return torch.cos(ang), torch.sin(ang)
 
-    def apply(self, q: Any, k: Any = None, positions: Any = None) -> Any:  # type: ignore[override]
-        """Rotate q and k at (row, col) positions; ``apply(fn)`` is nn.Module's."""
+    def rotate(self, x: Any, positions: Any = None, *, start_pos: Any = None, seq_len: Any = None) -> torch.Tensor:
+        """Rotate one tensor x (B, H, N, Dh) at (row, col) positions (N, 2) | (B, N, 2)."""
+        return self.apply(x, x, positions)[0]  # type: ignore[no-any-return]
+
+    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: Any = None,  # type: ignore[override]
+              key_positions: Any = None) -> Any:
+        """Rotate q and k at (row, col) positions (``start_pos`` ignored; ``key_positions`` must equal them);
+        ``apply(fn)`` is nn.Module's."""
         if k is None and callable(q) and not isinstance(q, torch.Tensor):
             return super().apply(q)
         q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
@@ -95,6 +101,9 @@ class RotaryEmbedding2D(TokenposModule):
                 len(shape) == 3 and shape[0] not in (1, q.shape[0])):
             raise ConfigError(f"positions must have shape ({q.shape[2]}, 2) or ({q.shape[0]}, {q.shape[2]}, 2), "
                               f"got {shape}")
+        if key_positions is not None:
+            check_same_key_positions("2-D RoPE", pos.cpu().numpy(),
+                                     check_position_tensor(key_positions, device=pos.device).cpu().numpy())
         cos, sin = self.cos_sin(pos)
 
         def cast(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -57,18 +57,6 @@ def _calc_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """HF's ``rotate_half``: ``[x1, x2] -> [-x2, x1]`` on (..., R)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
-    """``(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)`` on (..., R)."""
-    pairs = x.unflatten(-1, (-1, 2))                                   # (..., F, 2)
-    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-
-
 def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> torch.Tensor:
     """q or k in the declared layout -> a (B, H, L, Dh) view; float dtype and head count checked.
 

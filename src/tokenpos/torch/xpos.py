@@ -15,12 +15,13 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope import (
     check_qk_layout,
     check_rotary_dim,
+    check_same_key_positions,
     rope_inv_freq,
     rope_length_message,
     rope_positions_message,
 )
 from tokenpos.tables.validation import check_float, check_int
-from tokenpos.tables.xpos import xpos_zeta
+from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_zeta
 from tokenpos.torch import ops
 from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._module import TokenposModule
@@ -85,8 +86,17 @@ class XPosRotaryEmbedding(TokenposModule):
         cos, sin = torch.cos(ang), torch.sin(ang)
         return cos * s, sin * s, cos / s, sin / s
 
-    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0) -> Any:  # type: ignore[override]
-        """Rotate and scale q and k; returns (q', k') with the input shapes and dtypes."""
+    def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: Any = None) -> Any:
+        """Refused: xPos scales q and k differently, so one tensor alone is ambiguous (use :meth:`apply`;
+        in the attention functions pass ``positions=`` so they call ``apply``)."""
+        raise ConfigError(XPOS_TOGETHER_MESSAGE)
+
+    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
+              key_positions: Any = None) -> Any:
+        """Rotate and scale q and k; returns (q', k') with the input shapes and dtypes.
+
+        ``key_positions`` (the attention functions pass it) must equal q's positions.
+        """
         if k is None and callable(q) and not isinstance(q, torch.Tensor):
             return super().apply(q)
         q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
@@ -102,6 +112,9 @@ class XPosRotaryEmbedding(TokenposModule):
             pos = pos[0] if tuple(pos.shape) == (1, length) else pos
             if tuple(pos.shape) not in ((length,), (b, length)):
                 raise ConfigError(rope_positions_message(tuple(pos.shape), b, length))
+        if key_positions is not None:
+            check_same_key_positions("xPos", pos.cpu().numpy(),
+                                     check_position_tensor(key_positions, device=pos.device).cpu().numpy())
         cq, sq, ck, sk = self.tables(pos, length)
 
         def cast(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,88 @@
+"""The new rotary schemes inside both backends' attention functions: NumPy forward/backward vs torch autograd
+through the one parity helper (M-RoPE with 3-D and text positions, 2-D RoPE, xPos), and the typed refusals
+(key positions other than the queries', xPos without explicit positions)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.parity.helpers import assert_fn_parity
+from tokenpos.numpy.attention import scaled_dot_product_attention_backward as np_backward
+from tokenpos.numpy.attention import scaled_dot_product_attention_forward as np_forward
+from tokenpos.numpy.mrope import MRotaryEmbedding as NpMRope
+from tokenpos.numpy.rope2d import RotaryEmbedding2D as NpRope2D
+from tokenpos.numpy.xpos import XPosRotaryEmbedding as NpXPos
+from tokenpos.tables import ConfigError
+from tokenpos.torch.attention import scaled_dot_product_attention
+from tokenpos.torch.mrope import MRotaryEmbedding
+from tokenpos.torch.rope2d import RotaryEmbedding2D
+from tokenpos.torch.xpos import XPosRotaryEmbedding
+
+RNG = np.random.default_rng(0)
+CASES = {
+    "mrope-3d": (lambda m: m.MRotaryEmbedding(8, mrope_section=[2, 1, 1]), RNG.integers(0, 20, (3, 2, 5))),
+    "mrope-text": (lambda m: m.MRotaryEmbedding(8, mrope_section=[2, 1, 1], mrope_layout="interleaved"), None),
+    "rope2d": (lambda m: m.RotaryEmbedding2D(8), RNG.integers(0, 6, (5, 2))),
+    "xpos": (lambda m: m.XPosRotaryEmbedding(8, scale_base=16.0), np.array([0, 3, 4, 9, 12])),
+}
+
+
+class _NpMods:
+    MRotaryEmbedding, RotaryEmbedding2D, XPosRotaryEmbedding = NpMRope, NpRope2D, NpXPos
+
+
+class _TMods:
+    MRotaryEmbedding, RotaryEmbedding2D, XPosRotaryEmbedding = MRotaryEmbedding, RotaryEmbedding2D, XPosRotaryEmbedding
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_attention_parity(name: str, dtype) -> None:  # noqa: ANN001
+    make, pos = CASES[name]
+    np_pos, t_pos = pos, None if pos is None else torch.from_numpy(pos)
+    np_s, t_s = make(_NpMods), make(_TMods)
+    q, k, v = (np.random.default_rng(i).standard_normal((2, 2, 5, 8)).astype(dtype) for i in range(3))
+    saved = {}
+
+    def np_call(a, b, c):  # noqa: ANN001, ANN202
+        out, saved["cache"] = np_forward(a, b, c, positional=np_s, positions=np_pos, causal=True)
+        return out
+
+    assert_fn_parity(np_call, lambda g: np_backward(g, saved["cache"]),
+                     lambda a, b, c: scaled_dot_product_attention(a, b, c, positional=t_s, positions=t_pos),
+                     (q, k, v))
+
+
+def test_refusals_are_typed_and_the_same_in_both_backends() -> None:
+    q = np.zeros((1, 1, 4, 8))
+    qt = torch.zeros(1, 1, 4, 8)
+    for np_s, t_s in ((NpXPos(8), XPosRotaryEmbedding(8)),):
+        with pytest.raises(ConfigError, match="xPos scales q up and k down"):
+            np_forward(q, q, q, positional=np_s)
+        with pytest.raises(ConfigError, match="xPos scales q up and k down"):
+            scaled_dot_product_attention(qt, qt, qt, positional=t_s)
+    with pytest.raises(ConfigError, match="2-D RoPE rotates q and k at the same positions"):
+        NpRope2D(8).apply(q, q, np.zeros((4, 2), dtype=np.int64), key_positions=np.ones((4, 2), dtype=np.int64))
+    with pytest.raises(ConfigError, match="2-D RoPE rotates q and k at the same positions"):
+        RotaryEmbedding2D(8).apply(qt, qt, torch.zeros(4, 2, dtype=torch.long), key_positions=torch.ones(4, 2,
+                                                                                                         dtype=torch.long))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mrope_kv_cache_decoding_parity(dtype) -> None:  # noqa: ANN001
+    """Lq < Lk, positions None: the queries sit at the last Lq key positions (text ids on all axes)."""
+    np_s = NpMRope(8, mrope_section=[2, 1, 1])
+    t_s = MRotaryEmbedding(8, mrope_section=[2, 1, 1])
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((2, 2, 2, 8)).astype(dtype), *(rng.standard_normal((2, 2, 6, 8)).astype(dtype)
+                                                                  for _ in range(2))
+    saved = {}
+
+    def np_call(a, b, c):  # noqa: ANN001, ANN202
+        out, saved["cache"] = np_forward(a, b, c, positional=np_s)
+        return out
+
+    assert_fn_parity(np_call, lambda g: np_backward(g, saved["cache"]),
+                     lambda a, b, c: scaled_dot_product_attention(a, b, c, positional=t_s), (q, k, v))
