@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import assert_close
 
+from conftest import assert_close
 from tokenpos.kernels import embedding_backward, sparse_adam_update, sparse_sgd_update
 from tokenpos.kernels.reference import (
     adam_dense_ref,

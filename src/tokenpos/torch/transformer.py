@@ -20,7 +20,7 @@ from tokenpos.tables.dropout import SEED_MASK
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_start_pos
-from tokenpos.torch._checks import check_position_tensor, is_compiling, resolve_dtype
+from tokenpos.torch._checks import check_position_tensor, check_token_id_tensor, is_compiling, resolve_dtype
 from tokenpos.torch._dropout import dropout_torch
 from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokenpos.numpy.functional._dispatch import compute_dtype
-from tokenpos.tables.dropout import dropout_keep_mask
+from tokenpos.tables.dropout import dropout_multiplier
 
 
 @dataclass(frozen=True)
@@ -24,13 +24,6 @@ class DropoutCache:
     p: float
     seed: int
     offset: int = 0
-
-
-def dropout_multiplier(seed: int, shape: tuple[int, ...], p: float, offset: int = 0,
-                       dtype: np.dtype | type = np.float32) -> np.ndarray:
-    """m (...) of ``dtype``: ``1/(1-p)`` (a Python float, rounded once to ``dtype``) where kept, else 0."""
-    keep = dropout_keep_mask(seed, shape, p, offset=offset)
-    return keep * np.dtype(dtype).type(1.0 / (1.0 - p))
 
 
 def dropout_forward(x: np.ndarray, *, p: float, seed: int, offset: int = 0) -> tuple[np.ndarray, DropoutCache]:
