@@ -128,7 +128,7 @@ def _run_rope(kernels: bool, interleaved: bool, rotary_dim, dtype, kwargs, scali
 @pytest.mark.parametrize("rotary_dim", [None, 6])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_rotary_fused_equals_reference(kernels_switch, monkeypatch, where, interleaved, rotary_dim, dtype):
-    import tokenpos.numpy.functional.rope as rotary_module       # the layer's one kernel switch point
+    import tokenpos.numpy.functional.rope as rotary_module  # the layer's one kernel switch point
 
     calls = []
     for name in ("rope_apply", "rope_apply_backward"):
