@@ -188,10 +188,7 @@ MIRRORED = sorted(n for n in set(tpn.__all__) - {"Module", "Parameter", "RowSpar
                   if not n.endswith(("_forward", "_backward")))           # NumPy's own training machinery
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="torch RotaryEmbedding gains seed=/rng= in the "
-                                            "rope branch (torch/rotary.py); drop this mark when it merges"))
-    if n == "RotaryEmbedding" else n for n in MIRRORED])
+@pytest.mark.parametrize("name", MIRRORED)
 def test_torch_mirrors_every_numpy_layer_and_its_arguments(name: str) -> None:
     import inspect
 

@@ -285,7 +285,7 @@ def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench
         ("memory", "Embedding memory", memory + figs["memory"]),
         ("bench", "Lookup benchmark", bench_body),
         ("schemes", "Positional schemes",
-         "".join(figs[k] for k in ("sinusoidal", "similarity", "rope", "alibi", "t5"))),
+         "".join(figs[k] for k in ("sinusoidal", "similarity", "rope", "mrope", "positions2d", "alibi", "t5"))),
         ("tradeoffs", "Positional encoding trade-offs", tradeoffs),
         ("extrapolation", "Length extrapolation", ext_body),
     ]
