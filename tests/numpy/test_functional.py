@@ -214,7 +214,7 @@ def test_a_layer_forward_reaches_the_fused_kernel_in_three_frames(monkeypatch):
 
     layer = tpn.TransformerEmbedding(50, 8, 16, dropout=0.1, seed=0)
     ids = np.array([[1, 2, 3]])
-    fwd = _tokenpos_frames_above(monkeypatch, kernel, "_forward_core", lambda: layer.forward(ids))
+    fwd = _tokenpos_frames_above(monkeypatch, kernel, "forward_core", lambda: layer.forward(ids))
     assert fwd == ["embedding_forward", "embedding_forward", "forward"]
     out = layer.forward(ids)
     bwd = _tokenpos_frames_above(monkeypatch, kernel, "_segment_sum_core", lambda: layer.backward(np.ones_like(out)))
