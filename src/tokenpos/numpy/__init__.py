@@ -17,16 +17,24 @@ from tokenpos.numpy.attention import (
 )
 from tokenpos.numpy.learned import LearnedPositionalEmbedding, PositionalEmbedding
 from tokenpos.numpy.module import Module, Parameter, RowSparseGrad
+from tokenpos.numpy.mrope import MRotaryEmbedding
 from tokenpos.numpy.norm import LayerNorm, RMSNorm
+from tokenpos.numpy.rope2d import RotaryEmbedding2D, SinCos2DPositionalEncoding
 from tokenpos.numpy.rotary import RotaryEmbedding
 from tokenpos.numpy.schemes import NoPositionalEncoding
 from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.numpy.t5_bias import T5RelativePositionBias
 from tokenpos.numpy.token import TokenEmbedding
 from tokenpos.numpy.transformer import EmbeddingLayer, TransformerEmbedding
-from tokenpos.tables.errors import ConfigError, PositionError, StateDictError, TokenIdError
+from tokenpos.numpy.xpos import XPosRotaryEmbedding
+from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, StateDictError, TokenIdError
 
 __all__ = [
+    "DtypeError",
+    "MRotaryEmbedding",
+    "RotaryEmbedding2D",
+    "SinCos2DPositionalEncoding",
+    "XPosRotaryEmbedding",
     "ALiBi",
     "RotaryEmbedding",
     "T5RelativePositionBias",

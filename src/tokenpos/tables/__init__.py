@@ -6,7 +6,7 @@ Nothing here imports a backend. Frequencies, angles and positions are computed i
 from tokenpos.tables.alibi import alibi_bias, alibi_distances, alibi_slopes
 from tokenpos.tables.attention import causal_keep_mask
 from tokenpos.tables.dropout import dropout_keep_mask
-from tokenpos.tables.errors import ConfigError, PositionError, StateDictError, TokenIdError
+from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, StateDictError, TokenIdError
 from tokenpos.tables.init import INIT_SCHEMES, init_weight, resolve_rng
 from tokenpos.tables.rope import (
     permute_qk_weight,
@@ -49,6 +49,7 @@ __all__ = [
     "t5_relative_positions",
     "INIT_SCHEMES",
     "ConfigError",
+    "DtypeError",
     "PositionError",
     "StateDictError",
     "TokenIdError",

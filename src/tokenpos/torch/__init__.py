@@ -12,7 +12,7 @@ Id/position value checks run on CPU tensors always, on other devices only after
 """
 
 from tokenpos._config import device_checks_enabled, set_device_checks
-from tokenpos.tables.errors import ConfigError, PositionError, StateDictError, TokenIdError
+from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, StateDictError, TokenIdError
 from tokenpos.torch import ops
 from tokenpos.torch._dropout import dropout_keep_mask_torch
 from tokenpos.torch._module import TokenposModule
@@ -20,15 +20,23 @@ from tokenpos.torch.alibi import ALiBi
 from tokenpos.torch.attention import scaled_dot_product_attention
 from tokenpos.torch.hf import from_hf
 from tokenpos.torch.learned import LearnedPositionalEmbedding, PositionalEmbedding
+from tokenpos.torch.mrope import MRotaryEmbedding
 from tokenpos.torch.norm import LayerNorm, RMSNorm
+from tokenpos.torch.rope2d import RotaryEmbedding2D, SinCos2DPositionalEncoding
 from tokenpos.torch.rotary import RotaryEmbedding
 from tokenpos.torch.schemes import NoPositionalEncoding
 from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.torch.t5_bias import T5RelativePositionBias
 from tokenpos.torch.token import TokenEmbedding
 from tokenpos.torch.transformer import EmbeddingLayer, TransformerEmbedding
+from tokenpos.torch.xpos import XPosRotaryEmbedding
 
 __all__ = [
+    "DtypeError",
+    "MRotaryEmbedding",
+    "RotaryEmbedding2D",
+    "SinCos2DPositionalEncoding",
+    "XPosRotaryEmbedding",
     "ALiBi",
     "ConfigError",
     "EmbeddingLayer",
