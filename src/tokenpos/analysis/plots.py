@@ -8,7 +8,7 @@ Shapes: P positions, D model dim, H heads, Dh head dim, F = Dh / 2 rotary freque
 This module holds the additive-scheme and memory plots; rope / alibi / t5 live in plots_relative.py.
 
 Outputs: the folder must exist (it is never created here); the file is rendered in memory and written
-atomically (``tokenpos.cli._output``: a temporary file renamed over the target), so an interrupted run
+atomically (``tokenpos._files``: a temporary file renamed over the target), so an interrupted run
 never leaves a truncated figure. Sizes are bounded (``LIMITS``, ``MAX_DPI``, ``MAX_PIXELS``): an absurd
 request is a ConfigError, never a MemoryError.
 """
@@ -71,7 +71,7 @@ def save(fig: Any, path: str | Path, dpi: int = 110) -> Path:
     """
     import io
 
-    from tokenpos.cli._output import atomic_write_bytes
+    from tokenpos._files import atomic_write_bytes
 
     p = output_path(path)
     dpi = check_int("dpi", dpi, minimum=1, maximum=MAX_DPI)

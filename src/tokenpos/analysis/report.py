@@ -223,7 +223,7 @@ def _extrapolation_section(ctx: ReportContext, path: Path, data: Any) -> str:
 def _atomic_figure(draw: Callable[[Path], Any], path: Path) -> Path:
     """Let ``draw(tmp)`` write a figure to a temporary path beside ``path``, then replace ``path`` with it
     through the CLI's one atomic writer (for plot functions that write to a path themselves)."""
-    from tokenpos.cli._output import atomic_write_bytes
+    from tokenpos._files import atomic_write_bytes
 
     tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
     try:
@@ -255,7 +255,7 @@ def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench
             missing or not a result.
         OSError: ``out_dir`` cannot be created or written.
     """
-    from tokenpos.cli._output import atomic_write_text, check_output_path
+    from tokenpos._files import atomic_write_text, check_output_path
     from tokenpos.tables.errors import ConfigError
 
     check_choice("mode", mode, MODES)

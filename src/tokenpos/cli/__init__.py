@@ -8,7 +8,7 @@ Errors: a bad argument (argparse), a ``ValueError`` from the library (``ConfigEr
 an ``OSError`` on output files or a ``MemoryError`` becomes one line ``tokenpos <cmd>: error: ...`` on
 stderr and exit code 2, never a traceback. Ctrl-C exits 130.
 
-Outputs: every file a sub-command writes goes through :mod:`tokenpos.cli._output` (path checked before
+Outputs: every file a sub-command writes goes through :mod:`tokenpos._files` (path checked before
 the work, written atomically after it), so a failed or interrupted run never destroys a previous file.
 """
 

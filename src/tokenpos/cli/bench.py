@@ -54,8 +54,8 @@ def _pair(best: float | None, median: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from tokenpos._files import atomic_write_text, check_output_path
     from tokenpos.analysis.bench import run_bench
-    from tokenpos.cli._output import atomic_write_text, check_output_path
     from tokenpos.cli._ui import console, progress_bars
 
     if args.json:

@@ -48,8 +48,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tokenpos._files import check_output_path
     from tokenpos.analysis.plots import FORMATS, PLOTS
-    from tokenpos.cli._output import check_output_path
 
     out = check_output_path(args.out or f"{args.kind}.png", overwrite=args.force,
                             suffixes=tuple(f".{f}" for f in FORMATS))      # before any drawing

@@ -76,7 +76,7 @@ def save_full(layer: Any, path: str | Path) -> None:
     """Gather the table and write it from rank 0 (temporary file + rename). Every rank must call."""
     from safetensors.torch import save
 
-    from tokenpos.cli._output import atomic_write_bytes
+    from tokenpos._files import atomic_write_bytes
 
     full = layer.full_state_dict()["weight"]
     error: BaseException | None = None

@@ -1,4 +1,4 @@
-"""The one writer for every file the CLI produces: validate the path first, write atomically at the end.
+"""One writer for every file tokenpos produces (CLI outputs, checkpoints): check the path first, write atomically.
 
 A long run (``extrapolate``, ``report``, ``bench``) calls :func:`check_output_path` for each output
 before it starts, so a bad path fails in a second instead of after minutes of work. Each output is
