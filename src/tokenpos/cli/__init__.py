@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -25,6 +26,7 @@ from typing import Any
 COMMANDS = ("report", "memory", "plot", "bench", "extrapolate")
 OPTIONAL_COMMANDS = frozenset({"bench", "extrapolate"})
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 128 + 13        # the status of a Unix tool killed by SIGPIPE (``tokenpos memory | head``)
 
 
 class UsageError(Exception):
@@ -104,6 +106,15 @@ def _fail(prog: str, message: str, code: int = EXIT_USAGE) -> int:
     return code
 
 
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot complain about the pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass          # stdout without a file descriptor (an in-process capture): nothing to redirect
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -122,6 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except UsageError as exc:
         return _fail(exc.prog, str(exc))
+    except BrokenPipeError:            # the reader closed the pipe early: end quietly, as Unix tools do
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
     except OSError as exc:
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         return _fail(prog, f"{where}{exc.strerror or exc}")

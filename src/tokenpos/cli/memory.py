@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import replace
 from typing import Any
@@ -50,7 +49,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-EXIT_BROKEN_PIPE = 128 + 13   # the status of a Unix tool killed by SIGPIPE
 
 
 def _configs(args: argparse.Namespace) -> list[Any] | None:
@@ -95,16 +93,8 @@ def _parallel(args: argparse.Namespace, configs: list[Any] | None) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the report; a reader that closes the pipe early ends it quietly (EXIT_BROKEN_PIPE)."""
-    try:
-        return _run(args)
-    except BrokenPipeError:
-        try:          # point stdout at /dev/null so the interpreter's final flush cannot complain again
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass      # stdout without a file descriptor (an in-process capture): nothing to redirect
-        return EXIT_BROKEN_PIPE
+    """Print the report (a reader that closes the pipe early is handled by ``tokenpos.cli.main``)."""
+    return _run(args)
 
 
 def _broken_pipe() -> None:
@@ -127,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         return 0
     con = console()
-    con.on_broken_pipe = _broken_pipe          # rich would exit(1) itself; let run() end it the same way for all
+    con.on_broken_pipe = _broken_pipe          # rich would exit(1) itself; main() ends it quietly
     if configs is None and not parallel:
         _print_overview(con, reports)
     elif configs is not None:
