@@ -10,8 +10,18 @@
 
 Both are plain module attributes written under the GIL: set them once at start-up, not while other
 threads are calling layers (a call sees either the old or the new value, never a mix within one op).
-Nothing else is process-wide: no output-buffer pool, no per-call change of numba's thread count
-in the torch layers, no cached tables shared across layers.
+One more process-wide choice is made outside this file, once: the numba threading layer, picked
+when ``tokenpos.kernels`` is first imported (``tokenpos.kernels._threading``). It is TBB (the
+``tbb`` dependency), which is fork-safe and thread-safe, so forked children (``multiprocessing``,
+DataLoader workers) and several threads may call the kernels. If TBB cannot be loaded it is
+``workqueue`` (fork-safe) with one lock so that tokenpos's parallel launches take turns. A layer the
+user chose (``NUMBA_THREADING_LAYER``), or numba threads started before tokenpos was imported, are
+kept; with ``omp``, forking after a kernel call is unsafe.
+
+Nothing else is process-wide: no output-buffer pool (kernels allocate with ``np.empty`` /
+``torch.empty`` unless the caller passes ``out=``), no change of numba's thread count
+(``NUMBA_NUM_THREADS`` / ``numba.set_num_threads`` are the user's), no cached tables shared across
+layers.
 """
 
 from __future__ import annotations
