@@ -9,24 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.tables.errors import PositionError
-from tokenpos.tables.validation import check_int
-
-INT64_MAX = int(np.iinfo(np.int64).max)     # positions are int64
-
-
-def check_start_pos(start_pos: Any, length: int) -> int:
-    """``start_pos`` >= 0 such that the positions ``start_pos + arange(length)`` fit in int64.
-
-    Raises:
-        ConfigError: not an integer, or negative.
-        PositionError: ``start_pos + length`` beyond 2**63 - 1 (the positions would overflow int64).
-    """
-    start = check_int("start_pos", start_pos, minimum=0)
-    if start + int(length) > INT64_MAX:
-        raise PositionError(f"start_pos {start} with {int(length)} positions overflows int64: the positions would "
-                            f"run to {start + int(length) - 1}; expected start_pos + length <= {INT64_MAX}")
-    return start
+from tokenpos.tables.validation import check_start_pos
 
 
 def default_positions(seq_len: int, start_pos: int = 0) -> np.ndarray:
