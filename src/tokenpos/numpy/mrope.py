@@ -18,16 +18,15 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy import functional as F
-from tokenpos.numpy.module import Module
-from tokenpos.numpy.rotary import to_bhld
+from tokenpos.numpy._rotary_base import RotaryBase
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.mrope import mrope_angles, mrope_cos_sin, mrope_kwargs_from_hf_config, mrope_positions
 from tokenpos.tables.mrope_layer import MRopeSettings, mrope_positions_message
-from tokenpos.tables.rope import rope_length_message
+from tokenpos.tables.rope_checks import check_qk_lengths
 from tokenpos.tables.validation import check_int
 
 
-class MRotaryEmbedding(Module):
+class MRotaryEmbedding(RotaryBase):
     """Multimodal RoPE: each frequency reads the temporal, height or width position.
 
     Args:
@@ -58,9 +57,6 @@ class MRotaryEmbedding(Module):
         self.inv_freq, self.attention_factor, self.axis_map = st.inv_freq, st.attention_factor, st.axis_map
         self._last: tuple[F.RopeCache, F.RopeCache | None] | None = None
 
-    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
-        """Nothing to reset (no parameters, no cache)."""
-
     @classmethod
     def from_hf_config(cls, config: Any, **kwargs: Any) -> MRotaryEmbedding:
         """Build from a Qwen2-VL / Qwen2.5-VL / Qwen3-VL config (or its ``text_config``)."""
@@ -80,9 +76,6 @@ class MRotaryEmbedding(Module):
             raise ConfigError(mrope_positions_message(np.shape(positions), batch, length))
         return pos
 
-    def _out(self, x: np.ndarray) -> np.ndarray:
-        return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
-
     def _tables(self, pos: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         ang = mrope_angles(pos, self.inv_freq, self.axis_map)              # (L, F) | (B, L, F) float64
         return (np.cos(ang) * self.attention_factor).astype(dtype), (np.sin(ang) * self.attention_factor).astype(dtype)
@@ -92,42 +85,15 @@ class MRotaryEmbedding(Module):
         """``(q', k', cache)``: one functional pass over q and k at the same positions; with
         ``key_positions`` (Lk,) | (3, B, Lk) | ... (a KV cache, as the attention functions pass) k is
         rotated at its own positions."""
-        q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
-        k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
-        if key_positions is None and (q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
-            raise ConfigError(rope_length_message(q.shape, k.shape))
+        q, k = self._qk(q, k)
+        if key_positions is None:
+            check_qk_lengths(q.shape, k.shape)
         pos = self._positions(positions, start_pos, q.shape[0], q.shape[2])
-        cos, sin = self._tables(pos, q.dtype)
+        tables_q = self._tables(pos, q.dtype)
         if key_positions is None and q.dtype == k.dtype:
-            q_out, k_out, cache = F.rope_qk_forward(q, k, cos, sin, interleaved=False)
-            return self._out(q_out), self._out(k_out), (cache, None)
+            return self._rotate_qk(q, k, tables_q, None, False)
         kpos = pos if key_positions is None else self._positions(key_positions, 0, k.shape[0], k.shape[2])
-        q_out, cache_q = F.rope_forward(q, cos, sin, interleaved=False)
-        k_out, cache_k = F.rope_forward(k, *self._tables(kpos, k.dtype), interleaved=False)
-        return self._out(q_out), self._out(k_out), (cache_q, cache_k)
-
-    def apply_backward(self, grad_q: Any, grad_k: Any, cache: tuple[F.RopeCache, F.RopeCache | None]
-                       ) -> tuple[np.ndarray, np.ndarray]:
-        """(dq, dk) from (dq', dk') in the declared layout: the rotation by -angle."""
-        gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
-        if cache[1] is None:
-            dq, dk = F.rope_qk_backward(gq, gk, cache[0])
-        else:
-            dq, dk = F.rope_backward(gq, cache[0]), F.rope_backward(gk, cache[1])
-        return self._out(dq), self._out(dk)
-
-    def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
-              key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """Rotate q and k; keeps what :meth:`backward` needs."""
-        q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos,
-                                                      key_positions=key_positions)
-        return q_out, k_out
-
-    forward = apply
-
-    def backward(self, grad_q: Any, grad_k: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Gradients (dq, dk) of the last :meth:`apply`."""
-        return self.apply_backward(grad_q, grad_k, self._cached(self._last))
+        return self._rotate_qk(q, k, tables_q, self._tables(kpos, k.dtype), False)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, mrope_section={self.settings.mrope_section}, "

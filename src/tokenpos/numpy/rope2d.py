@@ -12,16 +12,15 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy import functional as F
+from tokenpos.numpy._rotary_base import RotaryBase
 from tokenpos.numpy.module import Module
-from tokenpos.numpy.rotary import to_bhld
-from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.mrope import mrope_angles
-from tokenpos.tables.rope import check_qk_layout, check_same_key_positions, rope_length_message
-from tokenpos.tables.rope2d import check_positions_2d, rope2d_inv_freq, sincos_2d_table
-from tokenpos.tables.validation import check_float, check_int
+from tokenpos.tables.rope2d import check_positions_2d, sincos_2d_table
+from tokenpos.tables.rope_checks import check_qk_layout, check_qk_lengths, check_same_key_positions
+from tokenpos.tables.rope_layers import check_rope2d_positions_shape, rope2d_args_from_hf_config, rope2d_layer_args
 
 
-class RotaryEmbedding2D(Module):
+class RotaryEmbedding2D(RotaryBase):
     """Axial 2-D RoPE over (row, col) patch positions, as HF Pixtral.
 
     Args:
@@ -38,43 +37,29 @@ class RotaryEmbedding2D(Module):
     def __init__(self, head_dim: int, *, base: float = 10000.0, qk_layout: str = "bhld", num_heads: int | None = None,
                  seed: Any = None, rng: Any = None) -> None:
         super().__init__()
-        self.head_dim, self.base = check_int("head_dim", head_dim, minimum=4), check_float("base", base, low=1.0)
-        self.inv_freq, self.axis_map = rope2d_inv_freq(self.head_dim, base=self.base)
+        self.head_dim, self.base, self.inv_freq, self.axis_map = rope2d_layer_args(head_dim, base)
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
         self._last: F.RopeCache | None = None
-
-    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
-        """Nothing to reset (no parameters, no cache)."""
 
     @classmethod
     def from_hf_config(cls, config: Any, **kwargs: Any) -> RotaryEmbedding2D:
         """From an HF ``PixtralVisionConfig`` (``rope_parameters`` of type "axial")."""
-        params = dict(getattr(config, "rope_parameters", None) or {})
-        if params.get("rope_type", "axial") != "axial" or set(params) - {"rope_type", "rope_theta"}:
-            raise ConfigError(f"2-D RoPE reads rope_parameters {{'rope_type': 'axial', 'rope_theta'}}, got {params}")
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(int(head_dim), base=float(params.get("rope_theta", 10000.0)), **kwargs)
+        head_dim, base = rope2d_args_from_hf_config(config)
+        return cls(head_dim, base=base, **kwargs)
 
     def cos_sin(self, positions: Any) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin (..., N, F) float64 of (row, col) positions (..., N, 2): one entry per rotated pair."""
         ang = mrope_angles(np.moveaxis(check_positions_2d(positions), -1, 0), self.inv_freq, self.axis_map)
         return np.cos(ang), np.sin(ang)
 
-    def _out(self, x: np.ndarray) -> np.ndarray:
-        return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
-
-    def apply_forward(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,
+    def apply_forward(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
                       key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, F.RopeCache]:
         """``(q', k', cache)``; q and k share the patch positions (``start_pos`` is ignored: positions are
         explicit; ``key_positions``, if given, must equal them)."""
-        q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
-        k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
-        if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-            raise ConfigError(rope_length_message(q.shape, k.shape))
+        q, k = self._qk(q, k)
+        check_qk_lengths(q.shape, k.shape)
         pos = check_positions_2d(positions)
-        if pos.shape[-2] != q.shape[2] or (pos.ndim == 3 and pos.shape[0] not in (1, q.shape[0])) or pos.ndim > 3:
-            raise ConfigError(f"positions must have shape ({q.shape[2]}, 2) or ({q.shape[0]}, {q.shape[2]}, 2), "
-                              f"got {tuple(pos.shape)}")
+        check_rope2d_positions_shape(pos.shape, q.shape[0], q.shape[2])
         check_same_key_positions("2-D RoPE", pos, key_positions)
         cos, sin = (t.astype(q.dtype) for t in self.cos_sin(pos))
         if q.dtype == k.dtype:
@@ -84,22 +69,15 @@ class RotaryEmbedding2D(Module):
             k_out = F.rope_forward(k, cos.astype(k.dtype), sin.astype(k.dtype), interleaved=False)[0]
         return self._out(q_out), self._out(k_out), cache
 
-    def apply_backward(self, grad_q: Any, grad_k: Any, cache: F.RopeCache) -> tuple[np.ndarray, np.ndarray]:
-        """(dq, dk): the rotation by -angle."""
-        gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
-        return self._out(F.rope_backward(gq, cache)), self._out(F.rope_backward(gk, cache))
+    def _split_cache(self, cache: F.RopeCache) -> tuple[F.RopeCache, F.RopeCache]:
+        return cache, cache                                  # q and k rotate by the same tables
 
-    def apply(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,
+    def apply(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
               key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Rotate q and k at (row, col) positions; keeps what :meth:`backward` needs."""
-        q_out, k_out, self._last = self.apply_forward(q, k, positions, key_positions=key_positions)
-        return q_out, k_out
+        return super().apply(q, k, positions, key_positions=key_positions)
 
-    forward = apply
-
-    def backward(self, grad_q: Any, grad_k: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Gradients (dq, dk) of the last :meth:`apply`."""
-        return self.apply_backward(grad_q, grad_k, self._cached(self._last))
+    forward = apply  # type: ignore[assignment]
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base}, qk_layout={self.qk_layout!r}"

@@ -20,38 +20,16 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tokenpos.numpy import functional as F
-from tokenpos.numpy.module import Module
-from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope import (
-    check_heads,
-    check_qk_layout,
-    expand_to_layout,
-    rope_angles,
-    rope_dtype_message,
-    rope_layout_shape_message,
-    rope_length_message,
-    rope_positions_message,
-)
+from tokenpos.numpy._rotary_base import RotaryBase
+from tokenpos.numpy._rotary_base import to_bhld as to_bhld
+from tokenpos.tables.rope import expand_to_layout, rope_angles
+from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.rope_state import rope_kwargs_from_hf_config, rotary_frequencies
 from tokenpos.tables.validation import check_int, check_positions
 
 # Positions up to this many times max_seq_len grow the cache; larger ones are computed directly.
 CACHE_GROWTH_LIMIT = 16
-
-
-def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> np.ndarray:
-    """q or k in the declared layout -> a (B, H, L, Dh) view; float dtype and head count checked.
-
-    A (B, H, L, Dh) result goes back with the same transpose (it is its own inverse).
-    """
-    x = np.asarray(x)
-    if x.ndim != 4 or x.shape[-1] != head_dim:
-        raise ConfigError(rope_layout_shape_message(name, x.shape, head_dim, qk_layout))
-    if not np.issubdtype(x.dtype, np.floating):
-        raise ConfigError(rope_dtype_message(name, x.dtype))
-    check_heads(name, x.shape, qk_layout, num_heads)
-    return x.transpose(0, 2, 1, 3) if qk_layout == "blhd" else x
 
 
 @dataclass(frozen=True)
@@ -77,7 +55,7 @@ class _Snapshot(NamedTuple):
     halves: dict[np.dtype, tuple[np.ndarray, np.ndarray]]
 
 
-class RotaryEmbedding(Module):
+class RotaryEmbedding(RotaryBase):
     """Rotary position embedding with every HF scaling (default, linear, dynamic, yarn, longrope, llama3,
     proportional).
 
@@ -229,27 +207,17 @@ class RotaryEmbedding(Module):
         return "interleaved" if self.interleaved else "half"
 
     # -- checks ----------------------------------------------------------------------------------
-    def _check(self, name: str, x: Any) -> np.ndarray:
-        return to_bhld(name, x, self.head_dim, self.qk_layout, self.num_heads)
-
-    def _out(self, x: np.ndarray) -> np.ndarray:
-        return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
-
     def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> np.ndarray:
         if positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
             return np.arange(start_pos, start_pos + length, dtype=np.int64)
         pos = check_positions(positions)
-        if pos.shape == (1, length):                                # HF's (1, L): shared by the batch
-            return pos[0]
-        if pos.shape not in ((length,), (batch, length)):
-            raise ConfigError(rope_positions_message(pos.shape, batch, length))
-        return pos
+        return pos[0] if check_positions_shape(pos.shape, batch, length) else pos
 
     # -- rotation ---------------------------------------------------------------------------------
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: int | None = None) -> np.ndarray:
         """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L))."""
-        x = self._check("x", x)
+        x = to_bhld("x", x, self.head_dim, self.qk_layout, self.num_heads)
         pos = self._positions(positions, start_pos, x.shape[0], x.shape[2])
         cos, sin = self._tables([(pos, start_pos if positions is None else None)], seq_len, x.dtype)[0]
         return self._out(F.rope_forward(x, cos, sin, interleaved=self.interleaved)[0])
@@ -262,49 +230,26 @@ class RotaryEmbedding(Module):
         default k uses q's positions, which needs the same length. Both use one frequency variant,
         chosen by the largest position of the call.
         """
-        q, k = self._check("q", q), self._check("k", k)
+        q, k = self._qk(q, k)
         pos_q = self._positions(positions, start_pos, q.shape[0], q.shape[2])
         if key_positions is None:
-            if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-                raise ConfigError(rope_length_message(q.shape, k.shape))
+            check_qk_lengths(q.shape, k.shape)
             pos_k = pos_q
         else:
             pos_k = self._positions(key_positions, 0, k.shape[0], k.shape[2])
         seq_len = max(int(pos_q.max(initial=-1)), int(pos_k.max(initial=-1))) + 1
         start = start_pos if positions is None else None
         if key_positions is None and q.dtype == k.dtype:            # one pass over q and k
-            cos, sin = self._tables([(pos_q, start)], seq_len, q.dtype)[0]
-            q_out, k_out, cache = F.rope_qk_forward(q, k, cos, sin, interleaved=self.interleaved)
-            return self._out(q_out), self._out(k_out), RotaryCache(cache, None)
-        (cq, sq), (ck, sk) = self._tables([(pos_q, start), (pos_k, None)], seq_len, None)
-        q_out, cache_q = F.rope_forward(q, cq.astype(q.dtype), sq.astype(q.dtype), interleaved=self.interleaved)
-        k_out, cache_k = F.rope_forward(k, ck.astype(k.dtype), sk.astype(k.dtype), interleaved=self.interleaved)
-        return self._out(q_out), self._out(k_out), RotaryCache(cache_q, cache_k)
-
-    def apply_backward(self, grad_q: Any, grad_k: Any, cache: RotaryCache) -> tuple[np.ndarray, np.ndarray]:
-        """Gradients w.r.t. q and k from those w.r.t. q' and k' (declared layout): rotation by -angle."""
-        gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
-        if cache.k is None:
-            dq, dk = F.rope_qk_backward(gq, gk, cache.q)
+            q_out, k_out, caches = self._rotate_qk(q, k, self._tables([(pos_q, start)], seq_len, q.dtype)[0],
+                                                   None, self.interleaved)
         else:
-            dq, dk = F.rope_backward(gq, cache.q), F.rope_backward(gk, cache.k)
-        return self._out(dq), self._out(dk)
+            (cq, sq), (ck, sk) = self._tables([(pos_q, start), (pos_k, None)], seq_len, None)
+            q_out, k_out, caches = self._rotate_qk(q, k, (cq.astype(q.dtype), sq.astype(q.dtype)),
+                                                   (ck.astype(k.dtype), sk.astype(k.dtype)), self.interleaved)
+        return q_out, k_out, RotaryCache(*caches)
 
-    def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
-              key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """Rotate q and k (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L)).
-
-        Keeps what :meth:`backward` needs. Returns (q', k') with the input shapes and dtypes.
-        """
-        q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos,
-                                                      key_positions=key_positions)
-        return q_out, k_out
-
-    forward = apply
-
-    def backward(self, grad_q: Any, grad_k: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Gradients (dq, dk) of the last :meth:`apply`."""
-        return self.apply_backward(grad_q, grad_k, self._cached(self._last))
+    def _split_cache(self, cache: RotaryCache) -> tuple[F.RopeCache, F.RopeCache | None]:
+        return cache.q, cache.k
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "

@@ -14,23 +14,21 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy import functional as F
-from tokenpos.numpy.module import Module
-from tokenpos.numpy.rotary import to_bhld
+from tokenpos.numpy._rotary_base import RotaryBase
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope import (
+from tokenpos.tables.rope import rope_angles, rope_inv_freq
+from tokenpos.tables.rope_checks import (
+    check_positions_shape,
     check_qk_layout,
-    check_rotary_dim,
+    check_qk_lengths,
     check_same_key_positions,
-    rope_angles,
-    rope_inv_freq,
-    rope_length_message,
-    rope_positions_message,
 )
-from tokenpos.tables.validation import check_float, check_int, check_positions
+from tokenpos.tables.rope_layers import xpos_layer_args
+from tokenpos.tables.validation import check_int, check_positions
 from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_scale
 
 
-class XPosRotaryEmbedding(Module):
+class XPosRotaryEmbedding(RotaryBase):
     """xPos: ``q' = s * R(n) q``, ``k' = R(n) k / s`` with s the per-pair decay scale (see ``tables.xpos``).
 
     Args:
@@ -53,20 +51,12 @@ class XPosRotaryEmbedding(Module):
                  qk_layout: str = "bhld",
                  num_heads: int | None = None, seed: Any = None, rng: Any = None) -> None:
         super().__init__()
-        self.head_dim = check_int("head_dim", head_dim, minimum=2)
-        self.rotary_dim = check_rotary_dim(self.head_dim, rotary_dim)
-        self.scale_base = check_float("scale_base", scale_base, low=0.0, low_inclusive=False)
-        self.center = None if center is None else check_float("center", center)
-        if not isinstance(interleaved, (bool, np.bool_)):
-            raise ConfigError(f"interleaved must be True or False, got {interleaved!r}")
-        self.interleaved = bool(interleaved)
+        self.head_dim, self.rotary_dim, self.scale_base, self.center, self.interleaved = xpos_layer_args(
+            head_dim, rotary_dim, scale_base, center, interleaved, bool_types=(bool, np.bool_))
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
         self.inv_freq, _ = rope_inv_freq(self.rotary_dim, base=base)
         self.base = float(base)
         self._last: tuple[F.RopeCache, F.RopeCache] | None = None
-
-    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
-        """Nothing to reset (no parameters, no cache)."""
 
     def tables(self, positions: Any, length: int) -> tuple[np.ndarray, ...]:
         """``(cos_q, sin_q, cos_k, sin_k)`` (..., F) float64 for int positions (...)."""
@@ -77,17 +67,12 @@ class XPosRotaryEmbedding(Module):
         cos, sin = np.cos(ang), np.sin(ang)
         return cos * s, sin * s, cos / s, sin / s
 
-    def _out(self, x: np.ndarray) -> np.ndarray:
-        return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
-
     def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0, key_positions: Any = None
-                      ) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache]]:
+                      ) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache | None]]:
         """``(q', k', cache)``; q and k share positions (``key_positions``, if given, must equal them)."""
-        q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
-        k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
+        q, k = self._qk(q, k)
         b, length = q.shape[0], q.shape[2]
-        if k.shape[0] != b or k.shape[2] != length:
-            raise ConfigError(rope_length_message(q.shape, k.shape))
+        check_qk_lengths(q.shape, k.shape)
         if positions is None and key_positions is not None:      # the attention's KV path: as torch, refused
             raise ConfigError(XPOS_TOGETHER_MESSAGE)
         if positions is None:
@@ -95,33 +80,10 @@ class XPosRotaryEmbedding(Module):
             pos = np.arange(start_pos, start_pos + length, dtype=np.int64)
         else:
             pos = check_positions(positions)
-            pos = pos[0] if pos.shape == (1, length) else pos
-            if pos.shape not in ((length,), (b, length)):
-                raise ConfigError(rope_positions_message(pos.shape, b, length))
+            pos = pos[0] if check_positions_shape(pos.shape, b, length) else pos
         check_same_key_positions("xPos", pos, key_positions)
         cq, sq, ck, sk = (t.astype(q.dtype if i < 2 else k.dtype) for i, t in enumerate(self.tables(pos, length)))
-        q_out, cache_q = F.rope_forward(q, cq, sq, interleaved=self.interleaved)
-        k_out, cache_k = F.rope_forward(k, ck, sk, interleaved=self.interleaved)
-        return self._out(q_out), self._out(k_out), (cache_q, cache_k)
-
-    def apply_backward(self, grad_q: Any, grad_k: Any, cache: tuple[F.RopeCache, F.RopeCache]
-                       ) -> tuple[np.ndarray, np.ndarray]:
-        """(dq, dk): the transposed scaled rotations."""
-        gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
-        return self._out(F.rope_backward(gq, cache[0])), self._out(F.rope_backward(gk, cache[1]))
-
-    def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
-              key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """Rotate and scale q and k; keeps what :meth:`backward` needs."""
-        q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos,
-                                                      key_positions=key_positions)
-        return q_out, k_out
-
-    forward = apply
-
-    def backward(self, grad_q: Any, grad_k: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Gradients (dq, dk) of the last :meth:`apply`."""
-        return self.apply_backward(grad_q, grad_k, self._cached(self._last))
+        return self._rotate_qk(q, k, (cq, sq), (ck, sk), self.interleaved)   # backward: the transposed maps
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "

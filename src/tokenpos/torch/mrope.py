@@ -18,15 +18,14 @@ import torch
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.mrope import mrope_kwargs_from_hf_config
 from tokenpos.tables.mrope_layer import MRopeSettings, mrope_positions_message
-from tokenpos.tables.rope import rope_length_message
+from tokenpos.tables.rope_checks import check_qk_lengths
 from tokenpos.tables.validation import check_int
 from tokenpos.torch import ops
 from tokenpos.torch._checks import check_position_tensor
-from tokenpos.torch._module import TokenposModule
-from tokenpos.torch.rotary import to_bhld
+from tokenpos.torch._rotary_base import RotaryBase
 
 
-class MRotaryEmbedding(TokenposModule):
+class MRotaryEmbedding(RotaryBase):
     """Multimodal RoPE: each frequency reads the temporal, height or width position (see the NumPy twin).
 
     Shape:
@@ -47,12 +46,9 @@ class MRotaryEmbedding(TokenposModule):
         self.head_dim, self.max_seq_len, self.qk_layout, self.num_heads = st.head_dim, st.max_seq_len, \
             st.qk_layout, st.num_heads
         self.attention_factor = st.attention_factor
-        dev = torch.empty(0, device=device).device
-        calc = torch.float32 if dev.type == "mps" else torch.float64
         self.inv_freq: torch.Tensor
         self.axis_map: torch.Tensor
-        self.register_buffer("inv_freq", torch.empty(0, device=dev, dtype=calc), persistent=False)
-        self.register_buffer("axis_map", torch.empty(0, device=dev, dtype=torch.long), persistent=False)
+        self._register_empty(device, inv_freq=((0,), None), axis_map=((0,), torch.long))
         self.reset_parameters()
 
     @torch.no_grad()
@@ -60,16 +56,8 @@ class MRotaryEmbedding(TokenposModule):
         """(Re)load the frequencies and the axis map from ``tokenpos.tables`` (no randomness)."""
         if self.inv_freq.is_meta:
             return
-        dev = self.inv_freq.device
-        calc = torch.float32 if dev.type == "mps" else torch.float64
-        self.inv_freq = torch.from_numpy(self.settings.inv_freq).to(dev, calc)
-        self.axis_map = torch.from_numpy(self.settings.axis_map).to(dev)
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        out = super()._apply(fn, recurse)             # .half() must not cast the frequencies: reload them
-        if not self.inv_freq.is_meta and self.inv_freq.dtype not in (torch.float64, torch.float32):
-            self.reset_parameters()
-        return out
+        self.inv_freq = self._table(self.settings.inv_freq)
+        self.axis_map = torch.from_numpy(self.settings.axis_map).to(self.inv_freq.device)
 
     @classmethod
     def from_hf_config(cls, config: Any, **kwargs: Any) -> MRotaryEmbedding:
@@ -100,45 +88,24 @@ class MRotaryEmbedding(TokenposModule):
             raise ConfigError(mrope_positions_message(shape, batch, length))
         return pos if pos.dim() == 3 else pos.expand(3, *shape)
 
-    @staticmethod
-    def _op_tables(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) else t
-
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: Any = None) -> torch.Tensor:
         """Rotate one tensor x (B, H, L, Dh) at positions (3, B, L) | (B, L) | (L,) | None (start_pos + arange)."""
-        x = to_bhld("x", x, self.head_dim, self.qk_layout, self.num_heads)
+        x = self._check("x", x)
         cos, sin = self._pairs(self._positions(positions, start_pos, x.shape[0], x.shape[2]))
-        out = ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), False)
-        return out.transpose(1, 2) if self.qk_layout == "blhd" else out
+        return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), False))
 
-    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
-              key_positions: Any = None) -> Any:
-        """Rotate q and k (one ``tokenpos::rope_qk`` call); returns (q', k') with the input shapes and dtypes.
-
-        ``key_positions`` rotates k at its own positions (a KV cache). ``apply(fn)`` with a single callable
-        is nn.Module's.
-        """
-        if k is None and callable(q) and not isinstance(q, torch.Tensor):
-            return super().apply(q)
-        q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
-        k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
-        if key_positions is None and (q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
-            raise ConfigError(rope_length_message(tuple(q.shape), tuple(k.shape)))
-        cos, sin = self._pairs(self._positions(positions, start_pos, q.shape[0], q.shape[2]))   # (B|1, L, F) | (L, F)
-        if key_positions is None and q.dtype == k.dtype:
-            q_out, k_out = ops.rotate_qk(q, k, self._op_tables(cos, q), self._op_tables(sin, q), False)
-        else:
-            if key_positions is not None:
-                cos_k, sin_k = self._pairs(self._positions(key_positions, 0, k.shape[0], k.shape[2]))
-            else:
-                cos_k, sin_k = cos, sin
-            q_out = ops.rotate(q, self._op_tables(cos, q), self._op_tables(sin, q), False)
-            k_out = ops.rotate(k, self._op_tables(cos_k, k), self._op_tables(sin_k, k), False)
-        if self.qk_layout == "blhd":
-            return q_out.transpose(1, 2), k_out.transpose(1, 2)
-        return q_out, k_out
-
-    forward = apply
+    def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (B, H, L, Dh) rotated (one ``tokenpos::rope_qk`` call); ``key_positions`` rotates k at its
+        own positions (a KV cache)."""
+        q, k = self._qk(q, k)
+        if key_positions is None:
+            check_qk_lengths(tuple(q.shape), tuple(k.shape))
+        tables_q = self._pairs(self._positions(positions, start_pos, q.shape[0], q.shape[2]))  # (B|1, L, F) | (L, F)
+        if key_positions is None:
+            return self._rotate_pair(q, k, tables_q, None if q.dtype == k.dtype else tables_q, False)
+        return self._rotate_pair(q, k, tables_q, self._pairs(self._positions(key_positions, 0, k.shape[0],
+                                                                              k.shape[2])), False)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, mrope_section={self.settings.mrope_section}, "

@@ -33,45 +33,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope import (
-    check_heads,
-    check_qk_layout,
-    rope_angles,
-    rope_dtype_message,
-    rope_layout_shape_message,
-    rope_length_message,
-    rope_positions_message,
-)
+from tokenpos.tables.rope import rope_angles
+from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.rope_state import rope_kwargs_from_hf_config, rotary_frequencies
 from tokenpos.tables.validation import check_int
 from tokenpos.torch import ops
 from tokenpos.torch._checks import check_position_tensor, is_compiling
-from tokenpos.torch._module import TokenposModule
+from tokenpos.torch._rotary_base import RotaryBase
+from tokenpos.torch._rotary_base import calc_dtype as _calc_dtype
+from tokenpos.torch._rotary_base import to_bhld as to_bhld
 
 CACHE_GROWTH_LIMIT = 16
 
 
-def _calc_dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "mps" else torch.float64
-
-
-def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> torch.Tensor:
-    """q or k in the declared layout -> a (B, H, L, Dh) view; float dtype and head count checked.
-
-    A (B, H, L, Dh) result goes back with the same transpose (it is its own inverse).
-    """
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != head_dim:
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(np.shape(x))
-        raise ConfigError(rope_layout_shape_message(name, shape, head_dim, qk_layout))
-    if not x.is_floating_point():
-        raise ConfigError(rope_dtype_message(name, str(x.dtype).replace("torch.", "")))
-    check_heads(name, tuple(x.shape), qk_layout, num_heads)
-    return x.transpose(1, 2) if qk_layout == "blhd" else x
-
-
-class RotaryEmbedding(TokenposModule):
+class RotaryEmbedding(RotaryBase):
     """Rotary position embedding with every HF scaling (default, linear, dynamic, yarn, longrope, llama3).
 
     Args:
@@ -112,16 +88,13 @@ class RotaryEmbedding(TokenposModule):
         self.scaling = dict(self.freqs.params)
         self.attention_factor = self.freqs.attention_factor
         self.rope_type = self.freqs.rope_type
-        calc = _calc_dtype(torch.empty(0, device=device).device)
         self.inv_freq: torch.Tensor
         self.long_inv_freq: torch.Tensor
         self.cos_cached: torch.Tensor
         self.sin_cached: torch.Tensor
-        self.register_buffer("inv_freq", torch.empty(0, device=device, dtype=calc), persistent=False)
-        self.register_buffer("long_inv_freq", torch.empty(0, device=device, dtype=calc), persistent=False)
         f = self.rotary_dim // 2
-        self.register_buffer("cos_cached", torch.empty(0, f, device=device, dtype=calc), persistent=False)
-        self.register_buffer("sin_cached", torch.empty(0, f, device=device, dtype=calc), persistent=False)
+        self._register_empty(device, inv_freq=((0,), None), long_inv_freq=((0,), None),
+                             cos_cached=((0, f), None), sin_cached=((0, f), None))
         self._cache_key: tuple[Any, ...] | None = None
         self.reset_parameters()
 
@@ -186,12 +159,9 @@ class RotaryEmbedding(TokenposModule):
         return (self.rotary_dim, self.base, self.interleaved, self.attention_factor,
                 freeze_rope_scaling(self.scaling), variant)
 
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+    def _tables_cast(self) -> bool:
         # .to(device) moves the tables; .half() / .to(dtype) must not cast them: recompute in float64
-        out = super()._apply(fn, recurse)
-        if not self.inv_freq.is_meta and self.inv_freq.dtype != _calc_dtype(self.inv_freq.device):
-            self.reset_parameters()
-        return out
+        return self.inv_freq.dtype != _calc_dtype(self.inv_freq.device)
 
     # -- cos / sin (one entry per rotated pair: (..., F)) ------------------------------------------
     def _formula(self, pos: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,25 +237,9 @@ class RotaryEmbedding(TokenposModule):
         return "interleaved" if self.interleaved else "half"
 
     # -- checks ----------------------------------------------------------------------------------
-    def _check(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        return to_bhld(name, x, self.head_dim, self.qk_layout, self.num_heads)
-
-    def _out(self, x: torch.Tensor) -> torch.Tensor:
-        return x.transpose(1, 2) if self.qk_layout == "blhd" else x
-
     def _positions(self, positions: Any, batch: int, length: int) -> torch.Tensor:
         pos = check_position_tensor(positions, device=self.inv_freq.device)
-        if tuple(pos.shape) == (1, length):                          # HF's (1, L): shared by the batch
-            return pos[0]
-        if tuple(pos.shape) not in ((length,), (batch, length)):
-            raise ConfigError(rope_positions_message(tuple(pos.shape), batch, length))
-        return pos
-
-    @staticmethod
-    def _op_tables(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The op's tables: in x's dtype for float32 / float64 x (as HF casts), else kept (the op then
-        computes low-precision inputs in float32 and rounds once)."""
-        return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) else t
+        return pos[0] if check_positions_shape(tuple(pos.shape), batch, length) else pos
 
     # -- rotation: one tokenpos::rope / rope_qk op call --------------------------------------------
     def rotate(self, x: torch.Tensor, positions: Any = None, *, start_pos: int = 0,
@@ -300,22 +254,17 @@ class RotaryEmbedding(TokenposModule):
                 cos, sin = self._pairs_positions(pos, seq_len)
         return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), self.interleaved))
 
-    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
-              key_positions: Any = None) -> Any:
-        """Rotate q and k (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L)).
+    def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (B, H, L, Dh) rotated at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L)).
 
         ``key_positions`` (Lk,) | (B, Lk) rotates k at other positions (a KV cache); by default k
         uses q's positions (one ``tokenpos::rope_qk`` call). One frequency variant serves both
-        (chosen by the largest position). Returns (q', k') with the input shapes and dtypes.
-
-        ``apply(fn)`` with a single callable is ``nn.Module.apply`` (``model.apply(init_fn)`` recurses
-        through every child, this one included), so that idiom keeps working.
+        (chosen by the largest position).
         """
-        if k is None and callable(q) and not isinstance(q, torch.Tensor):
-            return super().apply(q)
-        q, k = self._check("q", q), self._check("k", k)
-        if key_positions is None and (q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]):
-            raise ConfigError(rope_length_message(tuple(q.shape), tuple(k.shape)))
+        q, k = self._qk(q, k)
+        if key_positions is None:
+            check_qk_lengths(tuple(q.shape), tuple(k.shape))
         if key_positions is None and q.dtype == k.dtype:
             if positions is None:
                 cos, sin = self._pairs_range(self._start(start_pos), q.shape[2], None)
@@ -323,8 +272,7 @@ class RotaryEmbedding(TokenposModule):
                 pos = self._positions(positions, q.shape[0], q.shape[2])
                 with self._guard():
                     cos, sin = self._pairs_positions(pos, None)
-            q_out, k_out = ops.rotate_qk(q, k, self._op_tables(cos, q), self._op_tables(sin, q), self.interleaved)
-            return self._out(q_out), self._out(k_out)
+            return self._rotate_pair(q, k, (cos, sin), None, self.interleaved)
         if positions is None:
             start_pos = self._start(start_pos)
             pos_q = torch.arange(start_pos, start_pos + q.shape[2], device=self.inv_freq.device)
@@ -335,11 +283,7 @@ class RotaryEmbedding(TokenposModule):
         with self._guard():                                              # one variant for q and k
             cq, sq = self._pairs_positions(pos_q, need)
             ck, sk = self._pairs_positions(pos_k, need)
-        q_out = ops.rotate(q, self._op_tables(cq, q), self._op_tables(sq, q), self.interleaved)
-        k_out = ops.rotate(k, self._op_tables(ck, k), self._op_tables(sk, k), self.interleaved)
-        return self._out(q_out), self._out(k_out)
-
-    forward = apply
+        return self._rotate_pair(q, k, (cq, sq), (ck, sk), self.interleaved)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "

@@ -12,23 +12,16 @@ from typing import Any
 import torch
 
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope import (
-    check_qk_layout,
-    check_rotary_dim,
-    check_same_key_positions,
-    rope_inv_freq,
-    rope_length_message,
-    rope_positions_message,
-)
-from tokenpos.tables.validation import check_float, check_int
+from tokenpos.tables.rope import rope_inv_freq
+from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
+from tokenpos.tables.rope_layers import xpos_layer_args
+from tokenpos.tables.validation import check_int
 from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_zeta
-from tokenpos.torch import ops
 from tokenpos.torch._checks import check_position_tensor
-from tokenpos.torch._module import TokenposModule
-from tokenpos.torch.rotary import to_bhld
+from tokenpos.torch._rotary_base import RotaryBase
 
 
-class XPosRotaryEmbedding(TokenposModule):
+class XPosRotaryEmbedding(RotaryBase):
     """xPos (see the NumPy twin for the arguments); ``device`` places the tables, ``dtype`` is accepted.
 
     Shape:
@@ -44,21 +37,13 @@ class XPosRotaryEmbedding(TokenposModule):
                  num_heads: int | None = None, seed: Any = None, rng: Any = None, device: Any = None,
                  dtype: Any = None) -> None:
         super().__init__()
-        self.head_dim = check_int("head_dim", head_dim, minimum=2)
-        self.rotary_dim = check_rotary_dim(self.head_dim, rotary_dim)
-        self.scale_base = check_float("scale_base", scale_base, low=0.0, low_inclusive=False)
-        self.center = None if center is None else check_float("center", center)
-        if not isinstance(interleaved, bool):
-            raise ConfigError(f"interleaved must be True or False, got {interleaved!r}")
-        self.interleaved = interleaved
+        self.head_dim, self.rotary_dim, self.scale_base, self.center, self.interleaved = xpos_layer_args(
+            head_dim, rotary_dim, scale_base, center, interleaved)
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
         self.base = float(base)
-        dev = torch.empty(0, device=device).device
-        calc = torch.float32 if dev.type == "mps" else torch.float64
         self.inv_freq: torch.Tensor
         self.zeta: torch.Tensor
-        self.register_buffer("inv_freq", torch.empty(0, device=dev, dtype=calc), persistent=False)
-        self.register_buffer("zeta", torch.empty(0, device=dev, dtype=calc), persistent=False)
+        self._register_empty(device, inv_freq=((0,), None), zeta=((0,), None))
         self.reset_parameters()
 
     @torch.no_grad()
@@ -66,16 +51,8 @@ class XPosRotaryEmbedding(TokenposModule):
         """(Re)load the frequencies and the per-pair zeta from ``tokenpos.tables`` (no randomness)."""
         if self.inv_freq.is_meta:
             return
-        dev = self.inv_freq.device
-        calc = torch.float32 if dev.type == "mps" else torch.float64
-        self.inv_freq = torch.from_numpy(rope_inv_freq(self.rotary_dim, base=self.base)[0]).to(dev, calc)
-        self.zeta = torch.from_numpy(xpos_zeta(self.rotary_dim)).to(dev, calc)
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        out = super()._apply(fn, recurse)             # .half() must not cast the tables: reload them
-        if not self.inv_freq.is_meta and self.inv_freq.dtype not in (torch.float64, torch.float32):
-            self.reset_parameters()
-        return out
+        self.inv_freq = self._table(rope_inv_freq(self.rotary_dim, base=self.base)[0])
+        self.zeta = self._table(xpos_zeta(self.rotary_dim))
 
     def tables(self, pos: torch.Tensor, length: int) -> tuple[torch.Tensor, ...]:
         """``(cos_q, sin_q, cos_k, sin_k)`` (..., F) in float64 for an int tensor of positions (...)."""
@@ -91,42 +68,22 @@ class XPosRotaryEmbedding(TokenposModule):
         in the attention functions pass ``positions=`` so they call ``apply``)."""
         raise ConfigError(XPOS_TOGETHER_MESSAGE)
 
-    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
-              key_positions: Any = None) -> Any:
-        """Rotate and scale q and k; returns (q', k') with the input shapes and dtypes.
-
-        ``key_positions`` (the attention functions pass it) must equal q's positions.
-        """
-        if k is None and callable(q) and not isinstance(q, torch.Tensor):
-            return super().apply(q)
-        q = to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads)
-        k = to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads)
+    def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (B, H, L, Dh) rotated and scaled; ``key_positions`` (the attention functions pass it) must
+        equal q's positions."""
+        q, k = self._qk(q, k)
         b, length = q.shape[0], q.shape[2]
-        if k.shape[0] != b or k.shape[2] != length:
-            raise ConfigError(rope_length_message(tuple(q.shape), tuple(k.shape)))
+        check_qk_lengths(tuple(q.shape), tuple(k.shape))
         if positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
             pos = torch.arange(start_pos, start_pos + length, device=self.inv_freq.device)
         else:
             pos = check_position_tensor(positions, device=self.inv_freq.device)
-            pos = pos[0] if tuple(pos.shape) == (1, length) else pos
-            if tuple(pos.shape) not in ((length,), (b, length)):
-                raise ConfigError(rope_positions_message(tuple(pos.shape), b, length))
-        if key_positions is not None:
-            check_same_key_positions("xPos", pos.cpu().numpy(),
-                                     check_position_tensor(key_positions, device=pos.device).cpu().numpy())
+            pos = pos[0] if check_positions_shape(tuple(pos.shape), b, length) else pos
+        self._same_key_positions("xPos", pos, key_positions)
         cq, sq, ck, sk = self.tables(pos, length)
-
-        def cast(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) else t
-
-        q_out = ops.rotate(q, cast(cq, q), cast(sq, q), self.interleaved)
-        k_out = ops.rotate(k, cast(ck, k), cast(sk, k), self.interleaved)
-        if self.qk_layout == "blhd":
-            return q_out.transpose(1, 2), k_out.transpose(1, 2)
-        return q_out, k_out
-
-    forward = apply
+        return self._rotate_pair(q, k, (cq, sq), (ck, sk), self.interleaved)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "

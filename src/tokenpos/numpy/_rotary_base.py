@@ -1,0 +1,115 @@
+"""The rotation protocol shared by the NumPy RoPE-family layers (RoPE, M-RoPE, xPos, 2-D RoPE).
+
+Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim. q, k: (B, H, L, Dh)
+(or (B, L, H, Dh) with ``qk_layout="blhd"``).
+
+A layer defines ``apply_forward(q, k, positions, *, start_pos, key_positions) -> (q', k', cache)``
+(through :meth:`RotaryBase._rotate_qk`) and, when its cache is not a ``(cache_q, cache_k | None)``
+pair, ``_split_cache``. This base adds the layout plumbing, the functional ``apply_backward`` (the
+rotation by -angle, through ``tokenpos.numpy.functional``) and the stateful ``apply`` / ``forward`` /
+``backward``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenpos.numpy import functional as F
+from tokenpos.numpy.module import Module
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.rope_checks import check_heads, rope_dtype_message, rope_layout_shape_message
+
+
+def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> np.ndarray:
+    """q or k in the declared layout -> a (B, H, L, Dh) view; float dtype and head count checked.
+
+    A (B, H, L, Dh) result goes back with the same transpose (it is its own inverse).
+    """
+    x = np.asarray(x)
+    if x.ndim != 4 or x.shape[-1] != head_dim:
+        raise ConfigError(rope_layout_shape_message(name, x.shape, head_dim, qk_layout))
+    if not np.issubdtype(x.dtype, np.floating):
+        raise ConfigError(rope_dtype_message(name, x.dtype))
+    check_heads(name, x.shape, qk_layout, num_heads)
+    return x.transpose(0, 2, 1, 3) if qk_layout == "blhd" else x
+
+
+class RotaryBase(Module):
+    """apply / forward / backward / apply_backward of a layer rotating q and k (see the module docstring).
+
+    Shape:
+        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions, ...) -> (q', k'), same shapes and dtypes.
+    """
+
+    head_dim: int
+    qk_layout: str
+    num_heads: int | None
+    _last: Any
+
+    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
+        """Nothing to reset (no parameters, no cache)."""
+
+    # -- layout ------------------------------------------------------------------------------------
+    def _qk(self, q: Any, k: Any) -> tuple[np.ndarray, np.ndarray]:
+        """q, k in the declared layout -> (B, Hq, L, Dh), (B, Hk, L, Dh) views, each checked (q first)."""
+        return (to_bhld("q", q, self.head_dim, self.qk_layout, self.num_heads),
+                to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads))
+
+    def _out(self, x: np.ndarray) -> np.ndarray:
+        """(B, H, L, Dh) <-> the declared layout (the transpose is its own inverse)."""
+        return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
+
+    # -- rotation ----------------------------------------------------------------------------------
+    def _rotate_qk(self, q: np.ndarray, k: np.ndarray, tables_q: tuple[np.ndarray, np.ndarray],
+                   tables_k: tuple[np.ndarray, np.ndarray] | None, interleaved: bool
+                   ) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache | None]]:
+        """Rotate q, k (B, H, L, Dh) by cos / sin (..., F) already in their dtypes.
+
+        ``tables_k`` None: one ``rope_qk_forward`` pass with q's tables (cache ``(c, None)``); else
+        one ``rope_forward`` per tensor (cache ``(c_q, c_k)``). Outputs are in the declared layout.
+        """
+        if tables_k is None:
+            q_out, k_out, cache = F.rope_qk_forward(q, k, *tables_q, interleaved=interleaved)
+            return self._out(q_out), self._out(k_out), (cache, None)
+        q_out, cache_q = F.rope_forward(q, *tables_q, interleaved=interleaved)
+        k_out, cache_k = F.rope_forward(k, *tables_k, interleaved=interleaved)
+        return self._out(q_out), self._out(k_out), (cache_q, cache_k)
+
+    def _split_cache(self, cache: Any) -> tuple[F.RopeCache, F.RopeCache | None]:
+        """``(cache of q, cache of k or None when one rope_qk pass rotated both)``."""
+        return cache[0], cache[1]
+
+    def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: Any = 0,
+                      key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, Any]:  # pragma: no cover
+        """The functional forward: ``(q', k', cache)`` for :meth:`apply_backward`; no state kept."""
+        raise NotImplementedError(f"{type(self).__name__} defines apply_forward")
+
+    def apply_backward(self, grad_q: Any, grad_k: Any, cache: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Gradients (dq, dk) w.r.t. q and k from those w.r.t. q' and k' (declared layout): the transpose
+        of the forward map (the rotation by -angle, scaled as the forward was)."""
+        cache_q, cache_k = self._split_cache(cache)
+        gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
+        if cache_k is None:
+            dq, dk = F.rope_qk_backward(gq, gk, cache_q)
+        else:
+            dq, dk = F.rope_backward(gq, cache_q), F.rope_backward(gk, cache_k)
+        return self._out(dq), self._out(dk)
+
+    # -- stateful pair -----------------------------------------------------------------------------
+    def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
+              key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rotate q and k (B, H, L, Dh) at ``positions`` (see the layer); keeps what :meth:`backward` needs.
+
+        Returns (q', k') with the input shapes and dtypes.
+        """
+        q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos,
+                                                      key_positions=key_positions)
+        return q_out, k_out
+
+    forward = apply
+
+    def backward(self, grad_q: Any, grad_k: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Gradients (dq, dk) of the last :meth:`apply`."""
+        return self.apply_backward(grad_q, grad_k, self._cached(self._last))

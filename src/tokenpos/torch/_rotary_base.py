@@ -1,0 +1,144 @@
+"""The rotation protocol shared by the torch RoPE-family layers (RoPE, M-RoPE, xPos, 2-D RoPE).
+
+Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim, F rotated pairs.
+q, k: (B, H, L, Dh) (or (B, L, H, Dh) with ``qk_layout="blhd"``).
+
+A layer defines ``_rotate_bhld(q, k, positions, start_pos, key_positions) -> (q', k')`` on
+(B, H, L, Dh) views (checking its inputs with :meth:`RotaryBase._qk`, rotating through
+:meth:`RotaryBase._rotate_pair`). This base adds ``apply`` / ``forward`` (``apply(fn)`` with one
+callable stays ``nn.Module.apply``), the layout plumbing, and the non-persistent frequency buffers:
+float64 (float32 on MPS), reloaded from ``tokenpos.tables`` when ``.half()`` / ``.to(dtype)`` cast them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.rope_checks import (
+    check_heads,
+    check_same_key_positions,
+    rope_dtype_message,
+    rope_layout_shape_message,
+)
+from tokenpos.torch import ops
+from tokenpos.torch._checks import check_position_tensor
+from tokenpos.torch._module import TokenposModule
+
+
+def calc_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of frequencies and angles on ``device``: float64 (float32 on MPS, which has no float64)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> torch.Tensor:
+    """q or k in the declared layout -> a (B, H, L, Dh) view; float dtype and head count checked.
+
+    A (B, H, L, Dh) result goes back with the same transpose (it is its own inverse).
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != head_dim:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(np.shape(x))
+        raise ConfigError(rope_layout_shape_message(name, shape, head_dim, qk_layout))
+    if not x.is_floating_point():
+        raise ConfigError(rope_dtype_message(name, str(x.dtype).replace("torch.", "")))
+    check_heads(name, tuple(x.shape), qk_layout, num_heads)
+    return x.transpose(1, 2) if qk_layout == "blhd" else x
+
+
+class RotaryBase(TokenposModule):
+    """apply / forward and the buffer plumbing of a layer rotating q and k (see the module docstring).
+
+    Shape:
+        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions, ...) -> (q', k'), same shapes and dtypes.
+    """
+
+    head_dim: int
+    qk_layout: str
+    num_heads: int | None
+    inv_freq: torch.Tensor
+
+    # -- buffers -----------------------------------------------------------------------------------
+    def _register_empty(self, device: Any, **buffers: tuple[tuple[int, ...], torch.dtype | None]) -> None:
+        """Register empty non-persistent buffers ``name=(shape, dtype)`` on ``device`` (dtype None: the
+        table dtype of :func:`calc_dtype`), in the order given; ``reset_parameters`` fills them."""
+        dev = torch.empty(0, device=device).device
+        for name, (shape, dtype) in buffers.items():
+            self.register_buffer(name, torch.empty(shape, device=dev, dtype=dtype or calc_dtype(dev)),
+                                 persistent=False)
+
+    def _table(self, values: np.ndarray) -> torch.Tensor:
+        """A float64 NumPy table -> a tensor on the layer's device in the table dtype."""
+        dev = self.inv_freq.device
+        return torch.from_numpy(values).to(dev, calc_dtype(dev))
+
+    def _tables_cast(self) -> bool:
+        """Whether a dtype cast (``.half()``, ``.to(dtype)``) reached the frequencies (then reloaded)."""
+        return self.inv_freq.dtype not in (torch.float64, torch.float32)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        out = super()._apply(fn, recurse)             # .half() must not cast the frequencies: reload them
+        if not self.inv_freq.is_meta and self._tables_cast():
+            self.reset_parameters()
+        return out
+
+    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:  # pragma: no cover - abstract
+        """(Re)load the tables from ``tokenpos.tables`` (no randomness)."""
+        raise NotImplementedError(f"{type(self).__name__} defines reset_parameters")
+
+    # -- layout and checks -------------------------------------------------------------------------
+    def _check(self, name: str, x: Any) -> torch.Tensor:
+        return to_bhld(name, x, self.head_dim, self.qk_layout, self.num_heads)
+
+    def _qk(self, q: Any, k: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k in the declared layout -> (B, Hq, L, Dh), (B, Hk, L, Dh) views, each checked (q first)."""
+        return self._check("q", q), self._check("k", k)
+
+    def _out(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, L, Dh) <-> the declared layout (the transpose is its own inverse)."""
+        return x.transpose(1, 2) if self.qk_layout == "blhd" else x
+
+    @staticmethod
+    def _same_key_positions(scheme: str, pos: torch.Tensor, key_positions: Any) -> None:
+        """For schemes rotating q and k together: ``key_positions``, if given, must equal ``pos``."""
+        if key_positions is not None:
+            check_same_key_positions(scheme, pos.cpu().numpy(),
+                                     check_position_tensor(key_positions, device=pos.device).cpu().numpy())
+
+    # -- rotation: tokenpos::rope / rope_qk op calls -----------------------------------------------
+    @staticmethod
+    def _op_tables(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The op's tables: in x's dtype for float32 / float64 x (as HF casts), else kept (the op then
+        computes low-precision inputs in float32 and rounds once)."""
+        return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) else t
+
+    def _rotate_pair(self, q: torch.Tensor, k: torch.Tensor, tables_q: tuple[torch.Tensor, torch.Tensor],
+                     tables_k: tuple[torch.Tensor, torch.Tensor] | None, interleaved: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q, k (B, H, L, Dh) by cos / sin (..., F): one ``rope_qk`` op with q's tables when
+        ``tables_k`` is None, else one ``rope`` op per tensor. Returns (B, H, L, Dh) tensors."""
+        cq, sq = self._op_tables(tables_q[0], q), self._op_tables(tables_q[1], q)
+        if tables_k is None:
+            return ops.rotate_qk(q, k, cq, sq, interleaved)  # type: ignore[no-any-return]
+        ck, sk = self._op_tables(tables_k[0], k), self._op_tables(tables_k[1], k)
+        return ops.rotate(q, cq, sq, interleaved), ops.rotate(k, ck, sk, interleaved)
+
+    def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
+                     ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} defines _rotate_bhld")
+
+    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
+              key_positions: Any = None) -> Any:
+        """Rotate q and k at ``positions`` (see the layer); returns (q', k') with the input shapes and dtypes.
+
+        ``apply(fn)`` with a single callable is ``nn.Module.apply`` (``model.apply(init_fn)`` recurses
+        through every child, this one included), so that idiom keeps working.
+        """
+        if k is None and callable(q) and not isinstance(q, torch.Tensor):
+            return super().apply(q)
+        q_out, k_out = self._rotate_bhld(q, k, positions, start_pos, key_positions)
+        return self._out(q_out), self._out(k_out)
+
+    forward = apply
