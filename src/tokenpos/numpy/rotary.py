@@ -24,8 +24,9 @@ from tokenpos.numpy._rotary_base import RotaryBase
 from tokenpos.numpy._rotary_base import to_bhld as to_bhld
 from tokenpos.tables.rope import expand_to_layout, rope_angles
 from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
+from tokenpos.tables.rope_layers import RopeFromHFConfig
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
-from tokenpos.tables.rope_state import rope_kwargs_from_hf_config, rotary_frequencies
+from tokenpos.tables.rope_state import rotary_frequencies
 from tokenpos.tables.validation import check_int, check_positions
 
 # Positions up to this many times max_seq_len grow the cache; larger ones are computed directly.
@@ -55,7 +56,7 @@ class _Snapshot(NamedTuple):
     halves: dict[np.dtype, tuple[np.ndarray, np.ndarray]]
 
 
-class RotaryEmbedding(RotaryBase):
+class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
     """Rotary position embedding with every HF scaling (default, linear, dynamic, yarn, longrope, llama3,
     proportional).
 
@@ -113,16 +114,6 @@ class RotaryEmbedding(RotaryBase):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
-
-    @classmethod
-    def from_hf_config(cls, config: Any, *, layer_type: str | None = None, **kwargs: Any) -> RotaryEmbedding:
-        """Build from an HF config (``rope_parameters`` of transformers 5 or ``rope_scaling`` of 4).
-
-        ``layer_type`` picks one entry of per-layer-type parameters (Gemma 3 / 4); see
-        ``tokenpos.tables.rope_hf_config`` for every key read (a key that changes the rotation is
-        honoured or refused, never ignored).
-        """
-        return cls(**{**rope_kwargs_from_hf_config(config, layer_type=layer_type), **kwargs})
 
     @property
     def inv_freq(self) -> np.ndarray:

@@ -9,14 +9,31 @@ settings with the same messages and keep the same attribute values.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope2d import rope2d_inv_freq
 from tokenpos.tables.rope_checks import check_rotary_dim
+from tokenpos.tables.rope_state import rope_kwargs_from_hf_config
 from tokenpos.tables.validation import check_float, check_int
+
+_R = TypeVar("_R", bound="RopeFromHFConfig")
+
+
+class RopeFromHFConfig:
+    """``from_hf_config`` of the RotaryEmbedding layers of both backends (a mixin)."""
+
+    @classmethod
+    def from_hf_config(cls: type[_R], config: Any, *, layer_type: str | None = None, **kwargs: Any) -> _R:
+        """Build from an HF config (``rope_parameters`` of transformers 5 or ``rope_scaling`` of 4).
+
+        ``layer_type`` picks one entry of per-layer-type parameters (Gemma 3 / 4); see
+        ``tokenpos.tables.rope_hf_config`` for every key read (a key that changes the rotation is
+        honoured or refused, never ignored).
+        """
+        return cast(_R, cast(Any, cls)(**{**rope_kwargs_from_hf_config(config, layer_type=layer_type), **kwargs}))
 
 
 def xpos_layer_args(head_dim: Any, rotary_dim: Any, scale_base: Any, center: Any, interleaved: Any, *,

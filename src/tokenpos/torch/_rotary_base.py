@@ -84,9 +84,15 @@ class RotaryBase(TokenposModule):
             self.reset_parameters()
         return out
 
-    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:  # pragma: no cover - abstract
-        """(Re)load the tables from ``tokenpos.tables`` (no randomness)."""
-        raise NotImplementedError(f"{type(self).__name__} defines reset_parameters")
+    @torch.no_grad()
+    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
+        """(Re)load the frequencies and the layer's other tables from ``tokenpos.tables`` (no randomness);
+        nothing to do on the meta device."""
+        if not self.inv_freq.is_meta:
+            self._load_tables()
+
+    def _load_tables(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError(f"{type(self).__name__} defines _load_tables")
 
     # -- layout and checks -------------------------------------------------------------------------
     def _check(self, name: str, x: Any) -> torch.Tensor:

@@ -46,16 +46,12 @@ class MRotaryEmbedding(RotaryBase):
         self.head_dim, self.max_seq_len, self.qk_layout, self.num_heads = st.head_dim, st.max_seq_len, \
             st.qk_layout, st.num_heads
         self.attention_factor = st.attention_factor
-        self.inv_freq: torch.Tensor
         self.axis_map: torch.Tensor
         self._register_empty(device, inv_freq=((0,), None), axis_map=((0,), torch.long))
         self.reset_parameters()
 
-    @torch.no_grad()
-    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
-        """(Re)load the frequencies and the axis map from ``tokenpos.tables`` (no randomness)."""
-        if self.inv_freq.is_meta:
-            return
+    def _load_tables(self) -> None:
+        """(Re)load the frequencies and the axis map from ``tokenpos.tables``."""
         self.inv_freq = self._table(self.settings.inv_freq)
         self.axis_map = torch.from_numpy(self.settings.axis_map).to(self.inv_freq.device)
 

@@ -36,16 +36,12 @@ class RotaryEmbedding2D(RotaryBase):
         super().__init__()
         self.head_dim, self.base = rope2d_layer_args(head_dim, base)[:2]    # checks head_dim % 4
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
-        self.inv_freq: torch.Tensor
         self.axis_map: torch.Tensor
         self._register_empty(device, inv_freq=((0,), None), axis_map=((0,), torch.long))
         self.reset_parameters()
 
-    @torch.no_grad()
-    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
-        """(Re)load the frequencies and the axis map from ``tokenpos.tables`` (no randomness)."""
-        if self.inv_freq.is_meta:
-            return
+    def _load_tables(self) -> None:
+        """(Re)load the frequencies and the axis map from ``tokenpos.tables``."""
         inv, axis = rope2d_inv_freq(self.head_dim, base=self.base)
         self.inv_freq = self._table(inv)
         self.axis_map = torch.from_numpy(axis).to(self.inv_freq.device)

@@ -35,8 +35,9 @@ import torch
 
 from tokenpos.tables.rope import rope_angles
 from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
+from tokenpos.tables.rope_layers import RopeFromHFConfig
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
-from tokenpos.tables.rope_state import rope_kwargs_from_hf_config, rotary_frequencies
+from tokenpos.tables.rope_state import rotary_frequencies
 from tokenpos.tables.validation import check_int
 from tokenpos.torch import ops
 from tokenpos.torch._checks import check_position_tensor, is_compiling
@@ -47,7 +48,7 @@ from tokenpos.torch._rotary_base import to_bhld as to_bhld
 CACHE_GROWTH_LIMIT = 16
 
 
-class RotaryEmbedding(RotaryBase):
+class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
     """Rotary position embedding with every HF scaling (default, linear, dynamic, yarn, longrope, llama3).
 
     Args:
@@ -88,7 +89,6 @@ class RotaryEmbedding(RotaryBase):
         self.scaling = dict(self.freqs.params)
         self.attention_factor = self.freqs.attention_factor
         self.rope_type = self.freqs.rope_type
-        self.inv_freq: torch.Tensor
         self.long_inv_freq: torch.Tensor
         self.cos_cached: torch.Tensor
         self.sin_cached: torch.Tensor
@@ -97,16 +97,6 @@ class RotaryEmbedding(RotaryBase):
                              cos_cached=((0, f), None), sin_cached=((0, f), None))
         self._cache_key: tuple[Any, ...] | None = None
         self.reset_parameters()
-
-    @classmethod
-    def from_hf_config(cls, config: Any, *, layer_type: str | None = None, **kwargs: Any) -> RotaryEmbedding:
-        """Build from an HF config (``rope_parameters`` of transformers 5 or ``rope_scaling`` of 4).
-
-        ``layer_type`` picks one entry of per-layer-type parameters (Gemma 3 / 4); see
-        ``tokenpos.tables.rope_hf_config`` for every key read (a key that changes the rotation is
-        honoured or refused, never ignored).
-        """
-        return cls(**{**rope_kwargs_from_hf_config(config, layer_type=layer_type), **kwargs})
 
     # -- buffers ---------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -123,15 +113,11 @@ class RotaryEmbedding(RotaryBase):
         """The lock in eager mode; nothing under torch.compile (which mutates no state)."""
         return contextlib.nullcontext() if is_compiling() else self._lock
 
-    @torch.no_grad()
-    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
-        """(Re)compute the frequencies and the cache from ``tokenpos.tables`` in float64 (no randomness)."""
-        if self.inv_freq.is_meta:
-            return
-        dev, calc = self.inv_freq.device, _calc_dtype(self.inv_freq.device)
-        self.inv_freq = torch.from_numpy(self.freqs.original_inv_freq).to(dev, calc)
+    def _load_tables(self) -> None:
+        """(Re)compute the frequencies and the cache from ``tokenpos.tables`` in float64."""
+        self.inv_freq = self._table(self.freqs.original_inv_freq)
         if self.rope_type == "longrope":
-            self.long_inv_freq = torch.from_numpy(self.freqs.long_inv_freq()).to(dev, calc)
+            self.long_inv_freq = self._table(self.freqs.long_inv_freq())
         variant, inv_np, _ = self._variant(self.max_seq_len, mutate=False)
         self._build(variant, inv_np, self.max_seq_len)
 
@@ -241,17 +227,21 @@ class RotaryEmbedding(RotaryBase):
         pos = check_position_tensor(positions, device=self.inv_freq.device)
         return pos[0] if check_positions_shape(tuple(pos.shape), batch, length) else pos
 
+    def _pairs_of(self, x: torch.Tensor, positions: Any, start_pos: Any, seq_len: int | None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (L, F) | (B, L, F) for x (B, H, L, Dh) at ``positions`` (default start_pos + arange(L))."""
+        if positions is None:
+            return self._pairs_range(self._start(start_pos), x.shape[2], seq_len)
+        pos = self._positions(positions, x.shape[0], x.shape[2])
+        with self._guard():
+            return self._pairs_positions(pos, seq_len)
+
     # -- rotation: one tokenpos::rope / rope_qk op call --------------------------------------------
     def rotate(self, x: torch.Tensor, positions: Any = None, *, start_pos: int = 0,
                seq_len: int | None = None) -> torch.Tensor:
         """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L))."""
         x = self._check("x", x)
-        if positions is None:
-            cos, sin = self._pairs_range(self._start(start_pos), x.shape[2], seq_len)
-        else:
-            pos = self._positions(positions, x.shape[0], x.shape[2])
-            with self._guard():
-                cos, sin = self._pairs_positions(pos, seq_len)
+        cos, sin = self._pairs_of(x, positions, start_pos, seq_len)
         return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), self.interleaved))
 
     def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
@@ -266,13 +256,7 @@ class RotaryEmbedding(RotaryBase):
         if key_positions is None:
             check_qk_lengths(tuple(q.shape), tuple(k.shape))
         if key_positions is None and q.dtype == k.dtype:
-            if positions is None:
-                cos, sin = self._pairs_range(self._start(start_pos), q.shape[2], None)
-            else:
-                pos = self._positions(positions, q.shape[0], q.shape[2])
-                with self._guard():
-                    cos, sin = self._pairs_positions(pos, None)
-            return self._rotate_pair(q, k, (cos, sin), None, self.interleaved)
+            return self._rotate_pair(q, k, self._pairs_of(q, positions, start_pos, None), None, self.interleaved)
         if positions is None:
             start_pos = self._start(start_pos)
             pos_q = torch.arange(start_pos, start_pos + q.shape[2], device=self.inv_freq.device)

@@ -41,16 +41,12 @@ class XPosRotaryEmbedding(RotaryBase):
             head_dim, rotary_dim, scale_base, center, interleaved)
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
         self.base = float(base)
-        self.inv_freq: torch.Tensor
         self.zeta: torch.Tensor
         self._register_empty(device, inv_freq=((0,), None), zeta=((0,), None))
         self.reset_parameters()
 
-    @torch.no_grad()
-    def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
-        """(Re)load the frequencies and the per-pair zeta from ``tokenpos.tables`` (no randomness)."""
-        if self.inv_freq.is_meta:
-            return
+    def _load_tables(self) -> None:
+        """(Re)load the frequencies and the per-pair zeta from ``tokenpos.tables``."""
         self.inv_freq = self._table(rope_inv_freq(self.rotary_dim, base=self.base)[0])
         self.zeta = self._table(xpos_zeta(self.rotary_dim))
 
