@@ -26,6 +26,9 @@ Two modes:
 Adam follows ``torch.optim.Adam`` / ``AdamW`` (amsgrad off): with ``decoupled=False`` weight decay
 is L2 (``g += wd * p``); with ``decoupled=True`` (AdamW) ``p -= lr * wd * p`` first.
 SGD follows ``torch.optim.SGD``; its momentum buffer is ``g`` itself on the first step.
+
+This module checks the arrays and forms the scalars; the compiled row loops live in
+``tokenpos.kernels._optim_cores``.
 """
 
 from __future__ import annotations
@@ -34,153 +37,20 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
 
 from tokenpos.kernels._launch import launch
-from tokenpos.kernels._prefetch import prefetch_row, prefetch_row_l2
+from tokenpos.kernels._optim_cores import (
+    adam_exact_core,
+    adam_lazy_core,
+    sgd_exact_core,
+    sgd_lazy_core,
+    sparse_adam_core,
+)
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice
 
 MODES = ("exact", "lazy")
 ADAM_MODES = (*MODES, "sparse_adam")
-
-
-# ----------------------------------------------------------------------------------------------
-# compiled cores: one row update each, driven by a lazy (rows listed) or exact (all rows) loop
-# ----------------------------------------------------------------------------------------------
-
-
-@njit(inline="always", cache=True)
-def _adam_row(p, m, v, g, has_g, step_size, inv_bc2_sqrt, b1, b2, c1, c2, eps, l2, decay):  # pragma: no cover
-    """One row of Adam in the scalars' dtype (the parameter dtype); c1 = 1 - b1, c2 = 1 - b2."""
-    zero = eps - eps
-    for d in range(p.shape[0]):
-        pv = p[d]
-        gd = (g[d] if has_g else zero) + l2 * pv
-        md = b1 * m[d] + c1 * gd
-        vd = b2 * v[d] + c2 * gd * gd
-        m[d] = md
-        v[d] = vd
-        p[d] = pv * decay - step_size * md / (math.sqrt(vd) * inv_bc2_sqrt + eps)
-
-
-@njit(inline="always", cache=True)
-def _sparse_adam_row(p, m, v, g, neg_step_size, c1, c2, eps):  # pragma: no cover
-    """One row of torch.optim.SparseAdam, operation for operation (c1 = 1 - b1, c2 = 1 - b2)."""
-    for d in range(p.shape[0]):
-        mo = m[d]
-        vo = v[d]
-        um = (g[d] - mo) * c1
-        uv = (g[d] * g[d] - vo) * c2
-        numer = um + mo
-        vn = uv + vo
-        m[d] = numer
-        v[d] = vn
-        p[d] = p[d] + neg_step_size * (numer / (math.sqrt(vn) + eps))
-
-
-@njit(parallel=True, cache=True)
-def _sparse_adam_core(param, exp_avg, exp_avg_sq, indices, rows, neg_step_size, c1, c2, eps):  # pragma: no cover
-    U = indices.shape[0]
-    for j in prange(U):
-        _prefetch_rows(param, exp_avg, exp_avg_sq, indices, j, U)
-        r = indices[j]
-        _sparse_adam_row(param[r], exp_avg[r], exp_avg_sq[r], rows[j], neg_step_size, c1, c2, eps)
-
-
-@njit(inline="always", cache=True)
-def _prefetch_rows(a, b, c, indices, j, U):  # pragma: no cover
-    """Prefetch the scattered rows of a lazy update: 2 rows ahead into L1, 8 ahead into L2."""
-    if j + 2 < U:
-        r = indices[j + 2]
-        prefetch_row(a[r])
-        prefetch_row(b[r])
-        prefetch_row(c[r])
-    if j + 8 < U:
-        r = indices[j + 8]
-        prefetch_row_l2(a[r])
-        prefetch_row_l2(b[r])
-        prefetch_row_l2(c[r])
-
-
-@njit(parallel=True, cache=True)
-def _adam_lazy_core(param, exp_avg, exp_avg_sq, indices, rows, step_size, inv_bc2_sqrt, b1, b2, c1, c2,
-                    eps, l2, decay):  # pragma: no cover
-    U = indices.shape[0]
-    for j in prange(U):
-        _prefetch_rows(param, exp_avg, exp_avg_sq, indices, j, U)
-        r = indices[j]
-        _adam_row(param[r], exp_avg[r], exp_avg_sq[r], rows[j], True, step_size, inv_bc2_sqrt, b1, b2,
-                  c1, c2, eps, l2, decay)
-
-
-@njit(parallel=True, cache=True)
-def _adam_exact_core(param, exp_avg, exp_avg_sq, indices, rows, step_size, inv_bc2_sqrt, b1, b2, c1, c2,
-                     eps, l2, decay, chunk):  # pragma: no cover
-    V = param.shape[0]
-    U = indices.shape[0]
-    nchunk = (V + chunk - 1) // chunk
-    for c in prange(nchunk):
-        r0 = c * chunk
-        r1 = min(V, r0 + chunk)
-        j = np.searchsorted(indices, r0)                     # first listed row >= r0
-        for r in range(r0, r1):
-            if j < U and indices[j] == r:
-                _adam_row(param[r], exp_avg[r], exp_avg_sq[r], rows[j], True, step_size, inv_bc2_sqrt,
-                          b1, b2, c1, c2, eps, l2, decay)
-                j += 1
-            else:
-                _adam_row(param[r], exp_avg[r], exp_avg_sq[r], rows[0], False, step_size, inv_bc2_sqrt,
-                          b1, b2, c1, c2, eps, l2, decay)
-
-
-@njit(inline="always", cache=True)
-def _sgd_row(p, buf, g, has_g, lr, mom, damp, nesterov, wd, first):  # pragma: no cover
-    for d in range(p.shape[0]):
-        pd = np.float64(p[d])
-        gd = (np.float64(g[d]) if has_g else 0.0) + wd * pd
-        if mom != 0.0:
-            if first:
-                bd = gd
-            else:
-                bd = mom * np.float64(buf[d]) + (1.0 - damp) * gd
-            buf[d] = bd
-            gd = gd + mom * bd if nesterov else bd
-        p[d] = pd - lr * gd
-
-
-@njit(parallel=True, cache=True)
-def _sgd_lazy_core(param, buf, indices, rows, lr, mom, damp, nesterov, wd, first):  # pragma: no cover
-    U = indices.shape[0]
-    for j in prange(U):
-        if mom != 0.0:
-            _prefetch_rows(param, buf, param, indices, j, U)
-        else:
-            _prefetch_rows(param, param, param, indices, j, U)
-        r = indices[j]
-        _sgd_row(param[r], buf[r if mom != 0.0 else 0], rows[j], True, lr, mom, damp, nesterov, wd, first)
-
-
-@njit(parallel=True, cache=True)
-def _sgd_exact_core(param, buf, indices, rows, lr, mom, damp, nesterov, wd, first, chunk):  # pragma: no cover
-    V = param.shape[0]
-    U = indices.shape[0]
-    nchunk = (V + chunk - 1) // chunk
-    for c in prange(nchunk):
-        r0 = c * chunk
-        r1 = min(V, r0 + chunk)
-        j = np.searchsorted(indices, r0)
-        for r in range(r0, r1):
-            has = j < U and indices[j] == r
-            _sgd_row(param[r], buf[r if mom != 0.0 else 0], rows[j if has else 0], has, lr, mom, damp, nesterov,
-                     wd, first)
-            if has:
-                j += 1
-
-
-# ----------------------------------------------------------------------------------------------
-# wrappers
-# ----------------------------------------------------------------------------------------------
 
 
 def _state(name: str, arr: Any, param: np.ndarray) -> np.ndarray:
@@ -244,11 +114,11 @@ def sparse_adam_update(param: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.nd
     if mode == "lazy":
         if idx.size:
             with launch(idx.size, 7 * idx.size * D * isz):
-                _adam_lazy_core(param, m, v, idx, r, *args)
+                adam_lazy_core(param, m, v, idx, r, *args)
     elif param.size:
         chunk = _chunk(param.shape[0])
         with launch(-(-param.shape[0] // chunk), 6 * param.size * isz, max_chunk=1):
-            _adam_exact_core(param, m, v, idx, r, *args, chunk)  # type: ignore[call-arg]
+            adam_exact_core(param, m, v, idx, r, *args, chunk)  # type: ignore[call-arg]
 
 
 def sparse_adam_step_size(lr: float, beta1: float, beta2: float, step: int) -> float:
@@ -266,7 +136,7 @@ def _sparse_adam(param: np.ndarray, m: np.ndarray, v: np.ndarray, idx: np.ndarra
     typ = param.dtype.type              # element math in the parameter dtype, as SparseAdam on that dtype
     args = (typ(-sparse_adam_step_size(lr, beta1, beta2, step)), typ(1.0 - beta1), typ(1.0 - beta2), typ(eps))
     with launch(idx.size, 7 * idx.size * param.shape[1] * param.itemsize):
-        _sparse_adam_core(param, m, v, idx, r, *args)
+        sparse_adam_core(param, m, v, idx, r, *args)
 
 
 def sparse_sgd_update(param: np.ndarray, indices: Any, rows: Any, *, lr: float, momentum: float = 0.0,
@@ -295,8 +165,8 @@ def sparse_sgd_update(param: np.ndarray, indices: Any, rows: Any, *, lr: float, 
     if mode == "lazy" or not dense_needed:
         if idx.size:
             with launch(idx.size, 5 * idx.size * D * isz):
-                _sgd_lazy_core(param, buf, idx, r, *args)
+                sgd_lazy_core(param, buf, idx, r, *args)
     elif param.size:
         chunk = _chunk(param.shape[0])
         with launch(-(-param.shape[0] // chunk), 4 * param.size * isz, max_chunk=1):
-            _sgd_exact_core(param, buf, idx, r, *args, chunk)
+            sgd_exact_core(param, buf, idx, r, *args, chunk)
