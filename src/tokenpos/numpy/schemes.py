@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenpos.numpy.alibi import ALiBi
+from tokenpos.numpy.fire import FIRE
+from tokenpos.numpy.kerple import KERPLE
 from tokenpos.numpy.learned import LearnedPositionalEmbedding
 from tokenpos.numpy.module import Module
 from tokenpos.numpy.rotary import RotaryEmbedding
@@ -61,6 +63,14 @@ def _t5(cfg: PositionalConfig) -> Module:
                                   init=cfg.init, std=cfg.std, dtype=cfg.dtype, rng=cfg.rng)
 
 
+def _fire(cfg: PositionalConfig) -> Module:
+    return FIRE(cfg.resolved_num_heads("fire"), init_L=float(cfg.max_seq_len), dtype=cfg.dtype, rng=cfg.rng)
+
+
+def _kerple(cfg: PositionalConfig) -> Module:
+    return KERPLE(cfg.resolved_num_heads("kerple"), dtype=cfg.dtype, rng=cfg.rng)
+
+
 POSITIONAL_BUILDERS: dict[str, Callable[[PositionalConfig], Module]] = {
     "learned": _learned,
     "sinusoidal": _sinusoidal,
@@ -68,4 +78,6 @@ POSITIONAL_BUILDERS: dict[str, Callable[[PositionalConfig], Module]] = {
     "rope": _rope,
     "alibi": _alibi,
     "t5": _t5,
+    "fire": _fire,
+    "kerple": _kerple,
 }

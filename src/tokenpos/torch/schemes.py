@@ -19,6 +19,8 @@ from torch import nn
 from tokenpos.tables.positional_config import PositionalConfig
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.alibi import ALiBi
+from tokenpos.torch.fire import FIRE
+from tokenpos.torch.kerple import KERPLE
 from tokenpos.torch.learned import LearnedPositionalEmbedding
 from tokenpos.torch.rotary import RotaryEmbedding
 from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
@@ -70,6 +72,14 @@ def _t5(cfg: PositionalConfig) -> nn.Module:
                                   init=cfg.init, std=cfg.std, dtype=cfg.dtype, rng=cfg.rng, device=cfg.device)
 
 
+def _fire(cfg: PositionalConfig) -> nn.Module:
+    return FIRE(cfg.resolved_num_heads("fire"), init_L=float(cfg.max_seq_len), dtype=cfg.dtype, rng=cfg.rng, device=cfg.device)
+
+
+def _kerple(cfg: PositionalConfig) -> nn.Module:
+    return KERPLE(cfg.resolved_num_heads("kerple"), dtype=cfg.dtype, rng=cfg.rng, device=cfg.device)
+
+
 POSITIONAL_BUILDERS: dict[str, Callable[[PositionalConfig], nn.Module]] = {
     "learned": _learned,
     "sinusoidal": _sinusoidal,
@@ -77,4 +87,6 @@ POSITIONAL_BUILDERS: dict[str, Callable[[PositionalConfig], nn.Module]] = {
     "rope": _rope,
     "alibi": _alibi,
     "t5": _t5,
+    "fire": _fire,
+    "kerple": _kerple,
 }
