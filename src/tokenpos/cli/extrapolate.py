@@ -30,6 +30,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--sliding-tokens", type=positive_int, metavar="N",
                    help="scored tokens per length in the sliding protocol (default 2048)")
     p.add_argument("--tasks", metavar="A,B", help="also run the synthetic task(s): copy, reverse, sort")
+    p.add_argument("--task-steps", type=positive_int, metavar="N", help="training steps per task model (default 500)")
     p.add_argument("--full", action="store_true",
                    help="everything: all schemes, seeds 0,1,2, both protocols, the copy and sort tasks "
                         "(about an hour on a busy 2-core machine; see docs/EXTRAPOLATION.md)")
@@ -68,6 +69,8 @@ def build_config(args: argparse.Namespace) -> Any:
     """The ExtrapolationConfig for parsed arguments (``--quick`` first, explicit flags override)."""
     from tokenpos.analysis.extrapolate.experiment import ExtrapolationConfig
 
+    from dataclasses import replace
+
     from tokenpos.analysis.extrapolate.tasks import TaskConfig
 
     if args.full:
@@ -86,8 +89,12 @@ def build_config(args: argparse.Namespace) -> Any:
         overrides["sliding_stride"] = args.sliding_stride
     if args.sliding_tokens is not None:
         overrides["sliding_tokens"] = args.sliding_tokens
+    task = base.task
     if args.tasks is not None:
-        overrides["task"] = TaskConfig(tasks=_names(args.tasks, "--tasks") or ())
+        task = TaskConfig(tasks=_names(args.tasks, "--tasks") or ())
+    if args.task_steps is not None and task is not None:
+        task = replace(task, steps=args.task_steps)
+    overrides["task"] = task
     for flag, key in (("corpus", "corpus"), ("train_len", "train_len"), ("steps", "steps"),
                       ("batch_size", "batch_size"), ("lr", "lr"), ("d_model", "d_model"),
                       ("num_layers", "num_layers"), ("num_heads", "num_heads"), ("eval_tokens", "eval_tokens"),
@@ -104,8 +111,6 @@ def build_config(args: argparse.Namespace) -> Any:
             overrides["multiples"] = tuple(sorted({int(k) for k in _names(args.multiples, "--multiples") or ()}))
         except ValueError:
             raise ValueError(f"--multiples expects integers like 1,2,4,8; got {args.multiples!r}") from None
-    from dataclasses import replace
-
     return replace(base, **overrides).validate()
 
 

@@ -68,12 +68,14 @@ class ExtrapolationConfig:
     def full(cls, **overrides: Any) -> ExtrapolationConfig:
         """Everything: all schemes, seeds 0, 1, 2, both protocols, the synthetic task (copy, sort).
 
-        Sized for a shared 2-core machine (docs/EXTRAPOLATION.md says what was cut): 150 training
-        steps per LM, 8192 eval tokens per length, sliding stride L/4 over 2048 scored tokens; the
-        synthetic task with seed 0 only (its interval is then a Wilson interval over examples).
+        Sized for a 2-core machine shared with other jobs (docs/EXTRAPOLATION.md says what was cut):
+        a smaller LM (D 64, batch 16, 150 steps), 4096 eval tokens per length, sliding stride L/4 over
+        1024 scored tokens; the synthetic task (300 steps) with seed 0 only, so its interval is a
+        Wilson interval over the eval examples. One thread.
         """
-        return replace(cls(steps=150, eval_tokens=8192, schemes=SCHEMES, seeds=(0, 1, 2), protocols=PROTOCOLS,
-                           threads=1, task=TaskConfig(), task_seeds=(0,)), **overrides)
+        return replace(cls(d_model=64, batch_size=16, steps=150, eval_tokens=4096, sliding_tokens=1024,
+                           schemes=SCHEMES, seeds=(0, 1, 2), protocols=PROTOCOLS, threads=1,
+                           task=TaskConfig(steps=300), task_seeds=(0,)), **overrides)
 
     @property
     def seed_list(self) -> tuple[int, ...]:
