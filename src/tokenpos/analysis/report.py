@@ -185,10 +185,13 @@ def _extrapolation_body(ctx: ReportContext, path: Path | None) -> str:
         return f'<p class="note">{hint}</p>'
     ctx.progress("extrapolation table", 0, 1)
     try:
+        from tokenpos.analysis.extrapolate.render import protocols
         from tokenpos.analysis.extrapolate.results import html_table, load_json
 
         data = load_json(path)
-        body = H.paragraphs([f"From {path}."], "note") + html_table(data)
+        ci = f" Every number: mean [{data['interval']}]." if "interval" in data else ""
+        body = H.paragraphs([f"From {path}.{ci}"], "note") + "".join(html_table(data, p) for p in protocols(data))
+        body += _task_tables(data)
     except ImportError:
         import json
 
@@ -202,10 +205,28 @@ def _extrapolation_body(ctx: ReportContext, path: Path | None) -> str:
         png = plot_extrapolation(data, ctx.out_dir / "extrapolation.png")
         ctx.images.append(png)
         body += H.figure(png, "Perplexity and tail-NLL ratio against evaluation length.", "extrapolation plot")
+        if data.get("task_results"):
+            from tokenpos.analysis.extrapolate.plot import plot_tasks
+
+            png = plot_tasks(data, ctx.out_dir / "extrapolation_tasks.png")
+            ctx.images.append(png)
+            body += H.figure(png, "Synthetic tasks: exact-match accuracy against input length.", "task plot")
     except ImportError:
         pass
     ctx.progress("extrapolation table", 1, 1)
     return body
+
+
+def _task_tables(data: dict[str, Any]) -> str:
+    """The synthetic tasks' accuracy tables (HTML), empty without ``task_results``."""
+    from tokenpos.analysis.extrapolate.render import task_table
+
+    out = ""
+    for task in sorted({e["task"] for e in data.get("task_results", [])}):
+        headers, rows = task_table(data, task)
+        out += H.table(headers, rows, caption=f"Synthetic task {task}: exact-match accuracy (%) by input length "
+                                              "[95% interval].")
+    return out
 
 
 def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench: bool = True,
