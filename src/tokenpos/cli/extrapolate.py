@@ -67,10 +67,9 @@ def _names(text: str | None, flag: str) -> tuple[str, ...] | None:
 
 def build_config(args: argparse.Namespace) -> Any:
     """The ExtrapolationConfig for parsed arguments (``--quick`` first, explicit flags override)."""
-    from tokenpos.analysis.extrapolate.experiment import ExtrapolationConfig
-
     from dataclasses import replace
 
+    from tokenpos.analysis.extrapolate.experiment import ExtrapolationConfig
     from tokenpos.analysis.extrapolate.tasks import TaskConfig
 
     if args.full:
@@ -181,7 +180,6 @@ def run(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
     from tokenpos.analysis.extrapolate.experiment import run_extrapolation
-
     from tokenpos.analysis.extrapolate.results import write_json
     from tokenpos.cli._output import check_output_path
 

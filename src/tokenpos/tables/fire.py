@@ -40,7 +40,8 @@ def fire_param_shapes(num_heads: int, width: int) -> dict[str, tuple[int, ...]]:
             "c": (1,), "L_multiplier": (1,)}
 
 
-def fire_init(num_heads: int, width: int, rng: np.random.Generator, *, init_c: float = FIRE_INIT_C) -> dict[str, np.ndarray]:
+def fire_init(num_heads: int, width: int, rng: np.random.Generator, *,
+              init_c: float = FIRE_INIT_C) -> dict[str, np.ndarray]:
     """Initial parameters (float64): torch's ``nn.Linear`` default bounds, c = init_c, multiplier 1."""
     bound_out = 1.0 / np.sqrt(width)
     return {

@@ -73,7 +73,8 @@ def _t5(cfg: PositionalConfig) -> nn.Module:
 
 
 def _fire(cfg: PositionalConfig) -> nn.Module:
-    return FIRE(cfg.resolved_num_heads("fire"), init_L=float(cfg.max_seq_len), dtype=cfg.dtype, rng=cfg.rng, device=cfg.device)
+    return FIRE(cfg.resolved_num_heads("fire"), init_L=float(cfg.max_seq_len), dtype=cfg.dtype, rng=cfg.rng,
+                device=cfg.device)
 
 
 def _kerple(cfg: PositionalConfig) -> nn.Module:

@@ -210,13 +210,13 @@ def load_json(path: str | Path) -> dict[str, Any]:
 
 # the tables live in render.py; re-exported here for the existing imports
 from tokenpos.analysis.extrapolate.render import (  # noqa: E402
-    markdown_task_table,
-    protocols,
     fmt_ppl,
     fmt_ratio,
     html_section,
     html_table,
     markdown_table,
+    markdown_task_table,
+    protocols,
     schemes_in_order,
     table,
     task_table,
