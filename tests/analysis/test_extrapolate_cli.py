@@ -55,3 +55,11 @@ def test_cli_checks_output_paths_before_the_run(tmp_path, capsys):
     assert _main(["extrapolate", *ARGS, "--json", str(missing)]) != 0
     assert "Traceback" not in capsys.readouterr().err and not missing.exists()
     assert _main(["extrapolate", *ARGS, "--plot", str(tmp_path / "fig.gif")]) != 0
+
+
+@pytest.mark.parametrize("kind", ["fire", "kerple"])
+def test_plot_fire_and_kerple(kind, tmp_path, capsys):
+    out = tmp_path / f"{kind}.png"
+    assert _main(["plot", kind, "--out", str(out), "--num-heads", "2", "--seq-len", "64"]) == 0
+    assert out.stat().st_size > 1000 and "wrote" in capsys.readouterr().out
+    assert _main(["plot", kind, "--base", "500"]) == 2                       # an option that does not apply
