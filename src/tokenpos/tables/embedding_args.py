@@ -12,7 +12,7 @@ from typing import Any
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice, check_int, check_positive_int, check_probability
 
-POSITIONAL_KINDS = ("alibi", "learned", "none", "rope", "sinusoidal", "t5")
+POSITIONAL_KINDS = ("alibi", "fire", "kerple", "learned", "none", "rope", "sinusoidal", "t5")
 POSITION_IDS = ("default", "padding")
 
 
