@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tests.numpy.gradcheck import check_grads
+from tests.tolerances import TOL
 from tokenpos.numpy.fire import FIRE
 from tokenpos.numpy.kerple import KERPLE
 from tokenpos.tables import ConfigError
@@ -76,3 +77,30 @@ def test_defaults_and_bad_arguments() -> None:
         FIRE(2, init_L=0)
     with pytest.raises(ConfigError, match="eps must be > 0.0"):
         KERPLE(2, eps=-1.0)
+
+
+@pytest.mark.parametrize("make", [make_fire, make_kerple])
+@pytest.mark.parametrize(("lq", "lk"), [(4, 4), (2, 5)])
+def test_attention_routes_the_bias_gradient_into_the_parameters(make, lq: int, lk: int) -> None:
+    """Finite differences of a loss through numpy attention w.r.t. every FIRE / KERPLE parameter."""
+    from tokenpos.numpy.attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
+    from tokenpos.numpy.attention import scaled_dot_product_attention_forward as forward
+
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 3, lq, 4)), rng.standard_normal((2, 3, lk, 4)), rng.standard_normal((2, 3, lk, 4))
+    g = rng.standard_normal(q.shape)
+
+    def loss(layer):
+        return float(np.sum(scaled_dot_product_attention(q, k, v, positional=layer) * g))
+
+    layer = make()()
+    _, cache = forward(q, k, v, positional=layer)
+    scaled_dot_product_attention_backward(g, cache)
+    for name, param in layer.named_parameters():
+        numeric = np.zeros_like(param.data)
+        for i in np.ndindex(param.data.shape):
+            plus, minus = make()(), make()()
+            dict(plus.named_parameters())[name].data[i] += 1e-6
+            dict(minus.named_parameters())[name].data[i] -= 1e-6
+            numeric[i] = (loss(plus) - loss(minus)) / 2e-6
+        np.testing.assert_allclose(param.grad, numeric, **TOL["fd.nonlinear"], err_msg=name)
