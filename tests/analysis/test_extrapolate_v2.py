@@ -155,3 +155,14 @@ def test_plots_with_error_bars(multi, tmp_path):
 def test_config_errors(bad):
     with pytest.raises(ConfigError):
         ExtrapolationConfig(**bad).validate()
+
+
+def test_paired_difference():
+    from tokenpos.analysis.extrapolate.stats import paired_difference
+
+    rows = [{"scheme": s, "eval_len": 8, "protocol": "sliding", "seed": seed, "ratio": base + off}
+            for seed, base in enumerate([1.0, 2.0, 3.0]) for s, off in (("a", 0.5), ("b", 0.0))]
+    mean, ci, n = paired_difference(rows, "a", "b", key="ratio", eval_len=8, protocol="sliding")
+    assert n == 3 and mean == pytest.approx(0.5) and ci == pytest.approx([0.5, 0.5])   # no paired spread
+    with pytest.raises(ValueError, match="no seed has both"):
+        paired_difference(rows, "a", "c", key="ratio", eval_len=8, protocol="sliding")
