@@ -21,7 +21,8 @@ from tokenpos.analysis.extrapolate import (  # noqa: E402
 from tokenpos.analysis.extrapolate.data import eval_token_count, eval_windows, load_corpus  # noqa: E402
 from tokenpos.analysis.extrapolate.evaluate import NA_NOTE, score_length  # noqa: E402
 from tokenpos.analysis.extrapolate.experiment import rope_scaling_dict  # noqa: E402
-from tokenpos.analysis.extrapolate.model import TinyLM, swapped_position  # noqa: E402
+from tokenpos.analysis.extrapolate.model import swapped_position  # noqa: E402
+from tokenpos.analysis.extrapolate.schemes import build_model  # noqa: E402
 from tokenpos.analysis.extrapolate.train import train_model  # noqa: E402
 from tokenpos.tables.errors import ConfigError  # noqa: E402
 
@@ -40,8 +41,7 @@ def _numbers(doc):
 
 def test_loss_goes_down():
     corpus = load_corpus()
-    model = TinyLM(corpus.vocab_size, positional="alibi", d_model=16, num_layers=1, num_heads=2, max_seq_len=16,
-                   seed=0)
+    model = build_model("alibi", corpus.vocab_size, d_model=16, num_layers=1, num_heads=2, train_len=16, seed=0)
     stats = train_model(model, torch.from_numpy(corpus.train), steps=60, batch_size=8, seq_len=16, lr=3e-3,
                         warmup=5, weight_decay=0.0, grad_clip=1.0, seed=0)
     assert np.mean(stats.losses[-10:]) < np.mean(stats.losses[:5]) - 0.5
@@ -83,7 +83,8 @@ def test_json_round_trip_and_tables(tiny_result, tmp_path):
     path = write_json(tiny_result, tmp_path / "out.json")
     raw = json.loads(path.read_text())
     assert raw["train_len"] == 8 and isinstance(raw["results"], list)
-    assert set(raw["results"][0]) >= {"scheme", "eval_len", "ppl", "tail_nll", "ratio"}
+    assert set(raw["results"][0]) >= {"scheme", "eval_len", "ppl", "tail_nll", "ratio", "protocol"}
+    assert {r["protocol"] for r in raw["results"]} == {"nonoverlap"} and "seed_results" not in raw
     doc = load_json(path)
     md = markdown_table(doc)
     assert "n/a (cannot represent positions >= L)" in md and "R(4)" in md and md.count("\n") == 1 + 9
@@ -118,12 +119,12 @@ def test_corpus_split_and_custom_corpus(tmp_path):
 
 def test_learned_past_L_is_na_and_swap_is_restored():
     corpus = load_corpus()
-    model = TinyLM(corpus.vocab_size, positional="learned", d_model=16, num_layers=1, num_heads=2, max_seq_len=8)
+    model = build_model("learned", corpus.vocab_size, d_model=16, num_layers=1, num_heads=2, train_len=8)
     score = score_length(model, corpus.eval, 16, 64, 4)
     assert score.ppl is None and score.note == NA_NOTE
     from tokenpos.torch import RotaryEmbedding
 
-    rope = TinyLM(corpus.vocab_size, positional="rope", d_model=16, num_layers=1, num_heads=2, max_seq_len=8)
+    rope = build_model("rope", corpus.vocab_size, d_model=16, num_layers=1, num_heads=2, train_len=8)
     original = rope.embed.position
     scaled = RotaryEmbedding(8, max_seq_len=8, scaling=rope_scaling_dict("yarn", 2.0, 8))
     with swapped_position(rope, scaled):

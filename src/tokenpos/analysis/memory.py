@@ -23,6 +23,7 @@ JSON_PRECISIONS: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}  
 ADAM_BYTES_PER_PARAM = 4 * 4  # fp32 weight + grad + Adam m + Adam v
 POSITIONAL_KINDS = ("learned", "sinusoidal", "rope", "alibi", "t5", "none")
 T5_NUM_BUCKETS = 32
+FIRE_WIDTH = 32          # FIRE's MLP width (tokenpos.tables.fire, the paper's listing)
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,7 @@ def position_alternatives(max_seq_len: int, d_model: int, num_heads: int) -> tup
 
     learned: an (L, D) trainable table. sinusoidal: nothing trainable; a layer may cache an (L, D) fp32
     buffer, listed with trainable=False. rope / alibi / none: no table. t5: a (32 buckets, H) bias table.
+    fire: its MLP (2W + 2 + (W + 1) H parameters, W = 32), one row. kerple: r1 and r2, (2, H).
     """
     L = check_positive_int("max_seq_len", max_seq_len)
     D = check_positive_int("d_model", d_model)
@@ -211,6 +213,9 @@ def position_alternatives(max_seq_len: int, d_model: int, num_heads: int) -> tup
         TableMemory("rope", 0, D, False, "fixed; rotates q and k in attention"),
         TableMemory("alibi", 0, H, False, f"fixed; {H} slopes (one per head)"),
         TableMemory("t5", T5_NUM_BUCKETS, H, True, f"trained; {T5_NUM_BUCKETS} buckets x {H} heads"),
+        TableMemory("fire", 1, 2 * FIRE_WIDTH + 2 + (FIRE_WIDTH + 1) * H, True,
+                    f"trained; MLP 1->{FIRE_WIDTH}->{H} + c + threshold, any position"),
+        TableMemory("kerple", 2, H, True, f"trained; r1, r2 per head ({H} heads), any position"),
         TableMemory("none", 0, D, False, "no positional signal (NoPE)"),
     )
 

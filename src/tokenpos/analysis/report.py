@@ -201,9 +201,12 @@ def _extrapolation_section(ctx: ReportContext, path: Path, data: Any) -> str:
             return H.paragraphs([f"Could not read {path}: {exc}"], "warn")
     ctx.progress("extrapolation table", 0, 1)
     try:
+        from tokenpos.analysis.extrapolate.render import protocols
         from tokenpos.analysis.extrapolate.results import html_table
 
-        body = H.paragraphs([f"From {path}."], "note") + html_table(data)
+        ci = f" Every number: mean [{data['interval']}]." if "interval" in data else ""
+        body = H.paragraphs([f"From {path}.{ci}"], "note") + "".join(html_table(data, p) for p in protocols(data))
+        body += _task_tables(data)
     except ImportError:
         rows = [[r["scheme"], r["eval_len"], r["ppl"], r["tail_nll"], r["ratio"]] for r in data["results"]]
         body = H.table(["scheme", "eval_len", "ppl", "tail NLL", "ratio"], rows,
@@ -213,24 +216,29 @@ def _extrapolation_section(ctx: ReportContext, path: Path, data: Any) -> str:
     except ImportError:
         pass
     else:
-        png = _atomic_figure(lambda tmp: plot_extrapolation(data, tmp), ctx.out_dir / "extrapolation.png")
+        png = plot_extrapolation(data, ctx.out_dir / "extrapolation.png")
         ctx.images.append(png)
         body += H.figure(png, "Perplexity and tail-NLL ratio against evaluation length.", "extrapolation plot")
+        if data.get("task_results"):
+            from tokenpos.analysis.extrapolate.plot import plot_tasks
+
+            png = plot_tasks(data, ctx.out_dir / "extrapolation_tasks.png")
+            ctx.images.append(png)
+            body += H.figure(png, "Synthetic tasks: exact-match accuracy against input length.", "task plot")
     ctx.progress("extrapolation table", 1, 1)
     return body
 
 
-def _atomic_figure(draw: Callable[[Path], Any], path: Path) -> Path:
-    """Let ``draw(tmp)`` write a figure to a temporary path beside ``path``, then replace ``path`` with it
-    through the CLI's one atomic writer (for plot functions that write to a path themselves)."""
-    from tokenpos._files import atomic_write_bytes
+def _task_tables(data: dict[str, Any]) -> str:
+    """The synthetic tasks' accuracy tables (HTML), empty without ``task_results``."""
+    from tokenpos.analysis.extrapolate.render import task_table
 
-    tmp = path.with_name(f".{path.stem}.partial{path.suffix}")
-    try:
-        draw(tmp)
-        return atomic_write_bytes(path, tmp.read_bytes())
-    finally:
-        tmp.unlink(missing_ok=True)
+    out = ""
+    for task in sorted({e["task"] for e in data.get("task_results", [])}):
+        headers, rows = task_table(data, task)
+        out += H.table(headers, rows, caption=f"Synthetic task {task}: exact-match accuracy (%) by input length "
+                                              "[95% interval].")
+    return out
 
 
 def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench: bool = True,

@@ -22,6 +22,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                "10% eval). Example: tokenpos extrapolate --seed 0 --json out.json --plot out.png",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for init and data order (default 0)")
+    p.add_argument("--seeds", metavar="S,S", help="several seeds (e.g. 0,1,2): mean and 95%% t-interval per number")
+    p.add_argument("--eval", choices=("nonoverlap", "sliding", "both"), default=None,
+                   help="evaluation protocol: non-overlapping windows (default), the ALiBi paper's sliding "
+                        "window, or both")
+    p.add_argument("--sliding-stride", type=positive_int, metavar="S", help="sliding-window stride (default L/4)")
+    p.add_argument("--sliding-tokens", type=positive_int, metavar="N",
+                   help="scored tokens per length in the sliding protocol (default 2048)")
+    p.add_argument("--tasks", metavar="A,B", help="also run the synthetic task(s): copy, reverse, sort")
+    p.add_argument("--task-steps", type=positive_int, metavar="N", help="training steps per task model (default 500)")
+    p.add_argument("--full", action="store_true",
+                   help="everything: all schemes, seeds 0,1,2, both protocols, the copy and sort tasks "
+                        "(about an hour on a busy 2-core machine; see docs/EXTRAPOLATION.md)")
     p.add_argument("--json", metavar="PATH", help="write {train_len, results: [...]} here")
     p.add_argument("--plot", metavar="FILE", help="write the figure here (.png, .svg, .pdf)")
     p.add_argument("--quick", action="store_true", help="about a minute: fewer steps, smaller eval set")
@@ -55,10 +67,33 @@ def _names(text: str | None, flag: str) -> tuple[str, ...] | None:
 
 def build_config(args: argparse.Namespace) -> Any:
     """The ExtrapolationConfig for parsed arguments (``--quick`` first, explicit flags override)."""
-    from tokenpos.analysis.extrapolate.experiment import ExtrapolationConfig
+    from dataclasses import replace
 
-    base = ExtrapolationConfig.quick() if args.quick else ExtrapolationConfig()
+    from tokenpos.analysis.extrapolate.experiment import ExtrapolationConfig
+    from tokenpos.analysis.extrapolate.tasks import TaskConfig
+
+    if args.full:
+        base = ExtrapolationConfig.full()
+    else:
+        base = ExtrapolationConfig.quick() if args.quick else ExtrapolationConfig()
     overrides: dict[str, Any] = {"seed": args.seed}
+    if args.seeds is not None:
+        try:
+            overrides["seeds"] = tuple(int(s) for s in _names(args.seeds, "--seeds") or ())
+        except ValueError:
+            raise ValueError(f"--seeds expects integers like 0,1,2; got {args.seeds!r}") from None
+    if args.eval is not None:
+        overrides["protocols"] = ("nonoverlap", "sliding") if args.eval == "both" else (args.eval,)
+    if args.sliding_stride is not None:
+        overrides["sliding_stride"] = args.sliding_stride
+    if args.sliding_tokens is not None:
+        overrides["sliding_tokens"] = args.sliding_tokens
+    task = base.task
+    if args.tasks is not None:
+        task = TaskConfig(tasks=_names(args.tasks, "--tasks") or ())
+    if args.task_steps is not None and task is not None:
+        task = replace(task, steps=args.task_steps)
+    overrides["task"] = task
     for flag, key in (("corpus", "corpus"), ("train_len", "train_len"), ("steps", "steps"),
                       ("batch_size", "batch_size"), ("lr", "lr"), ("d_model", "d_model"),
                       ("num_layers", "num_layers"), ("num_heads", "num_heads"), ("eval_tokens", "eval_tokens"),
@@ -75,8 +110,6 @@ def build_config(args: argparse.Namespace) -> Any:
             overrides["multiples"] = tuple(sorted({int(k) for k in _names(args.multiples, "--multiples") or ()}))
         except ValueError:
             raise ValueError(f"--multiples expects integers like 1,2,4,8; got {args.multiples!r}") from None
-    from dataclasses import replace
-
     return replace(base, **overrides).validate()
 
 
@@ -105,46 +138,67 @@ class _Bars:
         self.progress.update(self.tasks[step], completed=done, total=max(total, 1), info=text)
 
 
-def _print_result(result: Any) -> None:
+def _print_table(con: Any, title: str, headers: list[str], rows: list[list[str]]) -> None:
     from rich.table import Table
 
-    from tokenpos.analysis.extrapolate.results import table
-
-    data = result.to_dict()
-    L = data["train_len"]
-    headers, rows = table(data)
-    con = console()
-    tab = Table(title=f"Train short, test long: trained at L = {L}, per-window perplexity and "
-                      f"R(k) = tail NLL at kL / at L (tail = last {max(1, L // 2)} positions)")
+    tab = Table(title=title)
     for i, h in enumerate(headers):
         tab.add_column(h, justify="left" if i == 0 or h == "note" else "right")
     for cells in rows:
         tab.add_row(*cells)
     con.print(tab)
+
+
+def _print_result(result: Any) -> None:
+    from tokenpos.analysis.extrapolate.render import protocols, table, task_table
+
+    data = result.to_dict()
+    L = data["train_len"]
+    con = console()
+    ci = " Mean [95% t-interval over seeds]." if "interval" in data else ""
+    for protocol in protocols(data):
+        if protocol == "sliding":
+            title = (f"Sliding window (stride {result.config.stride}): trained at L = {L}, perplexity of the "
+                     f"scored tokens and R(k) = NLL at kL / at L.{ci}")
+        else:
+            title = (f"Train short, test long: trained at L = {L}, per-window perplexity and "
+                     f"R(k) = tail NLL at kL / at L (tail = last {max(1, L // 2)} positions).{ci}")
+        _print_table(con, title, *table(data, protocol))
+    for task in sorted({e["task"] for e in data.get("task_results", [])}):
+        _print_table(con, f"Synthetic task {task}: exact-match accuracy (%) by input length [95% interval]",
+                     *task_table(data, task))
     runs = ", ".join(f"{r['scheme']} {r['final_train_loss']:.3f}" for r in data["runs"])
     con.print(f"final train loss (nats/char): {runs}", markup=False)
     con.print(f"corpus {data['corpus']} ({data['train_chars']} train / {data['eval_chars']} eval chars, "
               f"V = {data['vocab_size']}), {data['eval_tokens_per_length']} predicted tokens per length, "
               f"{data['runs'][0]['parameters']} parameters ({data['runs'][0]['scheme']}), "
-              f"{data['threads']} threads, seed {data['config']['seed']}, wall time {data['seconds']:.0f} s",
+              f"{data['threads']} threads, seeds {result.seeds}, wall time {data['seconds']:.0f} s",
               markup=False)
 
 
 def run(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
+    from tokenpos._files import check_output_path
     from tokenpos.analysis.extrapolate.experiment import run_extrapolation
+    from tokenpos.analysis.extrapolate.results import write_json
 
     config = build_config(args)
+    if args.json:                                          # fail in a second, not after the run
+        check_output_path(args.json)
+    if args.plot:
+        check_output_path(args.plot, suffixes=(".png", ".svg", ".pdf"))
     bars = None if args.no_progress else _Bars()
+    # several seeds or the task: save the partial document after each unit (marked "complete": false)
+    partial = (lambda res: write_json(res, args.json)) if args.json and (len(config.seed_list) > 1
+                                                                       or config.task is not None) else None
     with bars.progress if bars is not None else nullcontext():
-        result = run_extrapolation(config, progress=bars)
+        result = run_extrapolation(config, progress=bars, on_update=partial)
+    written = write_json(result, args.json) if args.json else None     # before printing: never lose a run
     _print_result(result)
     con = console()
-    if args.json:
-        from tokenpos.analysis.extrapolate.results import write_json
-
-        con.print(f"wrote {write_json(result, args.json)}", markup=False)
+    if written is not None:
+        con.print(f"wrote {written}", markup=False)
     if args.plot:
         from tokenpos.analysis.extrapolate.plot import plot_extrapolation
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from tokenpos.cli._ui import console, positive_int
 
-HELP = "draw one figure (sinusoidal, similarity, rope, alibi, t5, memory, mrope, positions2d) to a PNG"
+HELP = "draw one figure (sinusoidal, similarity, rope, alibi, t5, fire, kerple, memory, mrope, positions2d) to a PNG"
 
 # option dest -> keyword of the plot functions
 OPTIONS = {"d_model": "d_model", "num_positions": "num_positions", "head_dim": "head_dim",
@@ -26,8 +26,10 @@ def _positive_float(text: str) -> float:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from tokenpos.analysis.plots import DESCRIPTIONS
+    from tokenpos.analysis.extrapolate.plot_bias import DESCRIPTIONS as BIAS
+    from tokenpos.analysis.plots import DESCRIPTIONS as BASE
 
+    DESCRIPTIONS = {**BASE, **BIAS}
     kinds = "; ".join(f"{k}: {v}" for k, v in DESCRIPTIONS.items())
     p = subparsers.add_parser("plot", help=HELP, description=f"{HELP}. Kinds: {kinds}.",
                               epilog="Example: tokenpos plot sinusoidal --out sinusoidal.png")
@@ -40,8 +42,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--d-model", type=positive_int, help="sinusoidal, similarity: embedding width (128)")
     g.add_argument("--num-positions", type=positive_int, help="sinusoidal: rows of the heatmap (256)")
     g.add_argument("--head-dim", type=positive_int, help="similarity (64), rope (128): rotary head dim")
-    g.add_argument("--num-heads", type=positive_int, help="alibi: number of heads (8)")
-    g.add_argument("--seq-len", type=positive_int, help="alibi (24), t5 (256): query/key length")
+    g.add_argument("--num-heads", type=positive_int, help="alibi (8), fire, kerple (4): number of heads")
+    g.add_argument("--seq-len", type=positive_int,
+                   help="alibi (24), t5 (256), fire (512), kerple (256): query/key length")
     g.add_argument("--base", type=_positive_float, help="sinusoidal, rope: wavelength base (10000)")
     g.add_argument("--factor", type=_positive_float, help="rope: context extension factor of the scalings (4)")
     return p
@@ -49,12 +52,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from tokenpos._files import check_output_path
+    from tokenpos.analysis.extrapolate import plot_bias
     from tokenpos.analysis.plots import FORMATS, PLOTS
 
     out = check_output_path(args.out or f"{args.kind}.png", overwrite=args.force,
                             suffixes=tuple(f".{f}" for f in FORMATS))      # before any drawing
 
-    fn = PLOTS[args.kind]
+    fn = PLOTS.get(args.kind) or getattr(plot_bias, f"plot_{args.kind}")
     target = fn
     if args.kind in ("rope", "alibi", "t5"):  # registry entries forward to plots_relative
         from tokenpos.analysis import plots_relative

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy.alibi import ALiBi
+from tokenpos.numpy.fire import FIRE
+from tokenpos.numpy.kerple import KERPLE
 from tokenpos.numpy.learned import LearnedPositionalEmbedding
 from tokenpos.numpy.module import Module
 from tokenpos.numpy.rotary import RotaryEmbedding
@@ -45,7 +47,7 @@ def build_shortcut(name: str, *, d_model: int, max_seq_len: int, num_heads: int 
                    position_padding_idx: int | None, init: str, std: float, dtype: Any,
                    rng: np.random.Generator) -> Module:
     """The scheme a string shortcut of ``tables.embedding_args.POSITIONAL_SHORTCUTS`` stands for,
-    with its defaults (arguments already checked; H is set for "rope", "alibi" and "t5").
+    with its defaults (arguments already checked; H is set for the headed shortcuts).
 
     Pass a scheme object to TransformerEmbedding for any other setting (rope scaling, layouts,
     T5 buckets, ...).
@@ -61,6 +63,10 @@ def build_shortcut(name: str, *, d_model: int, max_seq_len: int, num_heads: int 
         return ALiBi(int(num_heads), dtype=dtype)                                  # type: ignore[arg-type]
     if name == "t5":
         return T5RelativePositionBias(int(num_heads), init=init, std=std, dtype=dtype, rng=rng)  # type: ignore[arg-type]
+    if name == "fire":
+        return FIRE(int(num_heads), init_L=float(max_seq_len), dtype=dtype, rng=rng)     # type: ignore[arg-type]
+    if name == "kerple":
+        return KERPLE(int(num_heads), dtype=dtype, rng=rng)                          # type: ignore[arg-type]
     if name == "none":
         return NoPositionalEncoding()
     raise ConfigError(positional_choice_message(name))

@@ -23,9 +23,9 @@ import numpy as np
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice, check_int, check_positive_int, check_probability
 
-POSITIONAL_SHORTCUTS = ("alibi", "learned", "none", "rope", "sinusoidal", "t5")
+POSITIONAL_SHORTCUTS = ("alibi", "fire", "kerple", "learned", "none", "rope", "sinusoidal", "t5")
 SCHEME_KINDS = ("additive", "bias", "none", "rotary")
-HEADED_SHORTCUTS = ("alibi", "rope", "t5")          # the shortcuts that need num_heads
+HEADED_SHORTCUTS = ("alibi", "fire", "kerple", "rope", "t5")          # the shortcuts that need num_heads
 POSITION_IDS = ("default", "padding")
 
 

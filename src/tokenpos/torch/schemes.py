@@ -21,6 +21,8 @@ from tokenpos.tables.embedding_args import positional_choice_message
 from tokenpos.tables.errors import ConfigError
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.alibi import ALiBi
+from tokenpos.torch.fire import FIRE
+from tokenpos.torch.kerple import KERPLE
 from tokenpos.torch.learned import LearnedPositionalEmbedding
 from tokenpos.torch.rotary import RotaryEmbedding
 from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
@@ -50,7 +52,7 @@ def build_shortcut(name: str, *, d_model: int, max_seq_len: int, num_heads: int 
                    position_padding_idx: int | None, init: str, std: float, rng: np.random.Generator,
                    device: Any = None, dtype: Any = None) -> nn.Module:
     """The scheme a string shortcut of ``tables.embedding_args.POSITIONAL_SHORTCUTS`` stands for,
-    with its defaults (arguments already checked; H is set for "rope", "alibi" and "t5").
+    with its defaults (arguments already checked; H is set for the headed shortcuts).
     """
     if name == "learned":          # position_padding_idx: RoBERTa's padding position, or None
         return LearnedPositionalEmbedding(max_seq_len, d_model, init=init, std=std, padding_idx=position_padding_idx,
@@ -65,6 +67,11 @@ def build_shortcut(name: str, *, d_model: int, max_seq_len: int, num_heads: int 
     if name == "t5":
         return T5RelativePositionBias(int(num_heads), init=init, std=std, device=device,  # type: ignore[arg-type]
                                       dtype=dtype, rng=rng)
+    if name == "fire":
+        return FIRE(int(num_heads), init_L=float(max_seq_len), device=device, dtype=dtype,  # type: ignore[arg-type]
+                    rng=rng)
+    if name == "kerple":
+        return KERPLE(int(num_heads), device=device, dtype=dtype, rng=rng)           # type: ignore[arg-type]
     if name == "none":
         return NoPositionalEncoding()
     raise ConfigError(positional_choice_message(name, "torch"))

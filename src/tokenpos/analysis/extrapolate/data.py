@@ -103,3 +103,23 @@ def eval_token_count(num_eval_ids: int, longest_window: int, cap: int | None = N
         raise ConfigError(f"the eval split has {num_eval_ids} characters; a window of {longest_window} needs "
                           f"at least {longest_window + 1}")
     return total
+
+
+def sliding_windows(ids: np.ndarray, window: int, stride: int, total: int, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sliding windows (the ALiBi paper's second protocol): each window scores only its last ``stride`` tokens.
+
+    Window m ends at ``e = start + m * stride`` (exclusive): inputs ``ids[e - window : e]``, targets
+    shifted by one. The scored targets ``ids[start - stride + 1 : start - stride + 1 + total]`` are the
+    same for every window length; each has at least ``window - stride`` tokens of context.
+    ``start >= window`` and ``len(ids) >= start + total - stride + 1`` are required, and ``total`` must
+    be a multiple of ``stride``.
+
+    Returns:
+        inputs, targets: (total // stride, window) int64 each.
+    """
+    if stride < 1 or total % stride or start < window or len(ids) < start - stride + total + 1:
+        raise ConfigError(f"cannot score {total} tokens with windows of {window}, stride {stride}, from position "
+                          f"{start} of {len(ids)} ids")
+    ends = start + stride * np.arange(total // stride)                      # (W,)
+    offsets = ends[:, None] - window + np.arange(window)[None, :]          # (W, window)
+    return ids[offsets], ids[offsets + 1]

@@ -77,3 +77,23 @@ def score_length(model: nn.Module, eval_ids: np.ndarray, eval_len: int, total_to
         return LengthScore(eval_len, None, None, NA_NOTE)
     tail = nll[:, -min(tail_len, eval_len):]                                 # (W, tail)
     return LengthScore(eval_len, math.exp(float(nll.mean())), float(tail.mean()))
+
+
+def score_sliding(model: nn.Module, eval_ids: np.ndarray, eval_len: int, stride: int, total_tokens: int, *,
+                  start: int, scheme: nn.Module | None = None, batch_tokens: int = 8192) -> LengthScore:
+    """The sliding-window protocol: windows of ``eval_len`` moved by ``stride``, each scoring its last
+    ``stride`` tokens (``data.sliding_windows``); ``total_tokens`` scored tokens, the same at every length.
+
+    ``ppl`` = exp(mean NLL of the scored tokens); ``tail_nll`` = that mean NLL (every scored token
+    already has at least ``eval_len - stride`` tokens of context, so all of them are "tail").
+    """
+    from tokenpos.analysis.extrapolate.data import sliding_windows
+
+    inputs, targets = sliding_windows(eval_ids, eval_len, stride, total_tokens, start)   # (W, T) each
+    try:
+        with swapped_position(model, scheme):
+            nll = window_nll(model, inputs, targets, batch_tokens=batch_tokens)[:, -stride:]   # (W, S)
+    except PositionError:
+        return LengthScore(eval_len, None, None, NA_NOTE)
+    mean = float(nll.mean())
+    return LengthScore(eval_len, math.exp(mean), mean)

@@ -1,38 +1,41 @@
 """Train short, test long: train one tiny LM per positional scheme at length L, evaluate at k * L.
 
-``run_extrapolation(config, progress=None) -> ExtrapolationResult`` returns data and never prints.
-The model code is the same for every scheme; the scheme only changes the ``positional=`` argument of
-``TransformerEmbedding`` (plus settings every scheme receives, e.g. T5's max distance = L). RoPE is
-also evaluated with inference-time scaling by swapping a scaled ``RotaryEmbedding`` in as the scheme.
+``run_extrapolation(config, progress=None, on_update=None) -> ExtrapolationResult`` returns data and
+never prints. The model code is the same for every scheme; ``schemes.build_model`` builds the token
+table and the scheme object(s). Per seed and scheme: train, then score every length with every
+protocol (``nonoverlap``: today's windows; ``sliding``: the ALiBi paper's sliding window). RoPE (and
+iRoPE) are also evaluated with inference-time scaling by swapping a scaled ``RotaryEmbedding`` in.
+With ``config.task`` set, the synthetic task (``tasks.py``) runs for every scheme as well.
+``on_update(result)`` is called after every trained model, so a long run can save partial results.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
+from tokenpos.analysis.extrapolate.results import ExtrapolationResult, ResultRow, SchemeRun, TaskRow
+from tokenpos.analysis.extrapolate.schemes import DEFAULT_SCHEMES, SCHEMES
+from tokenpos.analysis.extrapolate.tasks import TaskConfig
 from tokenpos.tables.errors import ConfigError
 
-if TYPE_CHECKING:
-    from tokenpos.analysis.extrapolate.evaluate import LengthScore
-
-SCHEMES = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope")
 ROPE_SCALINGS = ("linear", "dynamic", "yarn")
-# experiment name -> TransformerEmbedding ``positional`` kind (identity unless listed)
-POSITIONAL_KIND = {"nope": "none"}
+PROTOCOLS = ("nonoverlap", "sliding")
 Progress = Callable[..., None]
+
+__all__ = ["PROTOCOLS", "ROPE_SCALINGS", "SCHEMES", "ExtrapolationConfig", "ExtrapolationResult", "ResultRow",
+           "SchemeRun", "TaskRow", "rope_scaling_dict", "run_extrapolation"]
 
 
 @dataclass(frozen=True)
 class ExtrapolationConfig:
-    """Everything that defines one run. Defaults are the issue's: 2 layers, D 128, 4 heads, L 64."""
+    """Everything that defines one run. Defaults: 2 layers, D 128, 4 heads, L 64, one seed, non-overlapping."""
 
     train_len: int = 64
     multiples: tuple[int, ...] = (1, 2, 4, 8)
-    schemes: tuple[str, ...] = SCHEMES
+    schemes: tuple[str, ...] = DEFAULT_SCHEMES
     rope_scalings: tuple[str, ...] = ROPE_SCALINGS
     d_model: int = 128
     num_layers: int = 2
@@ -49,16 +52,49 @@ class ExtrapolationConfig:
     corpus: str | None = None
     seed: int = 0
     threads: int | None = 2
+    seeds: tuple[int, ...] = ()
+    protocols: tuple[str, ...] = ("nonoverlap",)
+    sliding_stride: int | None = None
+    sliding_tokens: int = 2048
+    task: TaskConfig | None = None
+    task_seeds: tuple[int, ...] | None = None
 
     @classmethod
     def quick(cls, **overrides: Any) -> ExtrapolationConfig:
         """About a minute on 2 cores: fewer steps, a capped eval set. Numbers are only indicative."""
         return replace(cls(steps=150, eval_tokens=8192), **overrides)
 
+    @classmethod
+    def full(cls, **overrides: Any) -> ExtrapolationConfig:
+        """Everything: all schemes, seeds 0, 1, 2, both protocols, the synthetic task (copy, sort).
+
+        Sized for a 2-core machine shared with other jobs (docs/EXTRAPOLATION.md says what was cut):
+        a smaller LM (D 64, batch 16, 150 steps), 4096 eval tokens per length, sliding stride L/4 over
+        1024 scored tokens; the synthetic task (300 steps) with seed 0 only, so its interval is a
+        Wilson interval over the eval examples. One thread.
+        """
+        return replace(cls(d_model=64, batch_size=16, steps=150, eval_tokens=4096, sliding_tokens=1024,
+                           schemes=SCHEMES, seeds=(0, 1, 2), protocols=PROTOCOLS, threads=1,
+                           task=TaskConfig(steps=300), task_seeds=(0,)), **overrides)
+
+    @property
+    def seed_list(self) -> tuple[int, ...]:
+        return tuple(self.seeds) if self.seeds else (self.seed,)
+
+    @property
+    def task_seed_list(self) -> tuple[int, ...]:
+        return self.seed_list if self.task_seeds is None else tuple(self.task_seeds)
+
+    @property
+    def stride(self) -> int:
+        """The sliding-window stride S (default L / 4): each window scores its last S tokens."""
+        return self.sliding_stride if self.sliding_stride is not None else max(1, self.train_len // 4)
+
     def validate(self) -> ExtrapolationConfig:
         """Raise ConfigError on a config that cannot run; return self."""
         checks = {"train_len": self.train_len, "d_model": self.d_model, "num_layers": self.num_layers,
-                  "num_heads": self.num_heads, "steps": self.steps, "batch_size": self.batch_size}
+                  "num_heads": self.num_heads, "steps": self.steps, "batch_size": self.batch_size,
+                  "sliding_tokens": self.sliding_tokens}
         for name, value in checks.items():
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -75,87 +111,22 @@ class ExtrapolationConfig:
         bad = [s for s in self.rope_scalings if s not in ROPE_SCALINGS]
         if bad:
             raise ConfigError(f"unknown rope scalings {bad}; expected a subset of {list(ROPE_SCALINGS)}")
+        bad = [p for p in self.protocols if p not in PROTOCOLS]
+        if bad or not self.protocols:
+            raise ConfigError(f"unknown protocols {bad}; expected a non-empty subset of {list(PROTOCOLS)}")
         if self.eval_tokens is not None and (not isinstance(self.eval_tokens, int) or self.eval_tokens < 1):
             raise ConfigError(f"eval_tokens must be a positive integer or None, got {self.eval_tokens!r}")
+        if not isinstance(self.stride, int) or not 1 <= self.stride <= self.train_len:
+            raise ConfigError(f"sliding_stride must be an integer in [1, train_len], got {self.sliding_stride!r}")
+        if len(set(self.seed_list)) != len(self.seed_list):
+            raise ConfigError(f"seeds must be distinct, got {list(self.seed_list)}")
+        if self.task is not None:
+            self.task.validate()
         return self
 
     @property
     def eval_lens(self) -> tuple[int, ...]:
         return tuple(self.train_len * k for k in sorted(set(self.multiples)))
-
-    def scheme_kwargs(self) -> dict[str, Any]:
-        """TransformerEmbedding settings given to every scheme (each uses the ones that concern it).
-
-        T5: causal buckets, max_distance = L (else the far buckets never see a gradient); the bucket
-        count is capped at L so that the L/2 exact buckets fit below max_distance for tiny L.
-        """
-        buckets = min(self.t5_num_buckets, self.train_len)
-        return {"base": self.base, "t5_num_buckets": buckets, "t5_max_distance": self.train_len,
-                "t5_bidirectional": False}
-
-
-@dataclass(frozen=True)
-class ResultRow:
-    """One line of the JSON ``results`` list. ``ratio`` = tail NLL here / tail NLL at L."""
-
-    scheme: str
-    eval_len: int
-    ppl: float | None
-    tail_nll: float | None
-    ratio: float | None
-    note: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"scheme": self.scheme, "eval_len": self.eval_len, "ppl": self.ppl, "tail_nll": self.tail_nll,
-               "ratio": self.ratio}
-        if self.note is not None:
-            out["note"] = self.note
-        return out
-
-
-@dataclass
-class SchemeRun:
-    """Training facts for one trained scheme (RoPE's scaled variants reuse RoPE's run)."""
-
-    scheme: str
-    parameters: int
-    train_seconds: float
-    eval_seconds: float
-    final_loss: float
-    losses: list[float] = field(default_factory=list, repr=False)
-
-
-@dataclass
-class ExtrapolationResult:
-    """Everything a run produced: rows for the table/JSON, training facts, timing, the config."""
-
-    config: ExtrapolationConfig
-    rows: list[ResultRow]
-    runs: list[SchemeRun]
-    corpus: str
-    vocab_size: int
-    train_chars: int
-    eval_chars: int
-    eval_tokens: int
-    seconds: float
-    threads: int
-
-    def row(self, scheme: str, eval_len: int) -> ResultRow:
-        return next(r for r in self.rows if r.scheme == scheme and r.eval_len == eval_len)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON document: ``{"train_len": L, "results": [...]}`` plus run metadata."""
-        return {
-            "train_len": self.config.train_len,
-            "results": [r.to_dict() for r in self.rows],
-            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self.config).items()},
-            "runs": [{"scheme": r.scheme, "parameters": r.parameters, "train_seconds": round(r.train_seconds, 2),
-                      "eval_seconds": round(r.eval_seconds, 2), "final_train_loss": round(r.final_loss, 4)}
-                     for r in self.runs],
-            "corpus": self.corpus, "vocab_size": self.vocab_size, "train_chars": self.train_chars,
-            "eval_chars": self.eval_chars, "eval_tokens_per_length": self.eval_tokens,
-            "seconds": round(self.seconds, 2), "threads": self.threads,
-        }
 
 
 def rope_scaling_dict(rope_type: str, factor: float, train_len: int) -> dict[str, Any]:
@@ -169,49 +140,6 @@ def rope_scaling_dict(rope_type: str, factor: float, train_len: int) -> dict[str
     return {"rope_type": rope_type, "factor": float(factor), "original_max_position_embeddings": int(train_len)}
 
 
-def _rows(scheme: str, scores: list[LengthScore]) -> list[ResultRow]:
-    base = scores[0].tail_nll  # scores are sorted by length; the first is at L
-    return [ResultRow(scheme, s.eval_len, s.ppl, s.tail_nll,
-                      None if s.tail_nll is None or not base else s.tail_nll / base, s.note) for s in scores]
-
-
-def _eval_units(config: ExtrapolationConfig, tokens: int, eval_len: int) -> float:
-    """Rough cost of one evaluation in training-step units (a forward is ~1/3 of a step)."""
-    return tokens / (3 * config.batch_size * config.train_len) * (1 + eval_len / (6 * config.d_model))
-
-
-class _Overall:
-    """The ``"overall"`` progress step, in training-step units, so one ETA covers the whole run."""
-
-    def __init__(self, notify: Progress, total: float) -> None:
-        self.notify, self.total, self.done = notify, max(1, math.ceil(total)), 0.0
-
-    def advance(self, units: float) -> None:
-        self.done += units
-        self.notify("overall", min(int(self.done), self.total), self.total)
-
-    def train_callback(self) -> Progress:
-        """``progress`` for ``train_model``: forwards the step and moves the overall bar along."""
-        base = self.done
-
-        def on_step(step: str, done: int, total: int, **info: Any) -> None:
-            self.notify(step, done, total, **info)
-            self.notify("overall", min(int(base + done), self.total), self.total)
-
-        return on_step
-
-
-def _variants(model: Any, scheme: str, config: ExtrapolationConfig) -> list[tuple[str, Callable[[int], Any]]]:
-    """(name, k -> scheme object or None) to evaluate: the trained scheme itself, and for a rotary
-    scheme one inference-time scaling per ``config.rope_scalings`` (a new RotaryEmbedding at factor k)."""
-    from functools import partial
-
-    out: list[tuple[str, Callable[[int], Any]]] = [(scheme, lambda k: None)]
-    if getattr(model.embed.position, "kind", None) == "rotary":
-        out += [(f"{scheme}+{t}", partial(_scaled_rope, t, config)) for t in config.rope_scalings]
-    return out
-
-
 def _scaled_rope(rope_type: str, config: ExtrapolationConfig, k: int) -> Any:
     """RoPE at factor k = kL / L, same head_dim and base as trained; ``max_seq_len`` = L is HF's
     ``max_position_embeddings``, the original length that dynamic NTK scales from."""
@@ -221,59 +149,126 @@ def _scaled_rope(rope_type: str, config: ExtrapolationConfig, k: int) -> Any:
                            scaling=rope_scaling_dict(rope_type, k, config.train_len))
 
 
-def run_extrapolation(config: ExtrapolationConfig, progress: Progress | None = None) -> ExtrapolationResult:
-    """Train every scheme at ``train_len`` and evaluate it at every ``train_len * k``.
+def _variants(model: Any, scheme: str, config: ExtrapolationConfig) -> list[tuple[str, Callable[[int], Any]]]:
+    """(name, k -> scheme object or None): the trained scheme, and for a rotary scheme one
+    inference-time scaling per ``config.rope_scalings``."""
+    from functools import partial
 
-    ``progress(step, done, total, **info)`` is called as work proceeds: step ``"train <scheme>"``
-    (info: ``loss``, a moving average), ``"eval <scheme>"`` and ``"overall"`` (in step units).
+    out: list[tuple[str, Callable[[int], Any]]] = [(scheme, lambda k: None)]
+    if getattr(model.embed.position, "kind", None) == "rotary":
+        out += [(f"{scheme}+{t}", partial(_scaled_rope, t, config)) for t in config.rope_scalings]
+    return out
+
+
+class _Runner:
+    """One run's state: the corpus, the eval settings, the rows so far, progress."""
+
+    def __init__(self, config: ExtrapolationConfig, notify: Progress) -> None:
+        import torch
+
+        from tokenpos.analysis.extrapolate.data import eval_token_count, load_corpus
+
+        self.config, self.notify = config, notify
+        self.corpus = load_corpus(config.corpus)
+        self.tokens = eval_token_count(len(self.corpus.eval), max(config.eval_lens), config.eval_tokens)
+        self.train_ids = torch.from_numpy(self.corpus.train)
+        self.rows: list[ResultRow] = []
+        self.runs: list[SchemeRun] = []
+        self.task_rows: list[TaskRow] = []
+
+    def lm(self, seed: int) -> None:
+        from tokenpos.analysis.extrapolate.schemes import build_model
+        from tokenpos.analysis.extrapolate.train import count_parameters, train_model
+
+        c = self.config
+        for scheme in c.schemes:
+            model = build_model(scheme, self.corpus.vocab_size, train_len=c.train_len, d_model=c.d_model,
+                                num_heads=c.num_heads, num_layers=c.num_layers, base=c.base,
+                                t5_num_buckets=c.t5_num_buckets, seed=seed)
+            label = f"train {scheme}" + (f" s{seed}" if len(c.seed_list) > 1 else "")
+            try:
+                stats = train_model(model, self.train_ids, steps=c.steps, batch_size=c.batch_size, seq_len=c.train_len,
+                                    lr=c.lr, warmup=c.warmup, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
+                                    seed=seed, progress=self.notify, label=label)
+            except RuntimeError as exc:              # a diverged run is a result, not a crash
+                self.rows += [ResultRow(scheme, t, None, None, None, f"training diverged: {exc}", p, seed)
+                              for p in c.protocols for t in c.eval_lens]
+                continue
+            eval_start = time.perf_counter()
+            for name, make_scheme in _variants(model, scheme, c):
+                for protocol in c.protocols:
+                    self.rows += self._score(model, name, make_scheme, protocol, seed)
+            self.runs.append(SchemeRun(scheme, count_parameters(model), stats.seconds,
+                                       time.perf_counter() - eval_start, stats.final_loss, stats.losses, seed))
+
+    def _score(self, model: Any, name: str, make_scheme: Callable[[int], Any], protocol: str,
+               seed: int) -> list[ResultRow]:
+        from tokenpos.analysis.extrapolate.evaluate import score_length, score_sliding
+
+        c, L = self.config, self.config.train_len
+        scores = []
+        for k in sorted(set(c.multiples)):
+            if protocol == "nonoverlap":
+                scores.append(score_length(model, self.corpus.eval, k * L, self.tokens, max(1, L // 2),
+                                           scheme=make_scheme(k)))
+            else:
+                scores.append(score_sliding(model, self.corpus.eval, k * L, c.stride, c.sliding_tokens,
+                                            start=max(c.eval_lens), scheme=make_scheme(k)))
+        self.notify(f"eval {name}", 1, 1)
+        base = scores[0].tail_nll                                    # sorted by length: the first is at L
+        return [ResultRow(name, s.eval_len, s.ppl, s.tail_nll, None if s.tail_nll is None or not base
+                          else s.tail_nll / base, s.note, protocol, seed) for s in scores]
+
+    def tasks(self, seed: int) -> None:
+        from tokenpos.analysis.extrapolate.tasks import run_task
+
+        task = self.config.task
+        if task is None:
+            return
+        for name in self.config.schemes:
+            for t in task.tasks:
+                out = run_task(name, t, task, seed, base=self.config.base)
+                self.notify(f"task {t} {name} s{seed}", 1, 1)
+                self.task_rows += [TaskRow(name, t, length, acc, seed, task.eval_examples, out.get("note"))
+                                   for length, acc in out["accuracy"].items()]
+
+
+def run_extrapolation(config: ExtrapolationConfig, progress: Progress | None = None,
+                      on_update: Callable[[ExtrapolationResult], None] | None = None) -> ExtrapolationResult:
+    """Train every scheme at ``train_len`` for every seed and evaluate it at every ``train_len * k``.
+
+    Order: the language model for the first seed, the synthetic task for its first seed, then the
+    remaining seeds of each (so a run cut short still has every scheme once). ``progress(step, done,
+    total, **info)`` reports training steps (``"train <scheme>"``, info ``loss``) and finished
+    evaluations; ``on_update(result)`` receives the partial result after each seed's unit of work.
     Threads: ``torch.set_num_threads(config.threads)`` for the run, restored afterwards.
     """
     import torch
 
-    from tokenpos.analysis.extrapolate.data import eval_token_count, load_corpus
-    from tokenpos.analysis.extrapolate.evaluate import score_length
-    from tokenpos.analysis.extrapolate.model import TinyLM
-    from tokenpos.analysis.extrapolate.train import count_parameters, train_model
-
     config.validate()
     notify: Progress = progress or (lambda *a, **k: None)
     start = time.perf_counter()
-    corpus = load_corpus(config.corpus)
-    L, ks = config.train_len, sorted(set(config.multiples))
-    tokens = eval_token_count(len(corpus.eval), max(config.eval_lens), config.eval_tokens)
-    train_ids = torch.from_numpy(corpus.train)
-    n_rotary = len(config.rope_scalings) if "rope" in config.schemes else 0   # only for the ETA
-    eval_units = sum(_eval_units(config, tokens, t) for t in config.eval_lens)
-    overall = _Overall(notify, len(config.schemes) * config.steps + eval_units * (len(config.schemes) + n_rotary))
+    runner = _Runner(config, notify)
+    seeds, task_seeds = config.seed_list, config.task_seed_list if config.task is not None else ()
+    units = [("lm", seeds[0])] + [("task", s) for s in task_seeds[:1]] + [("lm", s) for s in seeds[1:]] \
+        + [("task", s) for s in task_seeds[1:]]
     old_threads = torch.get_num_threads()
     torch.set_num_threads(config.threads or old_threads)
     threads = torch.get_num_threads()
-    rows: list[ResultRow] = []
-    runs: list[SchemeRun] = []
+
+    def result(complete: bool) -> ExtrapolationResult:
+        c = runner.corpus
+        return ExtrapolationResult(config=config, rows=list(runner.rows), runs=list(runner.runs), corpus=c.name,
+                                   vocab_size=c.vocab_size, train_chars=len(c.train), eval_chars=len(c.eval),
+                                   eval_tokens=runner.tokens, seconds=time.perf_counter() - start, threads=threads,
+                                   task_rows=list(runner.task_rows), complete=complete)
+
     try:
-        for scheme in config.schemes:
-            model = TinyLM(corpus.vocab_size, positional=POSITIONAL_KIND.get(scheme, scheme),
-                           d_model=config.d_model, num_layers=config.num_layers, num_heads=config.num_heads,
-                           max_seq_len=L, scheme_kwargs=config.scheme_kwargs(), seed=config.seed)
-            stats = train_model(model, train_ids, steps=config.steps, batch_size=config.batch_size, seq_len=L,
-                                lr=config.lr, warmup=config.warmup, weight_decay=config.weight_decay,
-                                grad_clip=config.grad_clip, seed=config.seed, progress=overall.train_callback(),
-                                label=f"train {scheme}")
-            overall.advance(config.steps)
-            eval_start = time.perf_counter()
-            for name, make_scheme in _variants(model, scheme, config):
-                scores = []
-                for i, k in enumerate(ks):
-                    scores.append(score_length(model, corpus.eval, k * L, tokens, max(1, L // 2),
-                                               scheme=make_scheme(k)))
-                    notify(f"eval {name}", i + 1, len(ks))
-                    overall.advance(_eval_units(config, tokens, k * L))
-                rows.extend(_rows(name, scores))
-            runs.append(SchemeRun(scheme, count_parameters(model), stats.seconds,
-                                  time.perf_counter() - eval_start, stats.final_loss, stats.losses))
+        for i, (kind, seed) in enumerate(units):
+            runner.lm(seed) if kind == "lm" else runner.tasks(seed)
+            notify("overall", i + 1, len(units))
+            if on_update is not None and i + 1 < len(units):
+                on_update(result(False))
     finally:
         torch.set_num_threads(old_threads)
-    return ExtrapolationResult(config=config, rows=rows, runs=runs, corpus=corpus.name,
-                               vocab_size=corpus.vocab_size, train_chars=len(corpus.train),
-                               eval_chars=len(corpus.eval), eval_tokens=tokens,
-                               seconds=time.perf_counter() - start, threads=threads)
+    return result(True)

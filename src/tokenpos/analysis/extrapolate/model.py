@@ -1,10 +1,10 @@
 """A tiny causal transformer language model built only from tokenpos pieces.
 
-    x = TransformerEmbedding(ids)                      token (* sqrt(D)) + additive positions, if any
+    x = TokenEmbedding(ids) (+ P)                      token (* sqrt(D)) + additive positions, if any
     x = x + Attn(LN(x));  x = x + MLP(LN(x))          pre-LN blocks, ``num_layers`` times
-    logits = TransformerEmbedding.token.attend(LN(x))  tied output projection
+    logits = TokenEmbedding.attend(LN(x))             tied output projection
 
-Attention calls ``tokenpos.torch.scaled_dot_product_attention(..., positional=embed.position)``:
+Attention calls ``tokenpos.torch.scaled_dot_product_attention(..., positional=<the layer's scheme>)``:
 rotary schemes rotate q and k there, bias schemes add their bias, additive and "none" schemes are
 ignored. Nothing in this file looks at which scheme it runs; evaluating RoPE with inference-time
 scaling swaps ``embed.position`` for another rotary object (see :func:`swapped_position`).
@@ -62,34 +62,58 @@ class Block(nn.Module):
         return x + self.proj(F.gelu(self.fc(self.ln2(x))))               # (B, L, D)
 
 
+class InputEmbedding(nn.Module):
+    """Token table (``TokenEmbedding``, scaled by sqrt(D)) plus the positional scheme's vectors when
+    the scheme is additive. ``position`` is the scheme object every layer uses unless the model
+    gives a layer its own (iRoPE). Shape: forward(ids (B, L)) -> (B, L, D)."""
+
+    def __init__(self, token: nn.Module, position: nn.Module) -> None:
+        super().__init__()
+        self.token, self.position = token, position
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.token(ids)                                              # (B, L, D), scaled
+        if getattr(self.position, "kind", None) == "additive":
+            x = x + self.position(ids.shape[-1])                         # (L, D) broadcast
+        return x
+
+
 class TinyLM(nn.Module):
-    """Causal character LM: TransformerEmbedding in, pre-LN blocks, tied output.
+    """Causal LM: token table + scheme object in, pre-LN blocks, tied output.
 
     Args:
         vocab_size: V.
-        positional: any ``TransformerEmbedding`` kind ("learned", "sinusoidal", "rope", "alibi", "t5", "none").
+        position: the positional scheme object (any ``kind``); built by the caller, so this file
+            never looks at which scheme it runs.
+        layer_positions: optional, one scheme object per layer for attention (None: ``position``
+            everywhere). iRoPE passes RoPE for three layers in four and NoPE for the fourth.
         d_model, num_layers, num_heads: D, number of blocks, H.
-        max_seq_len: the training length (rows of a learned table; cache hint for the others).
-        scheme_kwargs: further ``TransformerEmbedding`` keyword arguments (e.g. T5's max distance);
-            passed through unchanged, whatever the scheme.
-        seed: initialises every weight from explicit generators (no global RNG state).
+        token: the token table (default: ``TokenEmbedding`` drawn from ``default_rng(seed)``).
+        seed: initialises the linear layers (and the default token table) from explicit generators.
 
     The token table uses fairseq's convention (Press et al.'s code base): init N(0, D**-0.5) and a
-    sqrt(D) scale, so token vectors start with unit RMS, comparable to a sinusoidal row.
+    sqrt(D) scale, so token vectors start with unit RMS, comparable to a sinusoidal row
+    (``schemes.build_model`` draws it first, then the scheme, from one generator).
 
     Shape:
         forward(ids (B, L)) -> logits (B, L, V)
     """
 
-    def __init__(self, vocab_size: int, *, positional: str, d_model: int = 128, num_layers: int = 2,
-                 num_heads: int = 4, max_seq_len: int = 64, scheme_kwargs: dict[str, Any] | None = None,
-                 seed: int = 0) -> None:
-        from tokenpos.torch import TransformerEmbedding
+    def __init__(self, vocab_size: int, *, position: nn.Module, d_model: int = 128, num_layers: int = 2,
+                 num_heads: int = 4, layer_positions: list[nn.Module] | None = None,
+                 token: nn.Module | None = None, seed: int = 0) -> None:
+        import numpy as np
+
+        from tokenpos.torch import TokenEmbedding
 
         super().__init__()
-        self.embed = TransformerEmbedding(vocab_size, d_model, max_seq_len, positional=positional, scale=True,
-                                          std=d_model ** -0.5, num_heads=num_heads, seed=seed,
-                                          **(scheme_kwargs or {}))
+        if token is None:
+            token = TokenEmbedding(vocab_size, d_model, scale=True, std=d_model ** -0.5,
+                                   rng=np.random.default_rng(seed))
+        self.embed = InputEmbedding(token, position)
+        if layer_positions is not None and len(layer_positions) != num_layers:
+            raise ValueError(f"layer_positions needs {num_layers} schemes, got {len(layer_positions)}")
+        self.layer_positions = nn.ModuleList(layer_positions) if layer_positions is not None else None
         self.blocks = nn.ModuleList(Block(d_model, num_heads) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         self._init_linears(seed, num_layers)
@@ -104,22 +128,38 @@ class TinyLM(nn.Module):
                     module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * std)
                     module.bias.zero_()
 
+    def attention_schemes(self) -> list[Any]:
+        """The scheme object each layer's attention uses."""
+        if self.layer_positions is None:
+            return [self.embed.position] * len(self.blocks)
+        return list(self.layer_positions)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)                                              # (B, L, D)
-        for block in self.blocks:
-            x = block(x, self.embed.position)                            # (B, L, D)
+        for block, scheme in zip(self.blocks, self.attention_schemes(), strict=True):
+            x = block(x, scheme)                                         # (B, L, D)
         return self.embed.token.attend(self.norm(x))                     # (B, L, V)
 
 
 @contextmanager
 def swapped_position(model: Any, scheme: nn.Module | None) -> Iterator[Any]:
-    """Temporarily replace ``model.embed.position`` (a TinyLM) by ``scheme`` (None: leave it). Restored on exit."""
+    """Temporarily replace ``model.embed.position`` (a TinyLM) by ``scheme`` (None: leave it), and every
+    per-layer scheme of the same kind (iRoPE's RoPE layers). Restored on exit."""
     if scheme is None:
         yield model
         return
     original = model.embed.position
+    layers = model.layer_positions
+    saved = list(layers) if layers is not None else None
     model.embed.position = scheme
+    if layers is not None:          # iRoPE: swap the layers that use the same kind (RoPE), keep NoPE
+        for i, s in enumerate(saved or []):
+            if getattr(s, "kind", None) == getattr(original, "kind", None):
+                layers[i] = scheme
     try:
         yield model
     finally:
         model.embed.position = original
+        if layers is not None and saved is not None:
+            for i, s in enumerate(saved):
+                layers[i] = s

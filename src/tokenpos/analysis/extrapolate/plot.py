@@ -1,59 +1,140 @@
-"""The extrapolation figure: perplexity and tail-NLL ratio against eval length, one line per scheme."""
+"""Figures of the extrapolation study.
+
+- :func:`plot_extrapolation`: perplexity and R(k) against eval length, one line per scheme, one row
+  of two panels per protocol; with several seeds every point is the mean with a 95 % interval bar.
+- :func:`plot_tasks`: exact-match accuracy against input length, one panel per synthetic task,
+  with the interval as a bar and the training range shaded.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from tokenpos.analysis.extrapolate.results import as_document, schemes_in_order
+from tokenpos.analysis.extrapolate.render import PROTOCOL_TITLES, protocols
+
+
+def _doc(result: Any) -> dict[str, Any]:
+    return result.to_dict() if hasattr(result, "to_dict") else result
+
+
+def _color(i: int) -> Any:
+    """Distinct colours for up to 20 lines (matplotlib's default cycle repeats after 10)."""
+    from matplotlib import colormaps
+
+    return colormaps["tab20"](i % 20)
+
+
+def _yerr(rows: list[dict[str, Any]], key: str) -> list[list[float]] | None:
+    """Asymmetric error bars [[below...], [above...]] from ``<key>_ci``, or None without intervals."""
+    if not rows or not all(r.get(f"{key}_ci") for r in rows):
+        return None
+    return [[max(0.0, r[key] - r[f"{key}_ci"][0]) for r in rows], [max(0.0, r[f"{key}_ci"][1] - r[key]) for r in rows]]
 
 
 def plot_extrapolation(result: Any, path: str | Path) -> Path:
-    """Write a two-panel figure (PNG, SVG or PDF by suffix) and return the path.
+    """Write the figure (PNG, SVG or PDF by suffix) and return the path.
 
-    Left: per-window perplexity at each eval length. Right: R(k) = tail NLL at kL / at L, with 1
-    marked. A y axis is logarithmic when its values span more than 4x. RoPE's inference-time
-    scalings are dashed. Points that cannot run (learned past L) are left out.
+    Per protocol: left, perplexity at each eval length; right, R(k) with 1 marked. A y axis is
+    logarithmic when its values span more than 4x. RoPE's inference-time scalings are dashed.
+    Points that cannot run (learned past L) are left out.
     """
     from matplotlib.figure import Figure  # no pyplot: no global backend switch, nothing to close
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
-    data = as_document(result)
+    data = _doc(result)
     L = data["train_len"]
-
-    fig = Figure(figsize=(12.5, 4.2))
-    ax_ppl, ax_r = fig.subplots(1, 2)
-    lens = sorted({r["eval_len"] for r in data["results"]})
-    values: dict[str, list[float]] = {"ppl": [], "ratio": []}
-    for scheme in schemes_in_order(data):
-        rows = sorted((r for r in data["results"] if r["scheme"] == scheme and r["ppl"] is not None),
-                      key=lambda r: r["eval_len"])
-        if not rows:
-            continue
-        style = "--" if "+" in scheme else "-"
-        x = [r["eval_len"] for r in rows]
-        ax_ppl.plot(x, [r["ppl"] for r in rows], style, marker="o", label=scheme)
-        ax_r.plot(x, [r["ratio"] for r in rows], style, marker="o", label=scheme)
-        for key in values:
-            values[key] += [r[key] for r in rows]
-    for ax, key in ((ax_ppl, "ppl"), (ax_r, "ratio")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lens, [str(t) for t in lens])
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        if values[key] and max(values[key]) / max(min(values[key]), 1e-12) > 4:   # log only for wide ranges
-            ax.set_yscale("log")
-            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.axvline(L, color="grey", lw=0.8, ls=":")
-        ax.set_xlabel(f"eval length (train length L = {L})")
-        ax.grid(alpha=0.3)
-    ax_ppl.set_ylabel("perplexity per window")
-    ax_r.axhline(1.0, color="black", lw=0.8)
-    ax_r.set_ylabel("R(k) = tail NLL at kL / at L")
-    ax_r.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-    fig.suptitle("Train short, test long (character LM)")
+    protos = protocols(data)
+    fig = Figure(figsize=(12.5, 4.2 * len(protos)))
+    axes = fig.subplots(len(protos), 2, squeeze=False)
+    for (ax_ppl, ax_r), protocol in zip(axes, protos, strict=True):
+        results = [r for r in data["results"] if r.get("protocol", "nonoverlap") == protocol]
+        lens = sorted({r["eval_len"] for r in results})
+        values: dict[str, list[float]] = {"ppl": [], "ratio": []}
+        schemes: list[str] = []
+        for r in results:
+            if r["scheme"] not in schemes:
+                schemes.append(r["scheme"])
+        for i, scheme in enumerate(schemes):
+            rows = sorted((r for r in results if r["scheme"] == scheme and r["ppl"] is not None),
+                          key=lambda r: r["eval_len"])
+            if not rows:
+                continue
+            style = "--" if "+" in scheme else "-"
+            x = [r["eval_len"] for r in rows]
+            for ax, key in ((ax_ppl, "ppl"), (ax_r, "ratio")):
+                ax.errorbar(x, [r[key] for r in rows], yerr=_yerr(rows, key), fmt=style, marker="o", ms=3,
+                            capsize=2, label=scheme, color=_color(i))
+                values[key] += [r[key] for r in rows] + [c for r in rows for c in (r.get(f"{key}_ci") or [])
+                                                         if c > 0]
+        for ax, key in ((ax_ppl, "ppl"), (ax_r, "ratio")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lens, [str(t) for t in lens])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            positive = [v for v in values[key] if v > 0]
+            if positive and max(positive) / max(min(positive), 1e-12) > 4:   # log only for wide ranges
+                ax.set_yscale("log")
+                ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.axvline(L, color="grey", lw=0.8, ls=":")
+            ax.set_xlabel(f"eval length (train length L = {L})")
+            ax.grid(alpha=0.3)
+        title = PROTOCOL_TITLES.get(protocol, protocol)
+        ax_ppl.set_ylabel(f"perplexity ({title})")
+        ax_r.axhline(1.0, color="black", lw=0.8)
+        ax_r.set_ylabel("R(k) = NLL at kL / at L" if protocol == "sliding" else "R(k) = tail NLL at kL / at L")
+        ax_r.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    seeds = " (mean and 95% interval over seeds)" if "interval" in data else ""
+    fig.suptitle(f"Train short, test long (character LM){seeds}")
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    return path
+    from tokenpos.analysis.plots import save
+
+    return save(fig, path, 110)          # atomic: an interrupted run never leaves a partial figure
+
+
+def plot_tasks(result: Any, path: str | Path) -> Path:
+    """Accuracy against input length, one panel per synthetic task; the training range is shaded.
+
+    Raises:
+        ValueError: the document has no ``task_results``.
+    """
+    from matplotlib.figure import Figure
+
+    data = _doc(result)
+    entries = data.get("task_results") or []
+    if not entries:
+        raise ValueError("the document has no task_results; run with --tasks or --full")
+    tasks = sorted({e["task"] for e in entries})
+    train_len = (data.get("config", {}).get("task") or {}).get("train_len")
+    fig = Figure(figsize=(6.5 * len(tasks) + 1.5, 4.2))
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    for ax, task in zip(axes, tasks, strict=True):
+        schemes: list[str] = []
+        for e in entries:
+            if e["task"] == task and e["scheme"] not in schemes:
+                schemes.append(e["scheme"])
+        for i, scheme in enumerate(schemes):
+            rows = sorted((e for e in entries if e["task"] == task and e["scheme"] == scheme
+                           and e["accuracy"] is not None), key=lambda e: e["length"])
+            if not rows:
+                continue
+            yerr = [[100 * (e["accuracy"] - e["accuracy_ci"][0]) for e in rows],
+                    [100 * (e["accuracy_ci"][1] - e["accuracy"]) for e in rows]] \
+                if all(e.get("accuracy_ci") for e in rows) else None
+            ax.errorbar([e["length"] for e in rows], [100 * e["accuracy"] for e in rows], yerr=yerr, marker="o",
+                        ms=3, capsize=2, label=scheme, color=_color(i))
+        if train_len:
+            ax.axvspan(0, train_len, color="grey", alpha=0.12, lw=0)
+        ax.set_title(f"{task}")
+        ax.set_xlabel("input length 2n (shaded: training lengths)")
+        ax.set_ylabel("exact-match accuracy (%)")
+        ax.set_ylim(-3, 103)
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.suptitle("Synthetic tasks: trained at input length <= "
+                 f"{train_len if train_len else '?'}, exact match by length (95% interval)")
+    fig.tight_layout()
+    from tokenpos.analysis.plots import save
+
+    return save(fig, path, 110)          # atomic: an interrupted run never leaves a partial figure

@@ -1,19 +1,176 @@
-"""JSON and tables for extrapolation results. Everything here works on the JSON document (a dict)
-so a saved ``--json`` file renders exactly like a fresh run.
+"""Results of the extrapolation study: rows, the JSON document, tables. Tables work on the JSON
+document (a dict), so a saved ``--json`` file renders exactly like a fresh run.
 
-Document: ``{"train_len": L, "results": [{"scheme", "eval_len", "ppl", "tail_nll", "ratio"[, "note"]}, ...]}``
-(plus run metadata). ``None`` values mean "cannot run at this length" and carry a ``note``.
+Document: ``{"train_len": L, "results": [{"scheme", "eval_len", "ppl", "tail_nll", "ratio", "protocol"
+[, "note"]}, ...]}`` plus run metadata. With several seeds each entry holds the mean over seeds in
+``ppl`` / ``tail_nll`` / ``ratio`` and adds ``seeds``, ``ppl_ci``, ``tail_nll_ci`` and ``ratio_ci``
+(95 %, ``stats.INTERVAL_NAME``); the per-seed numbers are kept in ``seed_results``. The synthetic
+task writes ``task_results``: ``[{"scheme", "task", "length", "accuracy", "accuracy_ci", "seeds",
+"interval"}]``. ``None`` values mean "cannot run at this length" and carry a ``note``.
 """
 
 from __future__ import annotations
 
-import html
 import json
-import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenpos.analysis.extrapolate.stats import INTERVAL_NAME, clipped, mean_ci, wilson_interval
 from tokenpos.tables.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One scheme at one length, protocol and seed. ``ratio`` = tail NLL here / tail NLL at L."""
+
+    scheme: str
+    eval_len: int
+    ppl: float | None
+    tail_nll: float | None
+    ratio: float | None
+    note: str | None = None
+    protocol: str = "nonoverlap"
+    seed: int = 0
+
+    def to_dict(self, *, with_seed: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"scheme": self.scheme, "eval_len": self.eval_len, "ppl": self.ppl,
+                               "tail_nll": self.tail_nll, "ratio": self.ratio, "protocol": self.protocol}
+        if with_seed:
+            out["seed"] = self.seed
+        if self.note is not None:
+            out["note"] = self.note
+        return out
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """Exact-match accuracy of one scheme on one synthetic task at one length for one seed (None: cannot run)."""
+
+    scheme: str
+    task: str
+    length: int
+    accuracy: float | None
+    seed: int
+    examples: int
+    note: str | None = None
+
+
+@dataclass
+class SchemeRun:
+    """Training facts for one trained scheme and seed (RoPE's scaled variants reuse RoPE's run)."""
+
+    scheme: str
+    parameters: int
+    train_seconds: float
+    eval_seconds: float
+    final_loss: float
+    losses: list[float] = field(default_factory=list, repr=False)
+    seed: int = 0
+
+
+def _aggregate(rows: list[ResultRow]) -> list[dict[str, Any]]:
+    """Entries per (scheme, length, protocol) in first-seen order: mean and 95 % interval over seeds."""
+    groups: dict[tuple[str, int, str], list[ResultRow]] = {}
+    for r in rows:
+        groups.setdefault((r.scheme, r.eval_len, r.protocol), []).append(r)
+    out = []
+    for (scheme, eval_len, protocol), rs in groups.items():
+        entry: dict[str, Any] = {"scheme": scheme, "eval_len": eval_len, "protocol": protocol,
+                                 "seeds": [r.seed for r in rs]}
+        for key in ("ppl", "tail_nll", "ratio"):
+            values = [getattr(r, key) for r in rs]
+            if any(v is None for v in values):
+                entry[key], entry[f"{key}_ci"] = None, None
+            else:
+                entry[key], entry[f"{key}_ci"] = mean_ci(values)
+        notes = sorted({r.note for r in rs if r.note})
+        if notes:
+            entry["note"] = "; ".join(notes)
+        out.append(entry)
+    return out
+
+
+def _aggregate_tasks(rows: list[TaskRow]) -> list[dict[str, Any]]:
+    """Task entries: mean accuracy over seeds with a t-interval, or a Wilson interval for one seed."""
+    groups: dict[tuple[str, str, int], list[TaskRow]] = {}
+    for r in rows:
+        groups.setdefault((r.scheme, r.task, r.length), []).append(r)
+    out = []
+    for (scheme, task, length), rs in groups.items():
+        entry: dict[str, Any] = {"scheme": scheme, "task": task, "length": length, "seeds": [r.seed for r in rs]}
+        accs = [r.accuracy for r in rs]
+        if any(a is None for a in accs):
+            entry.update(accuracy=None, accuracy_ci=None, interval=None,
+                         note="; ".join(sorted({r.note or "n/a (cannot represent positions >= L)" for r in rs})))
+        elif len(rs) == 1:
+            entry.update(accuracy=accs[0], accuracy_ci=wilson_interval(accs[0], rs[0].examples),
+                         interval=f"95% Wilson interval over {rs[0].examples} eval examples (one seed)")
+        else:
+            mean, ci = mean_ci([float(a) for a in accs if a is not None])
+            entry.update(accuracy=mean, accuracy_ci=clipped(ci, 0.0, 1.0), interval=INTERVAL_NAME)
+        out.append(entry)
+    return out
+
+
+@dataclass
+class ExtrapolationResult:
+    """Everything a run produced: per-seed rows, training facts, task rows, timing, the config."""
+
+    config: Any
+    rows: list[ResultRow]
+    runs: list[SchemeRun]
+    corpus: str
+    vocab_size: int
+    train_chars: int
+    eval_chars: int
+    eval_tokens: int
+    seconds: float
+    threads: int
+    task_rows: list[TaskRow] = field(default_factory=list)
+    complete: bool = True
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted({r.seed for r in self.rows} | {t.seed for t in self.task_rows})
+
+    def row(self, scheme: str, eval_len: int, protocol: str = "nonoverlap", seed: int | None = None) -> ResultRow:
+        return next(r for r in self.rows if r.scheme == scheme and r.eval_len == eval_len
+                    and r.protocol == protocol and (seed is None or r.seed == seed))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (module docstring). One seed: the per-seed rows themselves."""
+        multi = len({r.seed for r in self.rows}) > 1
+        doc: dict[str, Any] = {
+            "train_len": self.config.train_len,
+            "results": _aggregate(self.rows) if multi else [r.to_dict() for r in self.rows],
+        }
+        if multi:
+            doc["interval"] = INTERVAL_NAME
+            doc["seed_results"] = [r.to_dict(with_seed=True) for r in self.rows]
+        if self.task_rows:
+            doc["task_results"] = _aggregate_tasks(self.task_rows)
+            doc["task_seed_results"] = [asdict(t) for t in self.task_rows]
+        doc.update({
+            "config": _plain(asdict(self.config)),
+            "runs": [{"scheme": r.scheme, "seed": r.seed, "parameters": r.parameters,
+                      "train_seconds": round(r.train_seconds, 2), "eval_seconds": round(r.eval_seconds, 2),
+                      "final_train_loss": round(r.final_loss, 4)} for r in self.runs],
+            "corpus": self.corpus, "vocab_size": self.vocab_size, "train_chars": self.train_chars,
+            "eval_chars": self.eval_chars, "eval_tokens_per_length": self.eval_tokens,
+            "seconds": round(self.seconds, 2), "threads": self.threads, "complete": self.complete,
+        })
+        return doc
+
+
+def _plain(value: Any) -> Any:
+    """Tuples -> lists, recursively (a JSON-ready config)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
 
 REQUIRED_KEYS = ("scheme", "eval_len", "ppl", "tail_nll", "ratio")
 
@@ -23,11 +180,16 @@ def as_document(result: Any) -> dict[str, Any]:
     return result.to_dict() if hasattr(result, "to_dict") else result
 
 
+def dumps(result: Any) -> str:
+    """The document as JSON text (2-space indent, NaN/inf refused)."""
+    return json.dumps(as_document(result), indent=2, allow_nan=False) + "\n"
+
+
 def write_json(result: Any, path: str | Path) -> Path:
-    """Write the document (2-space indent, NaN/inf refused) and return the path."""
-    path = Path(path)
-    path.write_text(json.dumps(as_document(result), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    return path
+    """Write the document atomically (``tokenpos._files``) and return the path."""
+    from tokenpos._files import atomic_write_text
+
+    return atomic_write_text(path, dumps(result))
 
 
 def load_json(path: str | Path) -> dict[str, Any]:
@@ -46,86 +208,20 @@ def load_json(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def fmt_ppl(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    if not math.isfinite(x) or x >= 1e4:
-        return f"{x:.2e}"
-    return f"{x:.2f}" if x < 1000 else f"{x:.0f}"
+# the tables live in render.py; re-exported here for the existing imports
+from tokenpos.analysis.extrapolate.render import (  # noqa: E402
+    fmt_ppl,
+    fmt_ratio,
+    html_section,
+    html_table,
+    markdown_table,
+    markdown_task_table,
+    protocols,
+    schemes_in_order,
+    table,
+    task_table,
+)
 
-
-def fmt_ratio(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def schemes_in_order(data: dict[str, Any]) -> list[str]:
-    seen: list[str] = []
-    for r in data["results"]:
-        if r["scheme"] not in seen:
-            seen.append(r["scheme"])
-    return seen
-
-
-def table(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Headers and string cells: one row per scheme, ppl at each length, tail NLL at L, R(k) for k > 1.
-
-    A ``note`` column appears when some scheme could not run somewhere (learned past L).
-    """
-    data = as_document(data)
-    L = data["train_len"]
-    lens = sorted({r["eval_len"] for r in data["results"]})
-    by = {(r["scheme"], r["eval_len"]): r for r in data["results"]}
-    ks = [t // L if t % L == 0 else t / L for t in lens]
-    ratios = [f"R({k})" for k, t in zip(ks, lens, strict=True) if t != L]
-    headers = [f"ppl @{t}" for t in lens] + [f"tail NLL @{L}"] + ratios
-    has_note = any(r.get("note") for r in data["results"])
-    headers = ["scheme"] + headers + (["note"] if has_note else [])
-    rows = []
-    for scheme in schemes_in_order(data):
-        cells = [scheme] + [fmt_ppl(by[scheme, t]["ppl"]) if (scheme, t) in by else "" for t in lens]
-        base = by.get((scheme, L))
-        cells.append("" if base is None or base["tail_nll"] is None else f"{base['tail_nll']:.4f}")
-        cells += [fmt_ratio(by[scheme, t]["ratio"]) if (scheme, t) in by else "" for t in lens if t != L]
-        if has_note:
-            notes = sorted({by[scheme, t].get("note") or "" for t in lens if (scheme, t) in by} - {""})
-            cells.append("; ".join(notes))
-        rows.append(cells)
-    return headers, rows
-
-
-def markdown_table(data: dict[str, Any]) -> str:
-    """The table as GitHub markdown."""
-    headers, rows = table(data)
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    return "\n".join(lines)
-
-
-def html_table(data: dict[str, Any]) -> str:
-    """The table as an HTML fragment (``<table class="extrapolation">``), every cell escaped."""
-    data = as_document(data)
-    headers, rows = table(data)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in rows)
-    caption = (f"Train short, test long: trained at L = {data['train_len']}, evaluated at k&middot;L. "
-               "R(k) = tail NLL at kL / tail NLL at L (tail = last L/2 positions of each window).")
-    return (f'<table class="extrapolation"><caption>{caption}</caption><thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table>")
-
-
-def html_section(path: str | Path) -> str | None:
-    """An HTML ``<section>`` for the report from a saved JSON file, or None when it does not exist."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    data = load_json(path)
-    meta = []
-    if "seconds" in data:
-        meta.append(f"wall time {data['seconds']:.0f} s")
-    if "threads" in data:
-        meta.append(f"{data['threads']} threads")
-    if "corpus" in data:
-        meta.append(f"corpus {data['corpus']}")
-    extra = f"<p>{html.escape(', '.join(meta))}</p>" if meta else ""
-    return (f'<section id="extrapolation"><h2>Length extrapolation (tokenpos extrapolate)</h2>{extra}'
-            f"{html_table(data)}</section>")
+__all__ = ["REQUIRED_KEYS", "ExtrapolationResult", "ResultRow", "SchemeRun", "TaskRow", "as_document", "fmt_ppl",
+           "fmt_ratio", "html_section", "html_table", "load_json", "markdown_table", "schemes_in_order", "table",
+           "task_table", "write_json", "markdown_task_table", "protocols", "dumps"]
