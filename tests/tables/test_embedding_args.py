@@ -49,8 +49,8 @@ def test_none_means_the_none_shortcut():
 
 @pytest.mark.parametrize("bad", ["Learned", "rotary", 3, 1.5, object(), {"kind": "rope"}, np.zeros(3)])
 def test_anything_but_a_shortcut_or_a_scheme_is_a_config_error_listing_the_choices(bad):
-    with pytest.raises(ConfigError, match=r"positional must be one of 'alibi', 'learned', 'none', 'rope', "
-                                          r"'sinusoidal', 't5', None, or a positional-scheme object of the "
+    with pytest.raises(ConfigError, match=r"positional must be one of 'alibi', 'fire', 'kerple', 'learned', 'none', "
+                                          r"'rope', 'sinusoidal', 't5', None, or a positional-scheme object of the "
                                           r"layer's backend.*; got"):
         args(positional=bad)
 

@@ -15,6 +15,8 @@ from tokenpos.numpy.attention import (
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_forward,
 )
+from tokenpos.numpy.fire import FIRE
+from tokenpos.numpy.kerple import KERPLE
 from tokenpos.numpy.learned import LearnedPositionalEmbedding, PositionalEmbedding
 from tokenpos.numpy.module import Module, Parameter, RowSparseGrad
 from tokenpos.numpy.mrope import MRotaryEmbedding
@@ -30,6 +32,8 @@ from tokenpos.numpy.xpos import XPosRotaryEmbedding
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, StateDictError, TokenIdError
 
 __all__ = [
+    "FIRE",
+    "KERPLE",
     "DtypeError",
     "MRotaryEmbedding",
     "RotaryEmbedding2D",

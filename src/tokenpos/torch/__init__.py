@@ -18,7 +18,9 @@ from tokenpos.torch._dropout import dropout_keep_mask_torch
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.alibi import ALiBi
 from tokenpos.torch.attention import scaled_dot_product_attention
+from tokenpos.torch.fire import FIRE
 from tokenpos.torch.hf import from_hf
+from tokenpos.torch.kerple import KERPLE
 from tokenpos.torch.learned import LearnedPositionalEmbedding, PositionalEmbedding
 from tokenpos.torch.mrope import MRotaryEmbedding
 from tokenpos.torch.norm import LayerNorm, RMSNorm
@@ -32,6 +34,8 @@ from tokenpos.torch.transformer import EmbeddingLayer, TransformerEmbedding
 from tokenpos.torch.xpos import XPosRotaryEmbedding
 
 __all__ = [
+    "FIRE",
+    "KERPLE",
     "DtypeError",
     "MRotaryEmbedding",
     "RotaryEmbedding2D",
