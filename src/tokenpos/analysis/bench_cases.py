@@ -66,10 +66,14 @@ def _numba_gather(w: np.ndarray, batches: list[np.ndarray], out: np.ndarray) -> 
     return run
 
 
-def _public_layer(backend: str, V: int, D: int, L: int, p: float, batches: list, **kw: Any):
+def _public_layer(backend: str, V: int, D: int, L: int, p: float, batches: list, tables: tuple, **kw: Any):
+    """The public TransformerEmbedding reading the SAME (V, D) and (L, D) tables as the other rows
+    (shared memory, no copy): with a table of its own, the layer would gather from rows the other
+    impls do not warm in the shared L3, and the comparison would measure cache luck, not code."""
     def make() -> Callable[[], Any]:
         cls = public(backend, "transformer", "TransformerEmbedding")
         layer = cls(V, D, L, positional="learned", scale=True, dropout=p, seed=0, **kw)
+        layer.token.weight.data, layer.position.weight.data = tables          # share, do not copy
         layer.train() if p else layer.eval()
         it = cycle(batches)
         return lambda: layer(next(it))
@@ -121,9 +125,9 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
             w, next(ids_k), scale=scale, pos_table=pt, pos_ids=pos, dropout_p=p, seed=next(seeds), out=out,
             bf16=bf16, stream=stream))
     if not bf16:
-        add_impl(impls, notes, "tokenpos numpy (public layer)", _public_layer("numpy", V, D, L, p, batches))
+        add_impl(impls, notes, "tokenpos numpy (public layer)", _public_layer("numpy", V, D, L, p, batches, (w, pt)))
     add_impl(impls, notes, "tokenpos torch (public layer)",
-             _public_layer("torch", V, D, L, p, tbatches, **({"dtype": torch.bfloat16} if bf16 else {})))
+             _public_layer("torch", V, D, L, p, tbatches, (W, P), **({"dtype": torch.bfloat16} if bf16 else {})))
     grad = torch.is_grad_enabled()
     torch.set_grad_enabled(bool(p))                        # inference: no autograd graph anywhere
     try:
