@@ -83,7 +83,7 @@ def test_report_quick_without_bench(tmp_path: Path) -> None:
     assert "38,597,376" in page and "147.2" in page and "fp16/bf16 MiB" in page   # the memory table
     assert "Benchmark skipped" in page
     assert "PositionError" in page                                   # trade-offs computed from the layers
-    assert "tokenpos extrapolate --json" in page                     # how to get the missing table
+    assert "tokenpos extrapolate --json" in page                     # how to get one's own table
     last = {}
     for step, done, total in steps:
         last[step] = (done, total)
@@ -200,3 +200,12 @@ def test_a_successful_run_replaces_the_previous_page(tmp_path: Path, fast_plots:
     page = (out / HTML_NAME).read_text(encoding="utf-8")
     assert page != OLD_PAGE and page.startswith("<!DOCTYPE html>")
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_report_without_a_run_of_ones_own_shows_the_checked_in_study_with_intervals(tmp_path: Path) -> None:
+    from tokenpos.analysis.report import CHECKED_IN_STUDY
+
+    assert CHECKED_IN_STUDY.is_file(), "docs/extrapolation_full.json is checked in beside the sources"
+    page = build_report(tmp_path / "rep", mode="quick", bench=False).read_text(encoding="utf-8")
+    assert "extrapolation_full.json" in page and "95% Student-t interval over seeds" in page
+    assert "checked-in study" in page and "sliding" in page              # both protocols' tables

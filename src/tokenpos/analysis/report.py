@@ -25,6 +25,8 @@ Progress = Callable[[str, int, int], None]
 MODES = ("quick", "default", "full")
 HTML_NAME = "index.html"
 EXTRAPOLATION_NAME = "extrapolation.json"
+# the full study checked in beside the sources (docs/); present in a source checkout / editable install
+CHECKED_IN_STUDY = Path(__file__).resolve().parents[3] / "docs" / "extrapolation_full.json"
 # plot kind -> (caption, options per mode)
 FIGURES: dict[str, str] = {
     "memory": "Token-table size (fp32) over vocab size and d_model; the presets and seed 004's scenarios are marked.",
@@ -205,7 +207,10 @@ def _extrapolation_section(ctx: ReportContext, path: Path, data: Any) -> str:
         from tokenpos.analysis.extrapolate.results import html_table
 
         ci = f" Every number: mean [{data['interval']}]." if "interval" in data else ""
-        body = H.paragraphs([f"From {path}.{ci}"], "note") + "".join(html_table(data, p) for p in protocols(data))
+        own = (f" These are the checked-in study's results; run `tokenpos extrapolate --json "
+               f"{ctx.out_dir / EXTRAPOLATION_NAME}` for your own." if path == CHECKED_IN_STUDY else "")
+        body = (H.paragraphs([f"From {path}.{ci}{own}"], "note")
+                + "".join(html_table(data, p) for p in protocols(data)))
         body += _task_tables(data)
     except ImportError:
         rows = [[r["scheme"], r["eval_len"], r["ppl"], r["tail_nll"], r["ratio"]] for r in data["results"]]
@@ -287,6 +292,8 @@ def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench
     bench_body = _bench_section(ctx, bench)
     tradeoffs = _tradeoff_section(ctx)
     ext = Path(extrapolation) if extrapolation is not None else out / EXTRAPOLATION_NAME
+    if extrapolation is None and not ext.is_file() and CHECKED_IN_STUDY.is_file():
+        ext = CHECKED_IN_STUDY          # no run of the user's own: show the checked-in study (intervals)
     ext_body = _extrapolation_section(ctx, ext, data)
     ctx.progress("writing HTML", 0, 1)
     sections = [
