@@ -168,3 +168,18 @@ def test_any_shape_and_dtype_kernel_equals_plain(shape, D, V, p, dtype, id_dtype
     with use_kernels(False):
         plain = OPS.embedding(*args)
     assert fused.shape == (*shape, D) and torch.equal(fused, plain)
+
+
+def test_the_triton_choice_takes_float32_bf16_fp16_and_never_float64():
+    """CUDA float64 runs plain torch: the Triton kernels refuse it (a TypeError), so the one choice
+    point must not hand it to them."""
+    import tokenpos
+    from tokenpos.torch.ops._dispatch import triton_kernels
+
+    pytest.importorskip("triton")
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        assert triton_kernels(torch.zeros(1, dtype=dt)) is not None
+    assert triton_kernels(torch.zeros(1, dtype=torch.float64)) is None
+    assert triton_kernels(torch.zeros(1), torch.zeros(1, dtype=torch.float64)) is None
+    with tokenpos.use_kernels(False):
+        assert triton_kernels(torch.zeros(1)) is None

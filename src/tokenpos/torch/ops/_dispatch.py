@@ -5,7 +5,8 @@ kernel and plain torch.
   ``.numpy()`` views, writing into a ``torch.empty`` output (``out=``).
 - CPU bfloat16: the numba bf16 kernel once ``tokenpos.kernels.embedding.embedding_forward`` takes
   ``bf16=True`` (see :data:`NUMBA_BF16`); until then plain torch.
-- CUDA: ``tokenpos.kernels.triton`` when it imports (Triton present), else plain torch.
+- CUDA float32 / bf16 / fp16: ``tokenpos.kernels.triton`` when it imports (Triton present), else
+  plain torch (float64 on CUDA too).
 - everything else (fp16, meta, MPS, kernels switched off): plain torch.
 
 The choice is made inside the op's implementation, at run time, on real (unwrapped) tensors, so a
@@ -52,9 +53,13 @@ def cpu_path(*tensors: torch.Tensor) -> str:
 _TRITON: list[Any] = []                   # [module or None], filled on the first CUDA call
 
 
-def triton_kernels() -> Any:
-    """``tokenpos.kernels.triton`` when it imports (Triton installed, kernels on), else None."""
-    if not kernels_enabled():
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # the Triton kernels refuse float64
+
+
+def triton_kernels(*tensors: torch.Tensor) -> Any:
+    """``tokenpos.kernels.triton`` for these CUDA tensors when it imports (Triton installed, kernels on)
+    and every tensor has a dtype the Triton kernels take; else None (the caller runs plain torch)."""
+    if not kernels_enabled() or any(t.dtype not in TRITON_DTYPES for t in tensors):
         return None
     if not _TRITON:
         try:

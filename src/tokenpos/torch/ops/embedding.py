@@ -79,7 +79,7 @@ def forward_impl(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | 
         if path != "plain":
             return _forward_numba(weight, ids, table, pos, scale, p, seed, bf16=path == "numba_bf16")
     elif weight.is_cuda:
-        tk = triton_kernels()
+        tk = triton_kernels(*tensors)
         if tk is not None:
             return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)
     return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
@@ -168,7 +168,7 @@ def embedding_backward(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor 
     if grad.is_cpu and cpu_path(grad) == "numba":
         return _backward_numba(grad, ids, pos, num_weights, num_positions, scale, p, seed, padding_idx)
     if grad.is_cuda:
-        tk = triton_kernels()
+        tk = triton_kernels(grad)
         if tk is not None:
             gw, gt = tk.embedding_backward(grad, ids, pos, num_weights, num_positions, scale, p, seed,
                                            padding_idx)

@@ -63,8 +63,8 @@ def rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved
     """The implementation of ``tokenpos::rope`` on real tensors (the kernel choice: ``_dispatch``)."""
     if x.is_cpu and cpu_path(x) == "numba":
         return _rope_numba(x, None, cos, sin, interleaved)[0]
-    if x.is_cuda and x.dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-        tk = triton_kernels()
+    if x.is_cuda:
+        tk = triton_kernels(x)
         if tk is not None:
             return tk.rope_forward(x, cos, sin, interleaved)
     return _rope_plain(x, cos, sin, interleaved)
