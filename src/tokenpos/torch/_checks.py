@@ -44,6 +44,12 @@ _WIDE_UINT_DTYPES = (torch.uint16, torch.uint32, torch.uint64)
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, *_WIDE_UINT_DTYPES)
 
 
+def calc_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of positions, frequencies and angles on ``device``: float64 (float32 on MPS, which has
+    no float64), never less than float32, whatever the model dtype."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def is_compiling() -> bool:
     return bool(torch.compiler.is_compiling())
 

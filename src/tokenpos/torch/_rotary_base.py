@@ -25,13 +25,8 @@ from tokenpos.tables.rope_checks import (
     rope_layout_shape_message,
 )
 from tokenpos.torch import ops
-from tokenpos.torch._checks import check_position_tensor
+from tokenpos.torch._checks import calc_dtype, check_position_tensor
 from tokenpos.torch._module import TokenposModule
-
-
-def calc_dtype(device: torch.device) -> torch.dtype:
-    """The dtype of frequencies and angles on ``device``: float64 (float32 on MPS, which has no float64)."""
-    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> torch.Tensor:

@@ -13,12 +13,9 @@ import torch
 from tokenpos.tables.alibi import alibi_slopes, bias_length_message
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_int, check_positive_int
+from tokenpos.torch._checks import calc_dtype as _calc_dtype
 from tokenpos.torch._checks import resolve_dtype
 from tokenpos.torch._module import TokenposModule
-
-
-def _calc_dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "mps" else torch.float64
 
 
 class ALiBi(TokenposModule):

@@ -15,10 +15,10 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope2d import rope2d_inv_freq, sincos_2d_table
 from tokenpos.tables.rope_checks import check_qk_layout, check_qk_lengths
 from tokenpos.tables.rope_layers import check_rope2d_positions_shape, rope2d_args_from_hf_config, rope2d_layer_args
+from tokenpos.torch._checks import calc_dtype as _calc
 from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch._rotary_base import RotaryBase
-from tokenpos.torch._rotary_base import calc_dtype as _calc
 
 
 class RotaryEmbedding2D(RotaryBase):

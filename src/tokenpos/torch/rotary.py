@@ -40,9 +40,9 @@ from tokenpos.tables.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.rope_state import rotary_frequencies
 from tokenpos.tables.validation import check_int
 from tokenpos.torch import ops
+from tokenpos.torch._checks import calc_dtype as _calc_dtype
 from tokenpos.torch._checks import check_position_tensor, is_compiling
 from tokenpos.torch._rotary_base import RotaryBase
-from tokenpos.torch._rotary_base import calc_dtype as _calc_dtype
 from tokenpos.torch._rotary_base import to_bhld as to_bhld
 
 CACHE_GROWTH_LIMIT = 16

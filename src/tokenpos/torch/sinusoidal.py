@@ -20,12 +20,8 @@ from tokenpos.torch._checks import (
     is_seq_len,
     resolve_dtype,
 )
+from tokenpos.torch._checks import calc_dtype as _calc_dtype
 from tokenpos.torch._module import TokenposModule
-
-
-def _calc_dtype(device: torch.device) -> torch.dtype:
-    """float64 where the device has it (MPS does not), never less than float32."""
-    return torch.float32 if device.type == "mps" else torch.float64
 
 
 class SinusoidalPositionalEncoding(TokenposModule):
