@@ -24,20 +24,53 @@ from tokenpos.tables.validation import (
 NORMS = ("layernorm", "rmsnorm")
 
 
-class LayerNorm(Module):
+class _Norm(Module):
+    """What LayerNorm and RMSNorm share: d_model, eps, the weight, the input check, and forward /
+    backward as the pair :meth:`norm_forward` / :meth:`norm_backward` with the cache kept here.
+
+    Shape: forward x (..., D) -> (..., D); backward dy (..., D) -> dx (..., D).
+    """
+
+    def __init__(self, d_model: int, eps: float, dtype: Any) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.eps = check_float("eps", eps, low=0.0, low_inclusive=False)
+        self.weight = Parameter(np.ones(self.d_model, check_dtype("dtype", dtype)))
+        self._cache: F.NormCache | None = None
+
+    def _checked(self, x: Any) -> np.ndarray:
+        """x (..., D), a float array whose last axis is d_model."""
+        x = check_float_array("x", x)
+        check_feature_dim("x", x.shape, self.d_model)
+        return x
+
+    def norm_forward(self, x: Any) -> tuple[np.ndarray, F.NormCache]:
+        raise NotImplementedError
+
+    def norm_backward(self, grad_output: Any, cache: F.NormCache) -> np.ndarray:
+        raise NotImplementedError
+
+    def forward(self, x: Any) -> np.ndarray:
+        y, self._cache = self.norm_forward(x)
+        return y
+
+    def backward(self, grad_output: Any) -> np.ndarray:
+        """dy (..., D) -> dx (..., D) of the last forward; accumulates the parameters' gradients."""
+        return self.norm_backward(grad_output, self._cached(self._cache))
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}"
+
+
+class LayerNorm(_Norm):
     """``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the last axis (biased variance).
 
     Shape: forward x (..., D) -> (..., D); backward dy (..., D) -> dx (..., D).
     """
 
     def __init__(self, d_model: int, *, eps: float = 1e-5, dtype: Any = np.float32) -> None:
-        super().__init__()
-        self.d_model = check_positive_int("d_model", d_model)
-        self.eps = check_float("eps", eps, low=0.0, low_inclusive=False)
-        dt = check_dtype("dtype", dtype)
-        self.weight = Parameter(np.ones(self.d_model, dt))
-        self.bias = Parameter(np.zeros(self.d_model, dt))
-        self._cache: F.NormCache | None = None
+        super().__init__(d_model, eps, dtype)
+        self.bias = Parameter(np.zeros(self.d_model, self.weight.data.dtype))
 
     def reset_parameters(self) -> None:
         """weight = 1, bias = 0 (the identity affine map)."""
@@ -48,9 +81,7 @@ class LayerNorm(Module):
 
     def norm_forward(self, x: Any) -> tuple[np.ndarray, F.NormCache]:
         """x (..., D) -> (y, cache) without keeping anything (for callers that keep their own cache)."""
-        x = check_float_array("x", x)
-        check_feature_dim("x", x.shape, self.d_model)
-        return F.layernorm_forward(x, self.weight.data, self.bias.data, self.eps)
+        return F.layernorm_forward(self._checked(x), self.weight.data, self.bias.data, self.eps)
 
     def norm_backward(self, grad_output: Any, cache: F.NormCache) -> np.ndarray:
         """dy (..., D) -> dx (..., D); accumulates d weight and d bias."""
@@ -59,31 +90,15 @@ class LayerNorm(Module):
         self.bias.accumulate(db)
         return dx
 
-    def forward(self, x: Any) -> np.ndarray:
-        y, self._cache = self.norm_forward(x)
-        return y
 
-    def backward(self, grad_output: Any) -> np.ndarray:
-        """dy (..., D) -> dx (..., D) of the last forward; accumulates d weight and d bias."""
-        return self.norm_backward(grad_output, self._cached(self._cache))
-
-    def extra_repr(self) -> str:
-        return f"{self.d_model}, eps={self.eps}"
-
-
-class RMSNorm(Module):
+class RMSNorm(_Norm):
     """``y = x / sqrt(mean(x**2) + eps) * weight`` over the last axis (Zhang & Sennrich 2019).
 
     Shape: forward x (..., D) -> (..., D); backward dy (..., D) -> dx (..., D).
     """
 
     def __init__(self, d_model: int, *, eps: float = 1e-6, dtype: Any = np.float32) -> None:
-        super().__init__()
-        self.d_model = check_positive_int("d_model", d_model)
-        self.eps = check_float("eps", eps, low=0.0, low_inclusive=False)
-        dt = check_dtype("dtype", dtype)
-        self.weight = Parameter(np.ones(self.d_model, dt))
-        self._cache: F.NormCache | None = None
+        super().__init__(d_model, eps, dtype)
 
     def reset_parameters(self) -> None:
         """weight = 1."""
@@ -92,25 +107,13 @@ class RMSNorm(Module):
 
     def norm_forward(self, x: Any) -> tuple[np.ndarray, F.NormCache]:
         """x (..., D) -> (y, cache) without keeping anything."""
-        x = check_float_array("x", x)
-        check_feature_dim("x", x.shape, self.d_model)
-        return F.rmsnorm_forward(x, self.weight.data, self.eps)
+        return F.rmsnorm_forward(self._checked(x), self.weight.data, self.eps)
 
     def norm_backward(self, grad_output: Any, cache: F.NormCache) -> np.ndarray:
         """dy (..., D) -> dx (..., D); accumulates d weight."""
         dx, dw = F.rmsnorm_backward(np.asarray(grad_output), cache)
         self.weight.accumulate(dw)
         return dx
-
-    def forward(self, x: Any) -> np.ndarray:
-        y, self._cache = self.norm_forward(x)
-        return y
-
-    def backward(self, grad_output: Any) -> np.ndarray:
-        return self.norm_backward(grad_output, self._cached(self._cache))
-
-    def extra_repr(self) -> str:
-        return f"{self.d_model}, eps={self.eps}"
 
 
 def build_norm(norm: str | None, d_model: int, eps: float, dtype: Any) -> LayerNorm | RMSNorm | None:
