@@ -18,10 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_choice, check_int, check_positive_int, check_probability
+from tokenpos.tables.validation import check_bool, check_choice, check_int, check_positive_int, check_probability
 
 POSITIONAL_SHORTCUTS = ("alibi", "fire", "kerple", "learned", "none", "rope", "sinusoidal", "t5")
 SCHEME_KINDS = ("additive", "bias", "none", "rotary")
@@ -113,13 +111,6 @@ def check_scheme_width(scheme: Any, d_model: int) -> None:
                           f"expected the embedding's d_model={d_model}")
 
 
-def check_scale(scale: Any) -> bool:
-    """``scale`` is a bool switch (multiply token vectors by sqrt(D)); strings and numbers are refused."""
-    if not isinstance(scale, (bool, np.bool_)):
-        raise ConfigError(f"scale must be True or False, got {scale!r} ({type(scale).__name__})")
-    return bool(scale)
-
-
 @dataclass(frozen=True)
 class EmbeddingArgs:
     """The validated arguments of TransformerEmbedding.
@@ -165,7 +156,7 @@ def check_embedding_args(*, positional: Any, d_model: Any, max_seq_len: Any, dro
         dropout=check_probability("dropout", dropout),
         num_token_types=check_int("num_token_types", num_token_types, minimum=0),
         position_ids=check_choice("position_ids", position_ids, POSITION_IDS),
-        scale=check_scale(scale),
+        scale=check_bool("scale", scale),
     )
     if args.position_ids == "padding" and padding_idx is None:
         raise ConfigError("position_ids='padding' (RoBERTa) needs padding_idx; got None")
