@@ -5,9 +5,17 @@ Backends are imported explicitly (``import tokenpos.numpy`` / ``import tokenpos.
 in :mod:`tokenpos._config` (re-exported here).
 """
 
-from tokenpos._config import device_checks_enabled, kernels_enabled, set_device_checks, set_kernels, use_kernels
+from tokenpos._config import (
+    device_checks_enabled,
+    kernels_enabled,
+    output_cache_bytes,
+    set_device_checks,
+    set_kernels,
+    set_output_cache,
+    use_kernels,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "device_checks_enabled", "kernels_enabled", "set_device_checks", "set_kernels",
-           "use_kernels"]
+__all__ = ["__version__", "device_checks_enabled", "kernels_enabled", "output_cache_bytes", "set_device_checks",
+           "set_kernels", "set_output_cache", "use_kernels"]

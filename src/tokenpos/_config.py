@@ -8,7 +8,15 @@
   position values on non-CPU devices to check their range (one host sync per call). CPU tensors are
   always checked; nothing is read inside ``torch.compile`` or ``torch.func`` transforms.
 
-Both are plain module attributes written under the GIL: set them once at start-up, not while other
+- ``set_output_cache(max_bytes)`` / ``output_cache_bytes()``: the cache of released output blocks
+  (:data:`OUTPUTS`, :mod:`tokenpos._outputs`). The kernels' large CPU outputs (1 MiB and more:
+  the embedding forward, RoPE) reuse memory that earlier outputs released, so a fresh output does
+  not page-fault. A block is reused only after every array, tensor, view and DLPack capsule of the
+  old output is gone (``weakref.finalize``, no reference counts read). At most ``max_bytes`` of
+  free blocks are kept, default :data:`DEFAULT_OUTPUT_CACHE` (256 MiB); 0 turns it off and frees
+  them. Thread-safe (a lock) and fork-safe (a child starts empty).
+
+The switches are plain module attributes written under the GIL: set them once at start-up, not while other
 threads are calling layers (a call sees either the old or the new value, never a mix within one op).
 One more process-wide choice is made outside this file, once: the numba threading layer, picked
 when ``tokenpos.kernels`` is first imported (``tokenpos.kernels._threading``). It is TBB (the
@@ -18,8 +26,7 @@ DataLoader workers) and several threads may call the kernels. If TBB cannot be l
 user chose (``NUMBA_THREADING_LAYER``), or numba threads started before tokenpos was imported, are
 kept; with ``omp``, forking after a kernel call is unsafe.
 
-Nothing else is process-wide: no output-buffer pool (kernels allocate with ``np.empty`` /
-``torch.empty`` unless the caller passes ``out=``), no change of numba's thread count
+Nothing else is process-wide: no change of numba's thread count
 (``NUMBA_NUM_THREADS`` / ``numba.set_num_threads`` are the user's), no cached tables shared across
 layers.
 """
@@ -29,8 +36,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tokenpos._outputs import OutputCache
+
 _KERNELS_ENABLED = True
 _DEVICE_CHECKS = False
+DEFAULT_OUTPUT_CACHE = 256 << 20
+OUTPUTS = OutputCache(DEFAULT_OUTPUT_CACHE)       # the kernels' reused output blocks
 
 
 def _check_bool(name: str, enabled: object) -> bool:
@@ -70,3 +81,17 @@ def set_device_checks(enabled: bool) -> None:
 def device_checks_enabled() -> bool:
     """Whether non-CPU ids / positions are value-checked (CPU ones always are)."""
     return _DEVICE_CHECKS
+
+
+def set_output_cache(max_bytes: int) -> None:
+    """Keep at most ``max_bytes`` of released output blocks for reuse (0: off, and free them now)."""
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise TypeError(f"set_output_cache expects an int >= 0 (bytes), got {max_bytes!r}")
+    OUTPUTS.max_bytes = max_bytes
+    if OUTPUTS.free_bytes() > max_bytes:
+        OUTPUTS.clear()
+
+
+def output_cache_bytes() -> int:
+    """The most bytes of released output blocks kept for reuse (0: the cache is off)."""
+    return OUTPUTS.max_bytes

@@ -76,6 +76,25 @@ def test_bf16_ties_round_to_even_and_specials() -> None:
     assert_same_bits(got[:, None], torch_plain(Wt, ids, 1.0, Pt, pos, 0.0, 0))
 
 
+@pytest.mark.parametrize("has_pos", [True, False])
+@pytest.mark.parametrize("offset", [0, 1])      # 1: an out that is not 4-byte aligned
+def test_bf16_rows_match_torch_on_every_bit_pattern(has_pos: bool, offset: int) -> None:
+    """Every bf16 bit pattern (NaN, Inf, subnormals, ties) rounds as torch does, aligned or not."""
+    rng = np.random.default_rng(5)
+    V, D, L = 64, 64, 8
+    allbits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    P = torch.from_numpy(rng.integers(0, 1 << 16, (L, D)).astype(np.uint16).view(np.int16)).view(torch.bfloat16)
+    for start in range(0, 1 << 16, V * D):
+        W = torch.from_numpy(allbits[start:start + V * D].reshape(V, D).view(np.int16).copy()).view(torch.bfloat16)
+        ids = rng.permutation(V).reshape(V // L, L)
+        pos = np.arange(L) if has_pos else None
+        buf = np.empty(V * D + 1, np.uint16)
+        out = buf[offset:offset + V * D].reshape(V // L, L, D)
+        got = embedding_forward(bits(W), ids, scale=1.5, pos_table=bits(P) if has_pos else None, pos_ids=pos,
+                                out=out, bf16=True)
+        assert_same_bits(got, torch_plain(W, ids, 1.5, P if has_pos else None, pos, 0.0, 0))
+
+
 def test_float32_to_bf16_matches_torch_on_every_exponent() -> None:
     rng = np.random.default_rng(3)
     u = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)

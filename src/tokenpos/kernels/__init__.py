@@ -35,11 +35,12 @@ Dropout masks equal :func:`tokenpos.tables.dropout.dropout_keep_mask` bit for bi
 their twins bit for bit; sums and optimiser steps agree to float rounding.
 
 Machinery (private): :mod:`._threading` (the numba threading layer, chosen once at import: TBB,
-which is fork-safe and thread-safe), :mod:`._forward` (the compiled forward cores, float and bf16),
+which is fork-safe and thread-safe), :mod:`._forward` (the compiled forward core, float and bf16),
 :mod:`._stream` (opt-in non-temporal stores, ``stream=True``), :mod:`._rng` (the hash),
-:mod:`._prefetch` (software prefetch, backward only), :mod:`._launch` (dynamic chunks for the
-backward and optimiser loops). There is no output cache: ``out=None`` allocates with ``np.empty``;
-callers that call repeatedly pass ``out=``. tokenpos never changes numba's thread count.
+:mod:`._prefetch` (software prefetch), :mod:`._launch` (dynamic chunks for the backward and
+optimiser loops). ``out=None`` takes a fresh output from :data:`tokenpos._config.OUTPUTS` (reused
+released blocks, no page faults); callers may pass ``out=``. tokenpos never changes numba's thread
+count.
 
 Numba's on-disk cache (``cache=True``) lives in ``__pycache__`` next to these files (or numba's
 user cache directory when that is not writable). It is keyed on each file's own source, so after

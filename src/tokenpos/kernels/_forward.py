@@ -1,8 +1,11 @@
-"""Compiled cores of the embedding forward (float32/float64, and bf16 held as uint16 bits).
+"""The compiled core of the embedding forward (float32/float64, and bf16 held as uint16 bits).
 
-Shapes: V vocab, D model dim, N flat ids, Lp flat positions (row n uses ``pos_ids[n % Lp]``).
+Shapes: V vocab, D model dim, N flat ids, Lp flat positions (row n uses ``pos_ids[n % Lp]``; Lp
+divides N, so row n = b * Lp + j is batch row b at position j).
 
-Each core is a plain ``prange`` over tasks of ``rows`` consecutive output rows. Per row:
+:func:`forward_core` is one ``prange`` over tasks of ``pj`` positions x ``pb`` batch rows, visited
+position-major: each positional row stays in L1 while the task's gathered rows stream past it, and
+the token row two visits ahead is prefetched (measured: BENCHMARKS.md). Per row:
 
     y[d]   = w[ids[n], d] * scale + pos[pos_ids[n % Lp], d]         (no fused multiply-add)
     out[d] = y[d] * m[d],   m = 1/(1-p) if keep(offset + n*D + d) else 0   (only when p > 0)
@@ -13,7 +16,7 @@ the core returns that count and the caller raises the shared :class:`TokenIdErro
 ``stream`` (opt-in) each row is built in an L1 scratch row and written with non-temporal stores
 (:mod:`._stream`); the result is the same bits either way.
 
-bf16 (:func:`forward_bf16_core`): weight, pos and out are uint16 arrays of bf16 bits. Each value is
+bf16 (uint16 tables; :func:`row` picks :func:`_row_bf16` by the table's dtype): each value is
 widened exactly (``bits << 16`` is the float32 with the same value), the row is computed in
 float32 in the order above, and rounded once to bf16, round-to-nearest-even, NaN -> 0x7FC0 (the
 rounding of ``torch.Tensor.bfloat16()``).
@@ -24,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from tokenpos.kernels._prefetch import prefetch_row
 from tokenpos.kernels._rng import GOLDEN, keep_bits_mul
@@ -53,35 +56,6 @@ def _row(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - c
     else:
         for d in range(D):
             o[d] = w[d] * scale
-
-
-@njit(parallel=True, cache=True)
-def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream,
-                 out_addr, rows, out):  # pragma: no cover - compiled
-    """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of bad ids."""
-    N = ids.shape[0]
-    V = weight.shape[0]
-    D = weight.shape[1]
-    Lp = pos_ids.shape[0]
-    row_bytes = np.uint64(D * out.itemsize)
-    nbad = 0
-    for task in prange((N + rows - 1) // rows):
-        tmp = np.empty(D, out.dtype)
-        for n in range(task * rows, min(N, task * rows + rows)):
-            r = ids[n]
-            if check and (r < 0 or r >= V):
-                nbad += 1
-                continue
-            base = offset + np.uint64(n * D)
-            if n + 2 < N:
-                prefetch_row(weight[ids[n + 2]])
-            o = tmp if stream else out[n]
-            _row(weight[r], pos_table[pos_ids[n % Lp]], has_pos, scale, key, thr, inv, base, o)
-            if stream:
-                stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
-        if stream:
-            store_fence()
-    return nbad
 
 
 @intrinsic
@@ -115,7 +89,6 @@ def _to_bf16(typingctx, y):  # pragma: no cover - compiled
     return sig, codegen
 
 
-@njit(inline="always", cache=True)
 def _row_bf16(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - compiled
     """:func:`_row` for bf16 bits: widen, compute in float32 (``scale``/``inv`` float32), round once."""
     D = o.shape[0]
@@ -140,28 +113,66 @@ def _row_bf16(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cove
             o[d] = _to_bf16(_bf16_to_f32(w[d]) * scale)
 
 
+def _row_float(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - compiled
+    _row(w, pe, has_pos, scale, key, thr, inv, base, o)
+
+
+def row(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - typing stub
+    """One output row: :func:`_row` for float tables, :func:`_row_bf16` for uint16 bf16 bits."""
+
+
+@overload(row, inline="always")
+def _row_overload(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - compiled
+    return _row_bf16 if isinstance(w.dtype, types.Integer) else _row_float
+
+
+@njit(inline="always", cache=True)
+def _task_rows(task, Lp, nb, pj, pb):  # pragma: no cover - compiled
+    """(j0, j1, b0, b1) of a task: positions [j0, j1) times batch rows [b0, b1) (row n = b*Lp + j)."""
+    nbblk = (nb + pb - 1) // pb
+    jb = task // nbblk
+    bb = task - jb * nbblk
+    return jb * pj, min(Lp, jb * pj + pj), bb * pb, min(nb, bb * pb + pb)
+
+
+@njit(inline="always", cache=True)
+def _visit(k, j0, b0, cnt, Lp):  # pragma: no cover - compiled
+    """The flat row of a task's k-th visit: position-major (every batch row of one position first)."""
+    q = k // cnt
+    return (b0 + k - q * cnt) * Lp + j0 + q
+
+
 @njit(parallel=True, cache=True)
-def forward_bf16_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream,
-                      out_addr, rows, out):  # pragma: no cover - compiled
-    """:func:`forward_core` for uint16 bf16 bits, computed in float32 (``scale``/``inv`` float32)."""
-    N = ids.shape[0]
+def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check,
+                 stream, out_addr, pj, pb, out):  # pragma: no cover - compiled
+    """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of bad ids.
+
+    Rows are visited position-major in tasks of ``pj`` positions x ``pb`` batch rows, so a
+    positional row is read once per task and stays in L1 while the gathered rows stream past it;
+    the token row two visits ahead is prefetched.
+    """
     V = weight.shape[0]
     D = weight.shape[1]
     Lp = pos_ids.shape[0]
-    row_bytes = np.uint64(D * 2)
+    nb = ids.shape[0] // Lp
+    row_bytes = np.uint64(D * out.itemsize)
     nbad = 0
-    for task in prange((N + rows - 1) // rows):
-        tmp = np.empty(D, np.uint16)
-        for n in range(task * rows, min(N, task * rows + rows)):
+    for task in prange(((Lp + pj - 1) // pj) * ((nb + pb - 1) // pb)):
+        j0, j1, b0, b1 = _task_rows(task, Lp, nb, pj, pb)
+        cnt = b1 - b0
+        total = (j1 - j0) * cnt
+        tmp = np.empty(D, out.dtype)
+        for k in range(total):
+            if k + 2 < total:
+                prefetch_row(weight[ids[_visit(k + 2, j0, b0, cnt, Lp)]])
+            n = _visit(k, j0, b0, cnt, Lp)
             r = ids[n]
             if check and (r < 0 or r >= V):
                 nbad += 1
                 continue
-            if n + 2 < N:
-                prefetch_row(weight[ids[n + 2]])            # measured: see BENCHMARKS.md
             o = tmp if stream else out[n]
-            _row_bf16(weight[r], pos_table[pos_ids[n % Lp]], has_pos, scale, key, thr, inv,
-                      offset + np.uint64(n * D), o)
+            row(weight[r], pos_table[pos_ids[n % Lp]], has_pos, scale, key, thr, inv,
+                offset + np.uint64(n * D), o)
             if stream:
                 stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
         if stream:

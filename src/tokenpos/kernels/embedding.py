@@ -13,7 +13,8 @@ a multiply, so NaN/Inf propagate as in ``torch.nn.Dropout``. Arithmetic is in th
 this order, with no fused multiply-add, so the kernel and its reference twin
 (:mod:`tokenpos.kernels.reference`) agree bit for bit. bf16 tables (uint16 bits, ``bf16=True``)
 are widened exactly to float32, computed in float32 and rounded once (:mod:`._forward`).
-The compiled forward cores live in :mod:`._forward`; ``out=None`` allocates with ``np.empty``.
+The compiled forward core lives in :mod:`._forward`; ``out=None`` takes a block from
+:data:`tokenpos._config.OUTPUTS` (reused memory, no page faults; see :mod:`tokenpos._outputs`).
 
 Backward recomputes the mask from the seed (nothing is stored) and returns the token gradient as
 unique sorted ids plus summed rows, and the positional gradient as a dense (P, D) table. Sums are
@@ -26,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos._config import OUTPUTS
 from tokenpos.kernels._backward import _group, _segment_sum_core, _unique_inverse
-from tokenpos.kernels._forward import forward_bf16_core, forward_core
+from tokenpos.kernels._forward import forward_core
 from tokenpos.kernels._launch import launch
 from tokenpos.kernels._rng import dropout_params
 from tokenpos.kernels._threading import parallel_guard
@@ -38,7 +40,8 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _BITS16 = (np.dtype(np.uint16), np.dtype(np.int16))
 PREFETCH_AHEAD = 2        # backward: gathered grad rows prefetched ahead into L1 (0 turns it off)
 PREFETCH_FAR = 16         # ... and this far ahead into L2 (0 turns it off)
-TASK_BYTES = 1 << 16      # forward: output bytes per parallel task
+TASK_BYTES = 1 << 16      # forward: output bytes per parallel task (about; see _tasks)
+TASK_BATCH = 16           # forward: at most this many batch rows share one positional row per task
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,6 +135,14 @@ def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout
     return w, idx, pt, pid, p
 
 
+def _tasks(N: int, Lp: int, row_bytes: int) -> tuple[int, int]:
+    """(positions, batch rows) per forward task: up to :data:`TASK_BATCH` batch rows of one
+    position, and as many positions as bring a task to about :data:`TASK_BYTES` of output."""
+    rows = max(1, TASK_BYTES // max(1, row_bytes))
+    pb = max(1, min(N // Lp, TASK_BATCH, rows))
+    return max(1, min(Lp, rows // pb)), pb
+
+
 def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, bf16: bool) -> np.ndarray:
     """The caller's ``out=`` (returned as given) after checking it; bf16 accepts uint16 or int16 bits."""
     ok_dtype = (out.dtype in _BITS16) if (bf16 and isinstance(out, np.ndarray)) else (
@@ -170,7 +181,7 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
             ``dropout_offset + n*D + d``.
         out: optional preallocated C-contiguous (..., D) array of the weight dtype (bf16: uint16
             or int16 bits); it is returned. A zero-copy ``.numpy()`` view of a torch tensor
-            works. Without it a fresh ``np.empty`` is returned.
+            works. Without it a new array is returned (from :data:`tokenpos._config.OUTPUTS`).
         check: check every id against [0, V) inside the gather loop and raise the shared
             :class:`TokenIdError` after it (``out`` is then partly written). ``check=False`` is
             for callers that validated the ids already: an out-of-range id then reads outside
@@ -187,7 +198,7 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p, check=check, bf16=bf16)
     D = w.shape[1]
     shape = idx.shape + (D,)
-    out = np.empty(shape, w.dtype) if out is None else check_out(out, shape, w.dtype, bf16)
+    out = OUTPUTS.empty(shape, w.dtype) if out is None else check_out(out, shape, w.dtype, bf16)
     flat_ids = np.ascontiguousarray(idx.reshape(-1))
     N = flat_ids.shape[0]
     if N == 0 or D == 0:
@@ -198,12 +209,12 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     if not has_pos:
         pt, pid = w[:1], np.zeros(1, np.int64)
     o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
-    rows = max(1, TASK_BYTES // (D * o2.itemsize))
+    pj, pb = _tasks(N, pid.shape[0], D * o2.itemsize)
     stream = bool(stream) and o2.ctypes.data % o2.itemsize == 0
-    core = forward_bf16_core if bf16 else forward_core
     with parallel_guard():
-        nbad = core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
-                    np.uint64(int(dropout_offset)), bool(check), stream, np.uint64(o2.ctypes.data), rows, o2)
+        nbad = forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
+                            np.uint64(int(dropout_offset)), bool(check), stream, np.uint64(o2.ctypes.data),
+                            pj, pb, o2)
     if nbad:
         check_token_ids(idx, w.shape[0])                   # raises the shared message (first bad id)
     return out

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
+from tokenpos._config import OUTPUTS
 from tokenpos.kernels._launch import launch
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice
@@ -124,7 +125,7 @@ def prepare_rope(q: Any, k: Any, cos: Any, sin: Any, layout: str):
 
 def _out(name: str, out: Any, like: np.ndarray) -> np.ndarray:
     if out is None:
-        return np.empty(like.shape, like.dtype)
+        return OUTPUTS.empty(like.shape, like.dtype)
     if (not isinstance(out, np.ndarray) or out.shape != like.shape or out.dtype != like.dtype
             or not out.flags.c_contiguous or not out.flags.writeable):
         raise ConfigError(f"{name} must be a writeable C-contiguous {like.dtype} array of shape {like.shape}")

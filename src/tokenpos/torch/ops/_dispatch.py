@@ -2,7 +2,7 @@
 kernel and plain torch.
 
 - CPU float32 / float64 with ``tokenpos.kernels_enabled()``: the numba kernel on zero-copy
-  ``.numpy()`` views, writing into a ``torch.empty`` output (``out=``).
+  ``.numpy()`` views, writing into a fresh output from :func:`cpu_empty` (``out=``).
 - CPU bfloat16: the numba bf16 kernel once ``tokenpos.kernels.embedding.embedding_forward`` takes
   ``bf16=True`` (see :data:`NUMBA_BF16`); until then plain torch.
 - CUDA float32 / bf16 / fp16: ``tokenpos.kernels.triton`` when it imports (Triton present), else
@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from typing import Any
 
 import numpy as np
 import torch
 
-from tokenpos._config import kernels_enabled
+from tokenpos._config import OUTPUTS, kernels_enabled
+from tokenpos._outputs import MIN_BYTES
 
 NUMBA_DTYPES = (torch.float32, torch.float64)
 
@@ -67,6 +69,20 @@ def triton_kernels(*tensors: torch.Tensor) -> Any:
         except ImportError:
             _TRITON.append(None)
     return _TRITON[0]
+
+
+_NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.bfloat16: np.int16}
+
+
+def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A fresh, uninitialised CPU tensor for a kernel's output: large ones reuse a released block
+    of :data:`tokenpos._config.OUTPUTS` (no page faults; like any ``torch.from_numpy`` tensor its
+    storage cannot be resized), small ones, and all when the cache is off, are ``torch.empty``."""
+    shape = tuple(int(n) for n in shape)
+    if dtype not in _NP_DTYPES or math.prod(shape) * dtype.itemsize < MIN_BYTES or OUTPUTS.max_bytes <= 0:
+        return torch.empty(shape, dtype=dtype)
+    t = torch.from_numpy(OUTPUTS.empty(shape, _NP_DTYPES[dtype]))
+    return t.view(dtype) if dtype == torch.bfloat16 else t
 
 
 def np_view(t: torch.Tensor) -> np.ndarray:

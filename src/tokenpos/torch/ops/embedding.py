@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenpos.torch._dropout import dropout_torch
-from tokenpos.torch.ops._dispatch import bf16_view, cpu_path, np_view, triton_kernels
+from tokenpos.torch.ops._dispatch import bf16_view, cpu_empty, cpu_path, np_view, triton_kernels
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -59,7 +59,7 @@ def _forward_numba(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor 
                    bf16: bool = False) -> torch.Tensor:
     from tokenpos.kernels.embedding import embedding_forward
 
-    out = torch.empty((*ids.shape, weight.shape[1]), dtype=weight.dtype)
+    out = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
     view = bf16_view if bf16 else np_view
     extra = {"bf16": True} if bf16 else {}
     embedding_forward(view(weight), np_view(ids), scale=scale,

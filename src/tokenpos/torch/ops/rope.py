@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import torch
 
-from tokenpos.torch.ops._dispatch import cpu_path, np_view, triton_kernels
+from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -48,12 +48,12 @@ def _layout(interleaved: bool) -> str:
 
 def _rope_numba(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 interleaved: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One kernel pass over x (and k) into fresh ``torch.empty`` outputs."""
+    """One kernel pass over x (and k) into fresh outputs (:func:`._dispatch.cpu_empty`)."""
     from tokenpos.kernels.rope import rope_apply
 
     c, s = np_view(cos.to(x.dtype)), np_view(sin.to(x.dtype))
-    out = torch.empty(x.shape, dtype=x.dtype)
-    out_k = None if k is None else torch.empty(k.shape, dtype=k.dtype)
+    out = cpu_empty(x.shape, x.dtype)
+    out_k = None if k is None else cpu_empty(k.shape, k.dtype)
     rope_apply(np_view(x), None if k is None else np_view(k), c, s, layout=_layout(interleaved),
                out_q=out.numpy(), out_k=None if out_k is None else out_k.numpy())
     return out, out_k

@@ -1,0 +1,101 @@
+"""Reused memory for the kernels' large CPU outputs: a fresh output without page faults.
+
+A fresh 25 MB output (``np.empty`` / ``torch.empty``) is memory new to the process: its first
+write page-faults on every 4 KiB page and the OS zeroes each one, which costs about as much as the
+embedding kernel itself (measured in BENCHMARKS.md). :class:`OutputCache` hands out blocks that
+earlier outputs have released instead.
+
+When a block is free again is never guessed (no reference counts are read). Each output array is
+made through a small owner object (:class:`_Owner`, via ``__array_interface__``): the array, every
+NumPy view of it, a ``torch.from_numpy`` tensor, its views, ``.numpy()`` and DLPack capsules all
+keep that owner alive. Only when the owner itself is garbage-collected does ``weakref.finalize``
+return the block to the cache; until then no one else can be handed its memory.
+
+- thread-safe: one re-entrant lock around the free lists (a garbage collection that runs inside
+  the lock may release an owner on the same thread);
+- fork-safe: a forked child starts with a fresh lock and empty free lists;
+- bounded: at most ``max_bytes`` of free blocks are kept (0 turns the cache off); blocks under
+  :data:`MIN_BYTES` are not cached, since ``malloc`` reuses small allocations without faults.
+
+The one instance lives in :mod:`tokenpos._config` (``set_output_cache``), with the other
+process-wide state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+MIN_BYTES = 1 << 20           # smaller outputs come from np.empty (malloc reuses them already)
+ALIGN = 64                    # every block starts on a cache line
+
+
+class _Owner:
+    """Exposes ``nbytes`` of a block as an array; the arrays made from it keep it alive."""
+
+    __slots__ = ("__array_interface__", "__weakref__")
+
+    def __init__(self, address: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.__array_interface__ = {"data": (address, False), "shape": shape, "typestr": dtype.str,
+                                    "version": 3}
+
+
+class OutputCache:
+    """Free blocks by size; :meth:`empty` returns an uninitialised C-contiguous array."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._lock = threading.RLock()
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._free_bytes = 0
+        self.max_bytes = max_bytes
+        os.register_at_fork(after_in_child=self._reset_after_fork)
+
+    def _reset_after_fork(self) -> None:
+        self._lock = threading.RLock()
+        self._free, self._free_bytes = {}, 0
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An uninitialised array of ``shape`` and ``dtype``: a reused block when one of its size is
+        free, else new memory (returned to the cache when the array and all its views are gone)."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < MIN_BYTES or self.max_bytes <= 0:
+            return np.empty(shape, dtype)
+        block = self._take(nbytes)
+        if block is None:
+            raw = np.empty(nbytes + ALIGN, np.uint8)
+            start = (-raw.ctypes.data) % ALIGN
+            block = raw[start:start + nbytes]
+        owner = _Owner(block.ctypes.data, tuple(shape), dtype)
+        weakref.finalize(owner, self._give, block).atexit = False
+        return np.asarray(owner)
+
+    def _take(self, nbytes: int) -> np.ndarray | None:
+        with self._lock:
+            blocks = self._free.get(nbytes)
+            if not blocks:
+                return None
+            self._free_bytes -= nbytes
+            return blocks.pop()
+
+    def _give(self, block: np.ndarray) -> None:
+        """Called when an owner dies: keep its block if it fits under ``max_bytes``."""
+        with self._lock:
+            if self._free_bytes + block.nbytes > self.max_bytes:
+                return                                             # dropped: freed with ``block``
+            self._free.setdefault(block.nbytes, []).append(block)
+            self._free_bytes += block.nbytes
+
+    def clear(self) -> None:
+        """Free every cached block (outputs still alive are unaffected)."""
+        with self._lock:
+            self._free, self._free_bytes = {}, 0
+
+    def free_bytes(self) -> int:
+        """Bytes held in free blocks now."""
+        return self._free_bytes

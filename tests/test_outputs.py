@@ -1,0 +1,162 @@
+"""tokenpos._outputs: released output blocks are reused, and never while anything still uses them."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import tokenpos
+from tokenpos._config import OUTPUTS
+from tokenpos._outputs import ALIGN, MIN_BYTES, OutputCache
+from tokenpos.torch.ops._dispatch import cpu_empty
+
+SHAPE = (64, 8192)                      # 2 MiB of float32: cached
+SMALL = (4, 16)                         # under MIN_BYTES: plain np.empty
+
+
+def test_a_released_block_is_handed_out_again() -> None:
+    cache = OutputCache(64 << 20)
+    a = cache.empty(SHAPE, np.float32)
+    assert a.shape == SHAPE and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
+    assert a.ctypes.data % ALIGN == 0
+    addr = a.ctypes.data
+    del a
+    assert cache.free_bytes() == 2 << 20
+    b = cache.empty(SHAPE, np.float32)
+    assert b.ctypes.data == addr and cache.free_bytes() == 0
+    c = cache.empty((2 << 20,), np.uint8)                                  # same bytes, other dtype/shape
+    assert c.ctypes.data != addr
+
+
+@pytest.mark.parametrize("keep", ["view", "reshape", "torch", "torch_view_numpy", "dlpack", "memoryview"])
+def test_a_block_is_not_reused_while_anything_refers_to_it(keep: str) -> None:
+    cache = OutputCache(64 << 20)
+    a = cache.empty(SHAPE, np.float32)
+    a[:] = 1.0
+    kept = {
+        "view": lambda: a[3:5],
+        "reshape": lambda: a.reshape(-1)[::7],
+        "torch": lambda: torch.from_numpy(a),
+        "torch_view_numpy": lambda: torch.from_numpy(a)[2].numpy(),
+        "dlpack": lambda: torch.from_dlpack(torch.from_numpy(a)),
+        "memoryview": lambda: memoryview(a),
+    }[keep]()
+    addr = a.ctypes.data
+    del a
+    gc.collect()
+    assert cache.free_bytes() == 0
+    b = cache.empty(SHAPE, np.float32)
+    assert b.ctypes.data != addr
+    b[:] = 2.0
+    assert np.all(np.asarray(kept) == 1.0)
+    del kept, b
+    gc.collect()
+    assert cache.free_bytes() == 2 * (2 << 20)
+
+
+def test_small_outputs_and_a_zero_budget_bypass_the_cache() -> None:
+    cache = OutputCache(64 << 20)
+    s = cache.empty(SMALL, np.float32)
+    assert s.flags.owndata and s.nbytes < MIN_BYTES
+    off = OutputCache(0)
+    big = off.empty(SHAPE, np.float32)
+    assert big.flags.owndata
+    del big
+    assert off.free_bytes() == 0
+
+
+def test_the_budget_bounds_the_free_blocks() -> None:
+    cache = OutputCache(3 << 20)                                           # room for one 2 MiB block
+    a, b = cache.empty(SHAPE, np.float32), cache.empty(SHAPE, np.float32)
+    del a, b
+    assert cache.free_bytes() == 2 << 20
+    cache.clear()
+    assert cache.free_bytes() == 0
+
+
+def test_set_output_cache_validates_and_frees() -> None:
+    old = tokenpos.output_cache_bytes()
+    try:
+        for bad in (-1, 1.5, True, "1"):
+            with pytest.raises(TypeError, match="set_output_cache expects an int >= 0"):
+                tokenpos.set_output_cache(bad)                             # type: ignore[arg-type]
+        assert tokenpos.output_cache_bytes() == old
+        a = OUTPUTS.empty(SHAPE, np.float32)
+        del a
+        assert OUTPUTS.free_bytes() >= 2 << 20
+        tokenpos.set_output_cache(0)
+        assert OUTPUTS.free_bytes() == 0 and tokenpos.output_cache_bytes() == 0
+        assert cpu_empty(SHAPE, torch.float32).untyped_storage().resizable()   # plain torch.empty when off
+    finally:
+        tokenpos.set_output_cache(old)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cpu_empty_gives_torch_tensors_of_the_dtype(dtype: torch.dtype) -> None:
+    t = cpu_empty(SHAPE, dtype)
+    assert t.shape == SHAPE and t.dtype == dtype and t.is_contiguous()
+    assert cpu_empty(SMALL, dtype).dtype == dtype
+
+
+def test_threads_get_distinct_live_blocks() -> None:
+    cache = OutputCache(256 << 20)
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            for i in range(50):
+                a = cache.empty(SHAPE, np.float32)
+                a.fill(k * 1000 + i)
+                b = cache.empty(SHAPE, np.float32)
+                b.fill(-1)
+                assert np.all(a == k * 1000 + i)                           # b is never a's block
+                del a, b
+        except BaseException as exc:                                        # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert cache.free_bytes() <= 8 * (2 << 20)
+
+
+def _child(q) -> None:                                                      # pragma: no cover - in the child
+    a = OUTPUTS.empty(SHAPE, np.float32)
+    a.fill(3.0)
+    del a
+    b = OUTPUTS.empty(SHAPE, np.float32)
+    q.put(float(b.shape[0]))
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork on this platform")
+def test_a_forked_child_starts_with_an_empty_usable_cache() -> None:
+    hold = threading.Event()
+    release = threading.Event()
+
+    def holder() -> None:                                                   # the lock is held at fork time
+        with OUTPUTS._lock:
+            hold.set()
+            release.wait(5)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    hold.wait(5)
+    try:
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=_child, args=(q,))
+        p.start()
+        assert q.get(timeout=30) == SHAPE[0]
+        p.join(30)
+        assert p.exitcode == 0
+    finally:
+        release.set()
+        t.join()
