@@ -4,7 +4,8 @@ Run on a quiet machine: ``python benchmarks/ab_public_vs_kernel.py [reps]``. Pri
 
 - ``public``: ``emb(ids)`` (eval, no grad): checks, then one ``tokenpos::embedding`` call.
 - ``kernel_out``: ``embedding_forward(W, ids, ..., out=buf)`` into one reused buffer (the bench's row).
-- ``kernel_fresh``: the same with a fresh ``torch.empty`` output per call, as the layer allocates.
+- ``kernel_fresh``: the same with a fresh output per call from ``cpu_empty``, as the layer allocates.
+- ``kernel_empty``: the same with a fresh ``torch.empty`` output (new memory: page faults).
 - ``gather``: ``torch.index_select`` of the same rows (no arithmetic).
 
 Every result is kept alive until that impl's next call, as a training loop keeps its activations.
@@ -20,6 +21,7 @@ import torch
 
 import tokenpos.torch as tpt
 from tokenpos.kernels.embedding import embedding_forward
+from tokenpos.torch.ops._dispatch import cpu_empty
 
 V, D, L, B = 50257, 768, 512, 16
 
@@ -38,8 +40,14 @@ def main(reps: int = 40) -> None:
                           out=buf.numpy())
         return buf
 
-    def kernel_fresh(i: int) -> torch.Tensor:
+    def kernel_empty(i: int) -> torch.Tensor:
         out = torch.empty(B, L, D)
+        embedding_forward(W.numpy(), batches[i % 4].numpy(), scale=scale, pos_table=P.numpy(), pos_ids=pos,
+                          out=out.numpy())
+        return out
+
+    def kernel_fresh(i: int) -> torch.Tensor:
+        out = cpu_empty((B, L, D), torch.float32)
         embedding_forward(W.numpy(), batches[i % 4].numpy(), scale=scale, pos_table=P.numpy(), pos_ids=pos,
                           out=out.numpy())
         return out
@@ -47,7 +55,7 @@ def main(reps: int = 40) -> None:
     def gather(i: int) -> torch.Tensor:
         return torch.index_select(W, 0, batches[i % 4].view(-1))
 
-    impls = (public, kernel_out, kernel_fresh, gather)
+    impls = (public, kernel_out, kernel_fresh, kernel_empty, gather)
     times: dict[str, list[float]] = {f.__name__: [] for f in impls}
     alive: dict[str, torch.Tensor] = {}
     with torch.no_grad():
@@ -58,8 +66,11 @@ def main(reps: int = 40) -> None:
                 t = time.perf_counter()
                 alive[f.__name__] = f(r)
                 times[f.__name__].append(time.perf_counter() - t)
+    kb, km = min(times["kernel_out"]), float(np.median(times["kernel_out"]))
     for name, ts in times.items():
-        print(f"{name:13s} best {min(ts) * 1e3:6.2f} ms   median {np.median(ts) * 1e3:6.2f} ms")
+        b, m = min(ts), float(np.median(ts))
+        print(f"{name:13s} best {b * 1e3:6.2f} ms   median {m * 1e3:6.2f} ms   "
+              f"x kernel_out {kb / b:4.2f} / {km / m:4.2f}")
 
 
 if __name__ == "__main__":

@@ -33,19 +33,27 @@ def test_a_released_block_is_handed_out_again() -> None:
     assert c.ctypes.data != addr
 
 
+def _keep(how: str, a: np.ndarray) -> object:
+    """Something that refers to ``a``'s memory without being ``a``."""
+    if how == "view":
+        return a[3:5]
+    if how == "reshape":
+        return a.reshape(-1)[::7]
+    if how == "torch":
+        return torch.from_numpy(a)
+    if how == "torch_view_numpy":
+        return torch.from_numpy(a)[2].numpy()
+    if how == "dlpack":
+        return torch.from_dlpack(torch.from_numpy(a))
+    return memoryview(a)
+
+
 @pytest.mark.parametrize("keep", ["view", "reshape", "torch", "torch_view_numpy", "dlpack", "memoryview"])
 def test_a_block_is_not_reused_while_anything_refers_to_it(keep: str) -> None:
     cache = OutputCache(64 << 20)
     a = cache.empty(SHAPE, np.float32)
     a[:] = 1.0
-    kept = {
-        "view": lambda: a[3:5],
-        "reshape": lambda: a.reshape(-1)[::7],
-        "torch": lambda: torch.from_numpy(a),
-        "torch_view_numpy": lambda: torch.from_numpy(a)[2].numpy(),
-        "dlpack": lambda: torch.from_dlpack(torch.from_numpy(a)),
-        "memoryview": lambda: memoryview(a),
-    }[keep]()
+    kept = _keep(keep, a)
     addr = a.ctypes.data
     del a
     gc.collect()

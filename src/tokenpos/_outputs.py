@@ -8,8 +8,8 @@ earlier outputs have released instead.
 When a block is free again is never guessed (no reference counts are read). Each output array is
 made through a small owner object (:class:`_Owner`, via ``__array_interface__``): the array, every
 NumPy view of it, a ``torch.from_numpy`` tensor, its views, ``.numpy()`` and DLPack capsules all
-keep that owner alive. Only when the owner itself is garbage-collected does ``weakref.finalize``
-return the block to the cache; until then no one else can be handed its memory.
+keep that owner alive. Only when the owner itself is garbage-collected does its weak reference's
+callback return the block to the cache; until then no one else can be handed its memory.
 
 - thread-safe: one re-entrant lock around the free lists (a garbage collection that runs inside
   the lock may release an owner on the same thread);
@@ -52,12 +52,14 @@ class OutputCache:
         self._lock = threading.RLock()
         self._free: dict[int, list[np.ndarray]] = {}
         self._free_bytes = 0
+        self._lent: dict[weakref.ref, np.ndarray] = {}        # owner (weakly) -> its block
         self.max_bytes = max_bytes
         os.register_at_fork(after_in_child=self._reset_after_fork)
 
     def _reset_after_fork(self) -> None:
         self._lock = threading.RLock()
         self._free, self._free_bytes = {}, 0
+        self._lent = {ref: block for ref, block in self._lent.items() if ref() is not None}
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialised array of ``shape`` and ``dtype``: a reused block when one of its size is
@@ -72,7 +74,9 @@ class OutputCache:
             start = (-raw.ctypes.data) % ALIGN
             block = raw[start:start + nbytes]
         owner = _Owner(block.ctypes.data, tuple(shape), dtype)
-        weakref.finalize(owner, self._give, block).atexit = False
+        ref = weakref.ref(owner, self._give)
+        with self._lock:
+            self._lent[ref] = block
         return np.asarray(owner)
 
     def _take(self, nbytes: int) -> np.ndarray | None:
@@ -83,10 +87,11 @@ class OutputCache:
             self._free_bytes -= nbytes
             return blocks.pop()
 
-    def _give(self, block: np.ndarray) -> None:
+    def _give(self, ref: weakref.ref) -> None:
         """Called when an owner dies: keep its block if it fits under ``max_bytes``."""
         with self._lock:
-            if self._free_bytes + block.nbytes > self.max_bytes:
+            block = self._lent.pop(ref, None)
+            if block is None or self._free_bytes + block.nbytes > self.max_bytes:
                 return                                             # dropped: freed with ``block``
             self._free.setdefault(block.nbytes, []).append(block)
             self._free_bytes += block.nbytes

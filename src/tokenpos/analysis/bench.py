@@ -173,6 +173,7 @@ def _jit_case(quick: bool) -> list[BenchRow]:
 # entry point
 # ----------------------------------------------------------------------------------------------
 
+TIMING = "best of interleaved, shuffled reps, 25 ms settle before each call (medians in notes)"
 FULL = dict(V=50257, D=768, B=16, L=512, rB=8, rH=12, L_rope=512, Dh=64, reps=20, train_reps=8)
 QUICK = dict(FULL, reps=5, train_reps=3)   # the same workload (cache-resident shapes would flatter copy)
 
@@ -200,7 +201,7 @@ def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequen
         f" --cases {','.join(todo)}" if cases is not None else "")
     report = BenchReport(machine(), command, {**cfg, "dtype": "float32", "dropout": 0.1, "zipf_s": 1.0,
                                                "id_batches": NBATCH,
-                                               "timing": "best of interleaved, shuffled reps (medians in notes)"})
+                                               "timing": TIMING})
     for i, case in enumerate(todo):
         if progress:
             progress(case, i, len(todo))

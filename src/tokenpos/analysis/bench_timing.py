@@ -58,11 +58,21 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
+SETTLE = 0.025     # seconds between timed calls: the previous impl's idle threads stop spinning
+
+
+def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int, settle: float = SETTLE
+                     ) -> dict[str, list[float]]:
     """Warm each impl once, then ``reps`` interleaved rounds in a shuffled order; seconds per call.
 
     The order changes every round (fixed seed) so that no impl always runs right after the same
     neighbour: a call is slower right after one that evicted the caches and page tables.
+
+    Before each timed call the machine settles for ``settle`` seconds (untimed). After a parallel
+    op, torch's OpenMP threads spin for about 10 ms (measured: 10 ms of CPU during a sleep after
+    ``index_select``) and TBB's for about 1 ms; a numba kernel timed inside that window shares the
+    cores with the spinners and took 2-3x longer in the median (BENCHMARKS.md). Settling times each
+    impl on its own, with its own threads waking from sleep, whichever impl ran before it.
     """
     for fn in impls.values():
         fn()
@@ -77,6 +87,8 @@ def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int) -> dict[str
         last = order[-1]
         for name in order:
             fn = impls[name]
+            if settle:
+                time.sleep(settle)
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

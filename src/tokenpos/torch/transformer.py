@@ -27,6 +27,7 @@ from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.learned import LearnedPositionalEmbedding
 from tokenpos.torch.norm import build_norm
 from tokenpos.torch.ops import embed
+from tokenpos.torch.ops.entry import no_seed
 from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.torch.token import TokenEmbedding, checked_ids, token_rows
@@ -200,7 +201,7 @@ class TransformerEmbedding(TokenposModule):
     def _dropout_seed(self, p: float, device: torch.device) -> torch.Tensor:
         """A 0-d int64 seed: fresh per training call (from ``generator``), 0 without dropout."""
         if p == 0.0:
-            return torch.zeros((), dtype=torch.int64, device=device)
+            return no_seed(device)
         if is_compiling():                                  # in-graph draw (generators do not trace)
             return torch.randint(0, SEED_MASK, (), device=device, dtype=torch.int64)
         return torch.randint(0, SEED_MASK, (), generator=self.generator, dtype=torch.int64).to(device)

@@ -55,12 +55,20 @@ class _Embedding(torch.autograd.Function):
 _EMBEDDING = _direct_apply(_Embedding)
 
 
+_NO_SEED_CPU = torch.zeros((), dtype=torch.int64)    # read only: shared by every call without dropout
+
+
+def no_seed(device: torch.device) -> torch.Tensor:
+    """The 0-d int64 seed of a call without dropout (never written, so one CPU tensor serves all)."""
+    return _NO_SEED_CPU if device.type == "cpu" else torch.zeros((), dtype=torch.int64, device=device)
+
+
 def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None,
           pos: torch.Tensor | None = None, *, scale: float = 1.0, p: float = 0.0,
           seed: torch.Tensor | None = None, padding_idx: int = -1) -> torch.Tensor:
     """``tokenpos::embedding``: dropout(weight[ids] * scale + table[pos]) -> (..., D) (module doc)."""
     if seed is None:
-        seed = torch.zeros((), dtype=torch.int64, device=weight.device)
+        seed = no_seed(weight.device)
     if torch.compiler.is_compiling():
         return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)
     if _transforms_active():
