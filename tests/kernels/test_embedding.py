@@ -42,6 +42,26 @@ def cases(draw):
                 seed=seed, grad=grad, padding_idx=padding_idx, P=P)
 
 
+@pytest.mark.parametrize("pos_mode", ["none", "broadcast", "full"])
+@pytest.mark.parametrize("task_bytes", [1, 3000, 1 << 16])
+def test_forward_tasks_cover_every_row_once(pos_mode: str, task_bytes: int, monkeypatch, rng) -> None:
+    """Tasks of consecutive rows (down to one row each, a partial last task) write every row once."""
+    import tokenpos.kernels.embedding as E
+
+    monkeypatch.setattr(E, "TASK_BYTES", task_bytes)
+    B, L, D, V = 37, 5, 64, 50
+    w = rng.standard_normal((V, D)).astype(np.float32)
+    ids = rng.integers(0, V, (B, L))
+    pt = rng.standard_normal((L + 2, D)).astype(np.float32) if pos_mode != "none" else None
+    pos = None if pt is None else (rng.integers(0, L + 2, (L,)) if pos_mode == "broadcast"
+                                   else rng.integers(0, L + 2, (B, L)))
+    for p in (0.0, 0.1):
+        kw = dict(scale=1.5, pos_table=pt, pos_ids=pos, dropout_p=p, seed=9)
+        out = np.full((B, L, D), np.nan, np.float32)
+        embedding_forward(w, ids, out=out, **kw)
+        assert np.array_equal(out, embedding_forward_ref(w, ids, **kw))
+
+
 @SETTINGS
 @given(cases())
 def test_forward_bit_exact(c) -> None:

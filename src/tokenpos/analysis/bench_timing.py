@@ -58,7 +58,7 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-SETTLE = 0.025     # seconds between timed calls: the previous impl's idle threads stop spinning
+SETTLE = 0.025     # seconds before each timed call: the previous impl's idle threads stop spinning
 
 
 def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int, settle: float = SETTLE
@@ -68,11 +68,14 @@ def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int, settle: flo
     The order changes every round (fixed seed) so that no impl always runs right after the same
     neighbour: a call is slower right after one that evicted the caches and page tables.
 
-    Before each timed call the machine settles for ``settle`` seconds (untimed). After a parallel
-    op, torch's OpenMP threads spin for about 10 ms (measured: 10 ms of CPU during a sleep after
-    ``index_select``) and TBB's for about 1 ms; a numba kernel timed inside that window shares the
-    cores with the spinners and took 2-3x longer in the median (BENCHMARKS.md). Settling times each
-    impl on its own, with its own threads waking from sleep, whichever impl ran before it.
+    Before each timed call the machine settles for ``settle`` seconds, then the impl runs once
+    untimed, then the timed call (both untimed steps are skipped with ``settle=0``). After a
+    parallel op, torch's OpenMP threads spin for about 10 ms (measured: 10 ms of CPU during a sleep
+    after ``index_select``) and TBB's for about 1 ms; a numba kernel timed inside that window shares
+    the cores with the spinners and took 2-3x longer in the median (BENCHMARKS.md), and a call whose
+    own threads were asleep pays their wake-up. Settling lets the previous impl's threads go to
+    sleep; the untimed call wakes the impl's own. Each impl is then timed in its steady state,
+    whichever impl ran before it.
     """
     for fn in impls.values():
         fn()
@@ -89,6 +92,7 @@ def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int, settle: flo
             fn = impls[name]
             if settle:
                 time.sleep(settle)
+                fn()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

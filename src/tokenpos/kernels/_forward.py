@@ -1,11 +1,9 @@
 """The compiled core of the embedding forward (float32/float64, and bf16 held as uint16 bits).
 
-Shapes: V vocab, D model dim, N flat ids, Lp flat positions (row n uses ``pos_ids[n % Lp]``; Lp
-divides N, so row n = b * Lp + j is batch row b at position j).
+Shapes: V vocab, D model dim, N flat ids, Lp flat positions (row n uses ``pos_ids[n % Lp]``).
 
-:func:`forward_core` is one ``prange`` over tasks of ``pj`` positions x ``pb`` batch rows, visited
-position-major: each positional row stays in L1 while the task's gathered rows stream past it, and
-the token row two visits ahead is prefetched (measured: BENCHMARKS.md). Per row:
+:func:`forward_core` is one ``prange`` over tasks of ``rows`` consecutive output rows (the token
+row two rows ahead is prefetched). Per row:
 
     y[d]   = w[ids[n], d] * scale + pos[pos_ids[n % Lp], d]         (no fused multiply-add)
     out[d] = y[d] * m[d],   m = 1/(1-p) if keep(offset + n*D + d) else 0   (only when p > 0)
@@ -126,50 +124,29 @@ def _row_overload(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no 
     return _row_bf16 if isinstance(w.dtype, types.Integer) else _row_float
 
 
-@njit(inline="always", cache=True)
-def _task_rows(task, Lp, nb, pj, pb):  # pragma: no cover - compiled
-    """(j0, j1, b0, b1) of a task: positions [j0, j1) times batch rows [b0, b1) (row n = b*Lp + j)."""
-    nbblk = (nb + pb - 1) // pb
-    jb = task // nbblk
-    bb = task - jb * nbblk
-    return jb * pj, min(Lp, jb * pj + pj), bb * pb, min(nb, bb * pb + pb)
-
-
-@njit(inline="always", cache=True)
-def _visit(k, j0, b0, cnt, Lp):  # pragma: no cover - compiled
-    """The flat row of a task's k-th visit: position-major (every batch row of one position first)."""
-    q = k // cnt
-    return (b0 + k - q * cnt) * Lp + j0 + q
-
-
 @njit(parallel=True, cache=True)
 def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check,
-                 stream, out_addr, pj, pb, out):  # pragma: no cover - compiled
+                 stream, out_addr, rows, out):  # pragma: no cover - compiled
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of bad ids.
 
-    Rows are visited position-major in tasks of ``pj`` positions x ``pb`` batch rows, so a
-    positional row is read once per task and stays in L1 while the gathered rows stream past it;
-    the token row two visits ahead is prefetched.
+    One ``prange`` over tasks of ``rows`` consecutive output rows; the token row two rows ahead is
+    prefetched (measured: BENCHMARKS.md).
     """
+    N = ids.shape[0]
     V = weight.shape[0]
     D = weight.shape[1]
     Lp = pos_ids.shape[0]
-    nb = ids.shape[0] // Lp
     row_bytes = np.uint64(D * out.itemsize)
     nbad = 0
-    for task in prange(((Lp + pj - 1) // pj) * ((nb + pb - 1) // pb)):
-        j0, j1, b0, b1 = _task_rows(task, Lp, nb, pj, pb)
-        cnt = b1 - b0
-        total = (j1 - j0) * cnt
+    for task in prange((N + rows - 1) // rows):
         tmp = np.empty(D, out.dtype)
-        for k in range(total):
-            if k + 2 < total:
-                prefetch_row(weight[ids[_visit(k + 2, j0, b0, cnt, Lp)]])
-            n = _visit(k, j0, b0, cnt, Lp)
+        for n in range(task * rows, min(N, task * rows + rows)):
             r = ids[n]
             if check and (r < 0 or r >= V):
                 nbad += 1
                 continue
+            if n + 2 < N:
+                prefetch_row(weight[ids[n + 2]])
             o = tmp if stream else out[n]
             row(weight[r], pos_table[pos_ids[n % Lp]], has_pos, scale, key, thr, inv,
                 offset + np.uint64(n * D), o)

@@ -40,8 +40,7 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _BITS16 = (np.dtype(np.uint16), np.dtype(np.int16))
 PREFETCH_AHEAD = 2        # backward: gathered grad rows prefetched ahead into L1 (0 turns it off)
 PREFETCH_FAR = 16         # ... and this far ahead into L2 (0 turns it off)
-TASK_BYTES = 1 << 16      # forward: output bytes per parallel task (about; see _tasks)
-TASK_BATCH = 16           # forward: at most this many batch rows share one positional row per task
+TASK_BYTES = 1 << 16      # forward: output bytes per parallel task
 
 
 # ----------------------------------------------------------------------------------------------
@@ -135,14 +134,6 @@ def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout
     return w, idx, pt, pid, p
 
 
-def _tasks(N: int, Lp: int, row_bytes: int) -> tuple[int, int]:
-    """(positions, batch rows) per forward task: up to :data:`TASK_BATCH` batch rows of one
-    position, and as many positions as bring a task to about :data:`TASK_BYTES` of output."""
-    rows = max(1, TASK_BYTES // max(1, row_bytes))
-    pb = max(1, min(N // Lp, TASK_BATCH, rows))
-    return max(1, min(Lp, rows // pb)), pb
-
-
 def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, bf16: bool) -> np.ndarray:
     """The caller's ``out=`` (returned as given) after checking it; bf16 accepts uint16 or int16 bits."""
     ok_dtype = (out.dtype in _BITS16) if (bf16 and isinstance(out, np.ndarray)) else (
@@ -209,12 +200,12 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     if not has_pos:
         pt, pid = w[:1], np.zeros(1, np.int64)
     o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
-    pj, pb = _tasks(N, pid.shape[0], D * o2.itemsize)
+    rows = max(1, TASK_BYTES // (D * o2.itemsize))
     stream = bool(stream) and o2.ctypes.data % o2.itemsize == 0
     with parallel_guard():
         nbad = forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
                             np.uint64(int(dropout_offset)), bool(check), stream, np.uint64(o2.ctypes.data),
-                            pj, pb, o2)
+                            rows, o2)
     if nbad:
         check_token_ids(idx, w.shape[0])                   # raises the shared message (first bad id)
     return out
