@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tokenpos
+from tests.threads import run_threads
 from tokenpos._config import OUTPUTS
 from tokenpos._outputs import ALIGN, MIN_BYTES, OutputCache
 from tokenpos.torch.ops._dispatch import cpu_empty
@@ -113,26 +114,17 @@ def test_cpu_empty_gives_torch_tensors_of_the_dtype(dtype: torch.dtype) -> None:
 
 def test_threads_get_distinct_live_blocks() -> None:
     cache = OutputCache(256 << 20)
-    errors: list[BaseException] = []
 
     def worker(k: int) -> None:
-        try:
-            for i in range(50):
-                a = cache.empty(SHAPE, np.float32)
-                a.fill(k * 1000 + i)
-                b = cache.empty(SHAPE, np.float32)
-                b.fill(-1)
-                assert np.all(a == k * 1000 + i)                           # b is never a's block
-                del a, b
-        except BaseException as exc:                                        # surfaced below
-            errors.append(exc)
+        for i in range(50):
+            a = cache.empty(SHAPE, np.float32)
+            a.fill(k * 1000 + i)
+            b = cache.empty(SHAPE, np.float32)
+            b.fill(-1)
+            assert np.all(a == k * 1000 + i)                               # b is never a's block
+            del a, b
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_threads(worker)
     assert cache.free_bytes() <= 8 * (2 << 20)
 
 

@@ -4,7 +4,6 @@ kernel path equals the plain path; scheme objects; torch.func; threads; outputs 
 from __future__ import annotations
 
 import inspect
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import torch
 import tokenpos
 import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
+from tests.threads import run_threads
 from tests.tolerances import TOL
 from tokenpos.kernels import embedding_forward
 from tokenpos.tables.dropout import SEED_MASK, dropout_keep_mask
@@ -287,21 +287,12 @@ def test_threads_calling_one_layer_get_the_serial_outputs(kernels: bool) -> None
                  for b, L, s in torch.randint(1, 40, (24, 3), generator=gen)]
         serial = [emb(ids, start_pos=s) for ids, s in calls]
         results: dict[int, torch.Tensor] = {}
-        errors: list[BaseException] = []
 
         def worker(k: int) -> None:
-            try:
-                for i in range(k, len(calls), 4):
-                    results[i] = emb(calls[i][0], start_pos=calls[i][1])
-            except BaseException as exc:                                    # surfaced below
-                errors.append(exc)
+            for i in range(k, len(calls), 4):
+                results[i] = emb(calls[i][0], start_pos=calls[i][1])
 
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
+        run_threads(worker)
         assert all(torch.equal(results[i], serial[i]) for i in range(len(calls)))
     finally:
         tokenpos.set_kernels(True)

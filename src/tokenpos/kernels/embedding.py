@@ -201,10 +201,11 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
         pt, pid = w[:1], np.zeros(1, np.int64)
     o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
     rows = max(1, TASK_BYTES // (D * o2.itemsize))
-    stream = bool(stream) and o2.ctypes.data % o2.itemsize == 0
+    addr = o2.__array_interface__["data"][0] if stream else 0
+    stream = bool(stream) and addr % o2.itemsize == 0
     with parallel_guard():
         nbad = forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
-                            np.uint64(int(dropout_offset)), bool(check), stream, np.uint64(o2.ctypes.data),
+                            np.uint64(int(dropout_offset)), bool(check), stream, np.uint64(addr),
                             rows, o2)
     if nbad:
         check_token_ids(idx, w.shape[0])                   # raises the shared message (first bad id)
