@@ -128,6 +128,38 @@ def test_threads_get_distinct_live_blocks() -> None:
     assert cache.free_bytes() <= 8 * (2 << 20)
 
 
+def _send(q, done) -> None:                                                 # pragma: no cover - in the child
+    t = cpu_empty(SHAPE, torch.float32)
+    t.fill_(5.0)
+    q.put(t)
+    done.wait(30)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork on this platform")
+def test_an_output_crosses_a_torch_multiprocessing_queue() -> None:
+    """A DataLoader worker's output (a cached block) reaches the parent through shared memory."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q, done = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_send, args=(q, done))
+    p.start()
+    try:
+        got = q.get(timeout=30)
+        assert got.shape == SHAPE and bool((got == 5.0).all())
+    finally:
+        done.set()
+        p.join(30)
+    assert p.exitcode == 0
+
+
+def test_a_cached_output_cannot_grow_in_place() -> None:
+    """The documented difference from torch.empty (as for any torch.from_numpy tensor)."""
+    t = cpu_empty(SHAPE, torch.float32)
+    with pytest.raises(RuntimeError, match="not resizable"):
+        t.resize_(2 * SHAPE[0], SHAPE[1])
+
+
 def _child(q) -> None:                                                      # pragma: no cover - in the child
     a = OUTPUTS.empty(SHAPE, np.float32)
     a.fill(3.0)

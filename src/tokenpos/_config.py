@@ -7,17 +7,17 @@
 - ``set_device_checks(enabled)`` / ``device_checks_enabled()``: whether the torch layers read id /
   position values on non-CPU devices to check their range (one host sync per call). CPU tensors are
   always checked; nothing is read inside ``torch.compile`` or ``torch.func`` transforms.
-
 - ``set_output_cache(max_bytes)`` / ``output_cache_bytes()``: the cache of released output blocks
   (:data:`OUTPUTS`, :mod:`tokenpos._outputs`). The kernels' large CPU outputs (1 MiB and more:
   the embedding forward, RoPE) reuse memory that earlier outputs released, so a fresh output does
   not page-fault. A block is reused only after every array, tensor, view and DLPack capsule of the
-  old output is gone (``weakref.finalize``, no reference counts read). At most ``max_bytes`` of
-  free blocks are kept, default :data:`DEFAULT_OUTPUT_CACHE` (256 MiB); 0 turns it off and frees
-  them. Thread-safe (a lock) and fork-safe (a child starts empty).
+  old output is gone (a ``weakref`` callback on its owner; no reference counts are read). At most
+  ``max_bytes`` of free blocks are kept, default :data:`DEFAULT_OUTPUT_CACHE` (256 MiB); 0 turns
+  it off and frees them. Thread-safe (a lock) and fork-safe (a child starts with empty free lists).
 
-The switches are plain module attributes written under the GIL: set them once at start-up, not while other
-threads are calling layers (a call sees either the old or the new value, never a mix within one op).
+The switches are plain module attributes written under the GIL: set them once at start-up, not
+while other threads are calling layers (a call sees either the old or the new value, never a mix
+within one op).
 One more process-wide choice is made outside this file, once: the numba threading layer, picked
 when ``tokenpos.kernels`` is first imported (``tokenpos.kernels._threading``). It is TBB (the
 ``tbb`` dependency), which is fork-safe and thread-safe, so forked children (``multiprocessing``,

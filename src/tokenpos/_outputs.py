@@ -45,6 +45,12 @@ class _Owner:
                                     "version": 3}
 
 
+def _reset_in_child(ref: weakref.ref) -> None:
+    cache = ref()
+    if cache is not None:
+        cache._reset_after_fork()
+
+
 class OutputCache:
     """Free blocks by size; :meth:`empty` returns an uninitialised C-contiguous array."""
 
@@ -54,7 +60,8 @@ class OutputCache:
         self._free_bytes = 0
         self._lent: dict[weakref.ref, np.ndarray] = {}        # owner (weakly) -> its block
         self.max_bytes = max_bytes
-        os.register_at_fork(after_in_child=self._reset_after_fork)
+        me = weakref.ref(self)                                  # the handler does not keep the cache alive
+        os.register_at_fork(after_in_child=lambda: _reset_in_child(me))
 
     def _reset_after_fork(self) -> None:
         self._lock = threading.RLock()
