@@ -86,8 +86,9 @@ def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def np_view(t: torch.Tensor) -> np.ndarray:
-    """The zero-copy NumPy view of a CPU tensor (strided when the tensor is not contiguous)."""
-    return t.detach().numpy()
+    """The zero-copy NumPy view of a CPU tensor (strided when the tensor is not contiguous); only a
+    tensor that requires grad is detached first (each extra op costs 10-30 us with cold caches)."""
+    return (t.detach() if t.requires_grad else t).numpy()
 
 
 def bf16_view(t: torch.Tensor) -> np.ndarray:
