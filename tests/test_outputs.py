@@ -129,6 +129,7 @@ def test_threads_get_distinct_live_blocks() -> None:
 
 
 def _send(q, done) -> None:                                                 # pragma: no cover - in the child
+    torch.set_num_threads(1)       # as DataLoader workers do: torch's OpenMP pool does not survive a fork
     t = cpu_empty(SHAPE, torch.float32)
     t.fill_(5.0)
     q.put(t)
