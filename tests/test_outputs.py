@@ -86,6 +86,26 @@ def test_the_budget_bounds_the_free_blocks() -> None:
     assert cache.free_bytes() == 2 << 20
     cache.clear()
     assert cache.free_bytes() == 0
+    huge = cache.empty((4 << 20,), np.uint8)                               # larger than the budget: dropped
+    del huge
+    assert cache.free_bytes() == 0
+
+
+def test_the_size_released_longest_ago_makes_room() -> None:
+    """Shapes that change over time: new sizes evict old ones instead of being dropped."""
+    cache = OutputCache(5 << 20)
+    old = cache.empty(SHAPE, np.float32)                                   # 2 MiB
+    del old
+    new = cache.empty((3 << 20,), np.uint8)                                # 3 MiB: fits beside it
+    del new
+    assert cache.free_bytes() == 5 << 20
+    newer = cache.empty((4 << 20,), np.uint8)                              # 4 MiB: evicts both older sizes
+    del newer
+    assert cache.free_bytes() == 4 << 20
+    again = cache.empty(SHAPE, np.float32)                                 # no 2 MiB block left: new memory
+    assert cache.free_bytes() == 4 << 20 and again.nbytes == 2 << 20
+    reuse = cache.empty((4 << 20,), np.uint8)
+    assert cache.free_bytes() == 0 and reuse.nbytes == 4 << 20
 
 
 def test_set_output_cache_validates_and_frees() -> None:

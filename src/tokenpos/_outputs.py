@@ -14,8 +14,10 @@ callback return the block to the cache; until then no one else can be handed its
 - thread-safe: one re-entrant lock around the free lists (a garbage collection that runs inside
   the lock may release an owner on the same thread);
 - fork-safe: a forked child starts with a fresh lock and empty free lists;
-- bounded: at most ``max_bytes`` of free blocks are kept (0 turns the cache off); blocks under
-  :data:`MIN_BYTES` are not cached, since ``malloc`` reuses small allocations without faults.
+- bounded: at most ``max_bytes`` of free blocks are kept (0 turns the cache off); to make room, the
+  blocks of the size released longest ago go first, so a workload whose shapes change does not
+  fill the cache with sizes it no longer asks for; blocks under :data:`MIN_BYTES` are not cached,
+  since ``malloc`` reuses small allocations without faults.
 
 The one instance lives in :mod:`tokenpos._config` (``set_output_cache``), with the other
 process-wide state.
@@ -27,6 +29,7 @@ import math
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -56,7 +59,7 @@ class OutputCache:
 
     def __init__(self, max_bytes: int) -> None:
         self._lock = threading.RLock()
-        self._free: dict[int, list[np.ndarray]] = {}
+        self._free: OrderedDict[int, list[np.ndarray]] = OrderedDict()   # size -> blocks, LRU order
         self._free_bytes = 0
         self._lent: dict[weakref.ref, np.ndarray] = {}        # owner (weakly) -> its block
         self.max_bytes = max_bytes
@@ -65,7 +68,7 @@ class OutputCache:
 
     def _reset_after_fork(self) -> None:
         self._lock = threading.RLock()
-        self._free, self._free_bytes = {}, 0
+        self._free, self._free_bytes = OrderedDict(), 0
         self._lent = {ref: block for ref, block in self._lent.items() if ref() is not None}
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -92,21 +95,31 @@ class OutputCache:
             if not blocks:
                 return None
             self._free_bytes -= nbytes
-            return blocks.pop()
+            block = blocks.pop()
+            if not blocks:
+                del self._free[nbytes]
+            return block
 
     def _give(self, ref: weakref.ref) -> None:
         """Called when an owner dies: keep its block if it fits under ``max_bytes``."""
         with self._lock:
             block = self._lent.pop(ref, None)
-            if block is None or self._free_bytes + block.nbytes > self.max_bytes:
+            if block is None or block.nbytes > self.max_bytes:
                 return                                             # dropped: freed with ``block``
+            while self._free_bytes + block.nbytes > self.max_bytes:   # evict the size released longest ago
+                size, blocks = next(iter(self._free.items()))
+                blocks.pop()
+                self._free_bytes -= size
+                if not blocks:
+                    del self._free[size]
             self._free.setdefault(block.nbytes, []).append(block)
+            self._free.move_to_end(block.nbytes)
             self._free_bytes += block.nbytes
 
     def clear(self) -> None:
         """Free every cached block (outputs still alive are unaffected)."""
         with self._lock:
-            self._free, self._free_bytes = {}, 0
+            self._free, self._free_bytes = OrderedDict(), 0
 
     def free_bytes(self) -> int:
         """Bytes held in free blocks now."""
