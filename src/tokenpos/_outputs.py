@@ -76,7 +76,7 @@ class OutputCache:
         free, else new memory (returned to the cache when the array and all its views are gone)."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < MIN_BYTES or self.max_bytes <= 0:
+        if not self.caches(nbytes):
             return np.empty(shape, dtype)
         block = self._take(nbytes)
         if block is None:
@@ -88,6 +88,10 @@ class OutputCache:
         with self._lock:
             self._lent[ref] = block
         return np.asarray(owner)
+
+    def caches(self, nbytes: int) -> bool:
+        """Whether an output of ``nbytes`` goes through the cache (large enough, and the cache on)."""
+        return nbytes >= MIN_BYTES and self.max_bytes > 0
 
     def _take(self, nbytes: int) -> np.ndarray | None:
         with self._lock:

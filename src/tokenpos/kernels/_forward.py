@@ -32,7 +32,6 @@ from tokenpos.kernels._rng import GOLDEN, keep_bits_mul
 from tokenpos.kernels._stream import store_fence, stream_row
 
 
-@njit(inline="always", cache=True)
 def _row(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - compiled
     """o[:] = dropout(w * scale (+ pe)) for one row; ``base`` is the row's first dropout counter."""
     D = o.shape[0]
@@ -111,17 +110,13 @@ def _row_bf16(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cove
             o[d] = _to_bf16(_bf16_to_f32(w[d]) * scale)
 
 
-def _row_float(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - compiled
-    _row(w, pe, has_pos, scale, key, thr, inv, base, o)
-
-
 def row(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - typing stub
     """One output row: :func:`_row` for float tables, :func:`_row_bf16` for uint16 bf16 bits."""
 
 
 @overload(row, inline="always")
 def _row_overload(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - compiled
-    return _row_bf16 if isinstance(w.dtype, types.Integer) else _row_float
+    return _row_bf16 if isinstance(w.dtype, types.Integer) else _row
 
 
 @njit(parallel=True, cache=True)

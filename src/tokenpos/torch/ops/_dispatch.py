@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from tokenpos._config import OUTPUTS, kernels_enabled
-from tokenpos._outputs import MIN_BYTES
 
 NUMBA_DTYPES = (torch.float32, torch.float64)
 
@@ -79,7 +78,7 @@ def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     of :data:`tokenpos._config.OUTPUTS` (no page faults; like any ``torch.from_numpy`` tensor its
     storage cannot be resized), small ones, and all when the cache is off, are ``torch.empty``."""
     shape = tuple(int(n) for n in shape)
-    if dtype not in _NP_DTYPES or math.prod(shape) * dtype.itemsize < MIN_BYTES or OUTPUTS.max_bytes <= 0:
+    if dtype not in _NP_DTYPES or not OUTPUTS.caches(math.prod(shape) * dtype.itemsize):
         return torch.empty(shape, dtype=dtype)
     t = torch.from_numpy(OUTPUTS.empty(shape, _NP_DTYPES[dtype]))
     return t.view(dtype) if dtype == torch.bfloat16 else t
