@@ -120,16 +120,22 @@ def test_set_output_cache_validates_and_frees() -> None:
         assert OUTPUTS.free_bytes() >= 2 << 20
         tokenpos.set_output_cache(0)
         assert OUTPUTS.free_bytes() == 0 and tokenpos.output_cache_bytes() == 0
-        assert cpu_empty(SHAPE, torch.float32).untyped_storage().resizable()   # plain torch.empty when off
+        t, arr = cpu_empty(SHAPE, torch.float32)                                # plain torch.empty when off
+        del t, arr
+        assert OUTPUTS.free_bytes() == 0
     finally:
         tokenpos.set_output_cache(old)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_cpu_empty_gives_torch_tensors_of_the_dtype(dtype: torch.dtype) -> None:
-    t = cpu_empty(SHAPE, dtype)
-    assert t.shape == SHAPE and t.dtype == dtype and t.is_contiguous()
-    assert cpu_empty(SMALL, dtype).dtype == dtype
+def test_cpu_empty_gives_a_torch_tensor_and_the_array_over_its_memory(dtype: torch.dtype) -> None:
+    for shape in (SHAPE, SMALL):                                            # cached block, plain torch.empty
+        t, arr = cpu_empty(shape, dtype)
+        assert t.shape == shape and t.dtype == dtype and t.is_contiguous() and arr.shape == shape
+        assert arr.ctypes.data == t.data_ptr() and arr.itemsize == t.element_size()
+        arr[...] = 1 if dtype == torch.bfloat16 else 1.5                      # the kernel writes the tensor
+        assert bool((t == (torch.tensor(1, dtype=torch.int16).view(torch.bfloat16) if dtype == torch.bfloat16
+                           else 1.5)).all())
 
 
 def test_threads_get_distinct_live_blocks() -> None:
@@ -150,7 +156,7 @@ def test_threads_get_distinct_live_blocks() -> None:
 
 def _send(q, done) -> None:                                                 # pragma: no cover - in the child
     torch.set_num_threads(1)       # as DataLoader workers do: torch's OpenMP pool does not survive a fork
-    t = cpu_empty(SHAPE, torch.float32)
+    t, _ = cpu_empty(SHAPE, torch.float32)
     t.fill_(5.0)
     q.put(t)
     done.wait(30)
@@ -176,7 +182,7 @@ def test_an_output_crosses_a_torch_multiprocessing_queue() -> None:
 
 def test_a_cached_output_cannot_grow_in_place() -> None:
     """The documented difference from torch.empty (as for any torch.from_numpy tensor)."""
-    t = cpu_empty(SHAPE, torch.float32)
+    t, _ = cpu_empty(SHAPE, torch.float32)
     with pytest.raises(RuntimeError, match="not resizable"):
         t.resize_(2 * SHAPE[0], SHAPE[1])
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+_Block = tuple[np.ndarray, int]   # (uint8 memory, its address)
 MIN_BYTES = 1 << 20           # smaller outputs come from np.empty (malloc reuses them already)
 ALIGN = 64                    # every block starts on a cache line
 
@@ -59,9 +60,9 @@ class OutputCache:
 
     def __init__(self, max_bytes: int) -> None:
         self._lock = threading.RLock()
-        self._free: OrderedDict[int, list[np.ndarray]] = OrderedDict()   # size -> blocks, LRU order
+        self._free: OrderedDict[int, list[_Block]] = OrderedDict()   # size -> blocks, LRU order
         self._free_bytes = 0
-        self._lent: dict[weakref.ref, np.ndarray] = {}        # owner (weakly) -> its block
+        self._lent: dict[weakref.ref, _Block] = {}            # owner (weakly) -> its block
         self.max_bytes = max_bytes
         me = weakref.ref(self)                                  # the handler does not keep the cache alive
         os.register_at_fork(after_in_child=lambda: _reset_in_child(me))
@@ -81,9 +82,10 @@ class OutputCache:
         block = self._take(nbytes)
         if block is None:
             raw = np.empty(nbytes + ALIGN, np.uint8)
-            start = (-raw.ctypes.data) % ALIGN
-            block = raw[start:start + nbytes]
-        owner = _Owner(block.ctypes.data, tuple(shape), dtype)
+            start = (-raw.__array_interface__["data"][0]) % ALIGN
+            mem = raw[start:start + nbytes]
+            block = (mem, mem.__array_interface__["data"][0])   # the address, read once (~40 us cold)
+        owner = _Owner(block[1], tuple(shape), dtype)
         ref = weakref.ref(owner, self._give)
         with self._lock:
             self._lent[ref] = block
@@ -93,7 +95,7 @@ class OutputCache:
         """Whether an output of ``nbytes`` goes through the cache (large enough, and the cache on)."""
         return nbytes >= MIN_BYTES and self.max_bytes > 0
 
-    def _take(self, nbytes: int) -> np.ndarray | None:
+    def _take(self, nbytes: int) -> _Block | None:
         with self._lock:
             blocks = self._free.get(nbytes)
             if not blocks:
@@ -108,17 +110,18 @@ class OutputCache:
         """Called when an owner dies: keep its block if it fits under ``max_bytes``."""
         with self._lock:
             block = self._lent.pop(ref, None)
-            if block is None or block.nbytes > self.max_bytes:
+            if block is None or block[0].nbytes > self.max_bytes:
                 return                                             # dropped: freed with ``block``
-            while self._free_bytes + block.nbytes > self.max_bytes:   # evict the size released longest ago
+            nbytes = block[0].nbytes
+            while self._free_bytes + nbytes > self.max_bytes:   # evict the size released longest ago
                 size, blocks = next(iter(self._free.items()))
                 blocks.pop()
                 self._free_bytes -= size
                 if not blocks:
                     del self._free[size]
-            self._free.setdefault(block.nbytes, []).append(block)
-            self._free.move_to_end(block.nbytes)
-            self._free_bytes += block.nbytes
+            self._free.setdefault(nbytes, []).append(block)
+            self._free.move_to_end(nbytes)
+            self._free_bytes += nbytes
 
     def clear(self) -> None:
         """Free every cached block (outputs still alive are unaffected)."""

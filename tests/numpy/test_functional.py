@@ -208,14 +208,14 @@ def _tokenpos_frames_above(monkeypatch, module, core: str, run) -> list[str]:
     return chain
 
 
-def test_a_layer_forward_reaches_the_fused_kernel_in_three_frames(monkeypatch):
-    """docs/DESIGN.md's frame count: layer.forward -> functional pair -> kernel entry -> compiled core."""
+def test_a_layer_forward_reaches_the_fused_kernel_in_four_frames(monkeypatch):
+    """docs/DESIGN.md's frame count: layer.forward -> functional pair -> kernel entry -> core launch."""
     import tokenpos.kernels.embedding as kernel
 
     layer = tpn.TransformerEmbedding(50, 8, 16, dropout=0.1, seed=0)
     ids = np.array([[1, 2, 3]])
     fwd = _tokenpos_frames_above(monkeypatch, kernel, "forward_core", lambda: layer.forward(ids))
-    assert fwd == ["embedding_forward", "embedding_forward", "forward"]
+    assert fwd == ["run_forward", "embedding_forward", "embedding_forward", "forward"]
     out = layer.forward(ids)
     bwd = _tokenpos_frames_above(monkeypatch, kernel, "_segment_sum_core", lambda: layer.backward(np.ones_like(out)))
     assert bwd[:3] == ["embedding_backward", "embedding_backward", "backward"]

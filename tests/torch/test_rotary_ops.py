@@ -4,6 +4,7 @@ mixed-dtype fallbacks, one op call per ``apply``."""
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 
 import numpy as np
@@ -13,20 +14,21 @@ import torch
 import tokenpos
 import tokenpos.torch as tpt
 from tests.tolerances import TOL
-from tokenpos.kernels import rope as kernel_rope
+
+rope_op = importlib.import_module("tokenpos.torch.ops.rope")   # the module (``ops.rope`` is the op)
 
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts of numba kernel calls (the op imports ``rope_apply`` at call time); kernels back on afterwards."""
+    """Counts of numba kernel calls (``rope_apply`` as the op module calls it); kernels back on afterwards."""
     counts: Counter[str] = Counter()
-    fn = kernel_rope.rope_apply
+    fn = rope_op.rope_apply
 
     def spy(*args, **kwargs):
         counts["rope_apply"] += 1
         return fn(*args, **kwargs)
 
-    monkeypatch.setattr(kernel_rope, "rope_apply", spy)
+    monkeypatch.setattr(rope_op, "rope_apply", spy)
     yield counts
     tokenpos.set_kernels(True)
 

@@ -9,8 +9,9 @@ row two rows ahead is prefetched). Per row:
     out[d] = y[d] * m[d],   m = 1/(1-p) if keep(offset + n*D + d) else 0   (only when p > 0)
 
 ``m`` is a multiply (never a select), so NaN and Inf propagate through dropped elements as they
-do in ``torch.nn.Dropout``. With ``check`` a row whose id is outside [0, V) is skipped and counted;
-the core returns that count and the caller raises the shared :class:`TokenIdError` message. With
+do in ``torch.nn.Dropout``. A row whose position is outside [0, P), or (with ``check``) whose id is
+outside [0, V), is skipped and counted; the core returns that count and the caller raises the
+shared :class:`PositionError` / :class:`TokenIdError` message. With
 ``stream`` (opt-in) each row is built in an L1 scratch row and written with non-temporal stores
 (:mod:`._stream`); the result is the same bits either way.
 
@@ -122,7 +123,8 @@ def _row_overload(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no 
 @njit(parallel=True, cache=True)
 def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check,
                  stream, out_addr, rows, out):  # pragma: no cover - compiled
-    """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of bad ids.
+    """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
+    a bad id or position (nothing is read outside the tables).
 
     One ``prange`` over tasks of ``rows`` consecutive output rows; the token row two rows ahead is
     prefetched (measured: BENCHMARKS.md).
@@ -131,19 +133,21 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv,
     V = weight.shape[0]
     D = weight.shape[1]
     Lp = pos_ids.shape[0]
+    P = pos_table.shape[0]
     row_bytes = np.uint64(D * out.itemsize)
     nbad = 0
     for task in prange((N + rows - 1) // rows):
         tmp = np.empty(D, out.dtype)
         for n in range(task * rows, min(N, task * rows + rows)):
             r = ids[n]
-            if check and (r < 0 or r >= V):
+            q = pos_ids[n % Lp]
+            if (check and (r < 0 or r >= V)) or q < 0 or q >= P:
                 nbad += 1
                 continue
             if n + 2 < N:
                 prefetch_row(weight[ids[n + 2]])
             o = tmp if stream else out[n]
-            row(weight[r], pos_table[pos_ids[n % Lp]], has_pos, scale, key, thr, inv,
+            row(weight[r], pos_table[q], has_pos, scale, key, thr, inv,
                 offset + np.uint64(n * D), o)
             if stream:
                 stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)

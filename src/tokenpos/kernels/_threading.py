@@ -35,7 +35,6 @@ import glob
 import os
 import sys
 import threading
-from collections.abc import Iterator
 
 import numba
 from numba.core import config as _numba_config
@@ -104,11 +103,10 @@ def _needs_lock() -> bool:
     return need
 
 
-@contextlib.contextmanager
-def parallel_guard() -> Iterator[None]:
-    """Around a parallel kernel launch: serialises launches only on the (thread-unsafe) workqueue layer."""
-    if _needs_lock():
-        with _lock:
-            yield
-    else:
-        yield
+_NO_LOCK = contextlib.nullcontext()
+
+
+def parallel_guard() -> contextlib.AbstractContextManager[None]:
+    """``with parallel_guard():`` around a parallel kernel launch: the launch lock on the
+    (thread-unsafe) workqueue layer, else a no-op context (reentrant, shared)."""
+    return _lock if _needs_lock() else _NO_LOCK  # type: ignore[return-value]

@@ -23,6 +23,7 @@ accumulated in float64 and cast to the weight dtype at the end.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -57,19 +58,23 @@ def _float_array(name: str, x: Any, ndim: int) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def _flat_pos_ids(pos_ids: Any, ids_shape: tuple[int, ...], num_positions: int | None) -> np.ndarray:
+def _flat_pos_ids(pos_ids: Any, ids_shape: tuple[int, ...], num_positions: int | None, *,
+                  values: bool = True) -> np.ndarray:
     """Positions as a flat int64 array whose length divides N; row n uses ``pos[n % len(pos)]``.
 
-    ``pos_ids`` has the ids' shape or a trailing part of it (``(L,)`` for ids ``(B, L)``).
+    ``pos_ids`` has the ids' shape or a trailing part of it (``(L,)`` for ids ``(B, L)``). With
+    ``values=False`` an int64 array's values are left to the caller (the forward kernel checks
+    them inside its loop); other dtypes are always checked here.
     """
-    pos = check_positions(pos_ids, num_positions)
+    arr = np.asarray(pos_ids)
+    pos = check_positions(arr, num_positions) if values or arr.dtype != np.int64 else arr
     k = pos.ndim
-    if k > len(ids_shape) or tuple(pos.shape) != tuple(ids_shape[len(ids_shape) - k:]):
+    if k > len(ids_shape) or pos.shape != ids_shape[len(ids_shape) - k:]:
         raise ConfigError(
             f"pos_ids must have the ids' shape {tuple(ids_shape)} or a trailing part of it, got {pos.shape}"
         )
     flat = np.ascontiguousarray(pos.reshape(-1))
-    if flat.size == 0 and int(np.prod(ids_shape)) > 0:
+    if flat.size == 0 and math.prod(ids_shape) > 0:
         raise ConfigError("pos_ids is empty but ids are not")
     return flat if flat.size else np.zeros(1, np.int64)
 
@@ -115,8 +120,9 @@ def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout
                     check: bool = True, bf16: bool = False):
     """Validate and normalise forward arguments; returns (weight, ids, pos table, flat pos ids, p).
 
-    Ids keep their shape (int64); with ``check`` their range is checked by the caller (the kernel
-    checks inside its loop, the reference with :func:`check_token_ids`).
+    Ids keep their shape (int64). The values of int64 ids (with ``check``) and of int64 positions
+    (always) are checked by the caller: the kernel inside its loop, the reference with
+    :func:`check_positions` and :func:`check_token_ids`.
     """
     w = _table("weight", weight, bf16)
     idx = _ids_int64(ids, w.shape[0], check)
@@ -128,7 +134,7 @@ def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout
         if pt.shape[1] != w.shape[1]:
             raise ConfigError(f"pos_table must have shape (P, {w.shape[1]}), got {pt.shape}")
         pt = np.ascontiguousarray(pt, dtype=w.dtype)
-        pid = _flat_pos_ids(pos_ids, idx.shape, pt.shape[0])
+        pid = _flat_pos_ids(pos_ids, idx.shape, pt.shape[0], values=False)
     else:
         pt, pid = None, None
     return w, idx, pt, pid, p
@@ -192,24 +198,45 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     out = OUTPUTS.empty(shape, w.dtype) if out is None else check_out(out, shape, w.dtype, bf16)
     flat_ids = np.ascontiguousarray(idx.reshape(-1))
     N = flat_ids.shape[0]
-    if N == 0 or D == 0:
+    if N == 0 or D == 0:                                   # no loop to check the values in
+        if pt is not None:
+            check_positions(pos_ids, pt.shape[0])
+        if check:
+            check_token_ids(idx, w.shape[0])
         return out
+    o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
+    nbad = run_forward(w, flat_ids, pt, pid, scale, p, seed, o2, check=check, offset=dropout_offset, stream=stream)
+    if nbad:                                               # raise the shared message (first bad value)
+        if pt is not None:
+            check_positions(pos_ids, pt.shape[0])
+        check_token_ids(idx, w.shape[0])
+        raise AssertionError("unreachable: the kernel counted a bad id or position")   # pragma: no cover
+    return out
+
+
+def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid: np.ndarray | None,
+                scale: float, p: float, seed: int, out: np.ndarray, *, check: bool = True, offset: int = 0,
+                stream: bool = False) -> int:
+    """The compiled forward on arrays that are already in shape (nothing is validated here).
+
+    w (V, D) C-contiguous float32 / float64, or uint16 bf16 bits; flat_ids (N,) int64; pt (P, D)
+    of w's dtype with pid (Lp,) int64, N a multiple of Lp (or both None); out (N, D) C-contiguous of
+    w's dtype, N, D > 0. Returns the number of rows skipped for a bad position or (``check``) id;
+    the caller then raises (:func:`embedding_forward` does, with the shared messages).
+    """
+    N, D = out.shape
+    bf16 = w.dtype == np.uint16
     key, thr, inv = dropout_params(seed, p) if p else (np.uint64(0), np.uint64(0), 1.0)
     typ = np.float32 if bf16 else w.dtype.type
     has_pos = pt is not None
-    if not has_pos:
+    if pt is None or pid is None:
         pt, pid = w[:1], np.zeros(1, np.int64)
-    o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
-    rows = max(1, TASK_BYTES // (D * o2.itemsize))
-    addr = o2.__array_interface__["data"][0] if stream else 0
-    stream = bool(stream) and addr % o2.itemsize == 0
+    rows = max(1, TASK_BYTES // (D * out.itemsize))
+    addr = out.__array_interface__["data"][0] if stream else 0
+    stream = bool(stream) and addr % out.itemsize == 0
     with parallel_guard():
-        nbad = forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),
-                            np.uint64(int(dropout_offset)), bool(check), stream, np.uint64(addr),
-                            rows, o2)
-    if nbad:
-        check_token_ids(idx, w.shape[0])                   # raises the shared message (first bad id)
-    return out
+        return forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),  # type: ignore[no-any-return]
+                            np.uint64(int(offset)), bool(check), stream, np.uint64(addr), rows, out)
 
 
 def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p: float = 0.0, seed: int = 0,

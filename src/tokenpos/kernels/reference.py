@@ -16,7 +16,7 @@ from tokenpos.kernels.embedding import _flat_pos_ids, _float_array, prepare_forw
 from tokenpos.kernels.optim import prepare_sparse
 from tokenpos.kernels.rope import prepare_rope
 from tokenpos.tables.dropout import dropout_multiplier
-from tokenpos.tables.validation import check_probability, check_token_ids
+from tokenpos.tables.validation import check_positions, check_probability, check_token_ids
 
 # ----------------------------------------------------------------------------------------------
 # embedding
@@ -41,6 +41,8 @@ def embedding_forward_ref(weight: Any, ids: Any, *, scale: float = 1.0, pos_tabl
                           bf16: bool = False) -> np.ndarray:
     """Twin of :func:`tokenpos.kernels.embedding_forward`; (...) ids -> (..., D)."""
     w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p, check=check, bf16=bf16)
+    if pt is not None:
+        check_positions(pos_ids, pt.shape[0])
     if check:
         check_token_ids(idx, w.shape[0])
     if bf16:

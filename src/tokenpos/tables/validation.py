@@ -111,7 +111,7 @@ def check_start_pos(start_pos: Any, length: int) -> int:
         ConfigError: not an integer, or negative.
         PositionError: ``start_pos + length`` beyond 2**63 - 1 (the positions would overflow int64).
     """
-    start = check_int("start_pos", start_pos, minimum=0)
+    start = start_pos if type(start_pos) is int and start_pos >= 0 else check_int("start_pos", start_pos, minimum=0)
     if start + int(length) > INT64_MAX:
         raise PositionError(f"start_pos {start} with {int(length)} positions overflows int64: the positions would "
                             f"run to {start + int(length) - 1}; expected start_pos + length <= {INT64_MAX}")

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tokenpos._hugepages import advise_huge_pages
 from tokenpos.tables.dropout import SEED_MASK
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import init_weight, resolve_rng
@@ -46,3 +47,12 @@ def fill_init_(weight: torch.Tensor, scheme: str, std: float, rng: np.random.Gen
         return
     w = init_weight((int(weight.shape[0]), int(weight.shape[1])), scheme, std=std, rng=rng, padding_idx=padding_idx)
     weight.copy_(torch.from_numpy(w))
+
+
+def empty_table(rows: int, cols: int, *, device: Any = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised (rows, cols) table; on the CPU a large one asks for transparent huge pages
+    before its first write (:mod:`tokenpos._hugepages`: fewer TLB misses in random-row gathers)."""
+    t = torch.empty(rows, cols, device=device, dtype=dtype)
+    if t.is_cpu:
+        advise_huge_pages(t.data_ptr(), t.nbytes)
+    return t

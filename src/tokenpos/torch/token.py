@@ -23,15 +23,17 @@ from tokenpos.tables.validation import (
     check_positive_int,
 )
 from tokenpos.torch._checks import as_index, check_float_tensor, check_token_id_tensor, resolve_dtype
-from tokenpos.torch._init import fill_init_, resolve_torch_rng
+from tokenpos.torch._init import empty_table, fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.ops import embed
+from tokenpos.torch.ops._dispatch import kernel_checks_ids
 
 
-def checked_ids(ids: Any, vocab_size: int, weight: torch.Tensor) -> torch.Tensor:
+def checked_ids(ids: Any, vocab_size: int, weight: torch.Tensor, *, values: bool = True) -> torch.Tensor:
     """The public-entry check of token ids for a table ``weight``: integer dtype, every value in
     [0, vocab_size) (see ``torch._checks``), and values that exist: meta-device ids (no data) are
-    refused unless the table is on meta too.
+    refused unless the table is on meta too. ``values=False``: the caller's op checks the values
+    (in its kernel's gather loop, before anything else changes; ``ops._dispatch.kernel_checks_ids``).
 
     Raises:
         TokenIdError: the dtype, a value, or meta ids for a table with data.
@@ -39,7 +41,7 @@ def checked_ids(ids: Any, vocab_size: int, weight: torch.Tensor) -> torch.Tensor
     if isinstance(ids, torch.Tensor) and ids.is_meta and not weight.is_meta:
         raise TokenIdError(f"token ids are on the meta device (they hold no values), but the table is on "
                            f"{weight.device}; expected ids on {weight.device} (or the CPU)")
-    return check_token_id_tensor(ids, vocab_size, device=weight.device)
+    return check_token_id_tensor(ids, vocab_size, device=weight.device, values=values)
 
 
 def token_rows(token: TokenEmbedding, ids: torch.Tensor) -> torch.Tensor:
@@ -88,7 +90,7 @@ class TokenEmbedding(TokenposModule):
         self.scale = check_bool("scale", scale)
         self.sparse = bool(sparse)
         self.init, self.std = check_choice("init", init, INIT_SCHEMES), std
-        self.weight = nn.Parameter(torch.empty(self.vocab_size, self.d_model, device=device,
+        self.weight = nn.Parameter(empty_table(self.vocab_size, self.d_model, device=device,
                                                dtype=resolve_dtype(dtype)))
         self.reset_parameters(seed=seed, rng=rng, generator=generator)
 
@@ -121,7 +123,9 @@ class TokenEmbedding(TokenposModule):
     # -- lookup ------------------------------------------------------------------------------
     def forward(self, ids: Any) -> torch.Tensor:
         """ids (...) -> (..., D) = W[ids] * multiplier. Bad ids raise TokenIdError naming the value and the range."""
-        return token_rows(self, checked_ids(ids, self.vocab_size, self.weight))
+        w = self.weight
+        in_kernel = not self.sparse and isinstance(ids, torch.Tensor) and kernel_checks_ids(w, ids)
+        return token_rows(self, checked_ids(ids, self.vocab_size, w, values=not in_kernel))
 
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: torch.Tensor) -> torch.Tensor:
@@ -156,7 +160,7 @@ class TokenEmbedding(TokenposModule):
             raise ConfigError(f"padding_idx {self.padding_idx} would fall outside the new vocab [0, {new_v})")
         old = self.weight
         keep = min(new_v, self.vocab_size)
-        new = torch.empty(new_v, self.d_model, device=old.device, dtype=old.dtype)
+        new = empty_table(new_v, self.d_model, device=old.device, dtype=old.dtype)
         new[:keep] = old[:keep]
         if new_v > keep:
             if init == "mean":

@@ -11,6 +11,7 @@ Shapes: B batch, L length, D d_model; ids (B, L) -> (B, L, D) and ids (L,) -> (L
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -27,10 +28,26 @@ from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.learned import LearnedPositionalEmbedding
 from tokenpos.torch.norm import build_norm
 from tokenpos.torch.ops import embed
+from tokenpos.torch.ops._dispatch import kernel_checks_ids
 from tokenpos.torch.ops.entry import no_seed
 from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.torch.token import TokenEmbedding, checked_ids, token_rows
+
+
+@functools.lru_cache(maxsize=64)
+def _cpu_arange(start: int, stop: int) -> torch.Tensor:
+    with torch.inference_mode(False):                  # a normal tensor, so autograd may save it
+        return torch.arange(start, stop)
+
+
+def default_positions(start: int, length: int, device: torch.device) -> torch.Tensor:
+    """``start + arange(length)`` (int64) on ``device``. On the CPU in eager mode, one shared tensor
+    per (start, length): the ops never write their inputs, and nothing hands it to the user, so it
+    is never changed (a ``torch.arange`` per call costs 30-100 us when caches are cold)."""
+    if device.type == "cpu" and not torch.compiler.is_compiling():
+        return _cpu_arange(start, start + length)
+    return torch.arange(start, start + length, device=device)
 
 
 def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int = 0) -> torch.Tensor:
@@ -128,7 +145,7 @@ class TransformerEmbedding(TokenposModule):
             if self.position_ids == "padding" and pad is not None:     # the constructor ensures pad is set
                 pos = positions_from_padding(ids, pad, start_pos)
             else:
-                pos = torch.arange(start_pos, start_pos + ids.shape[-1], device=ids.device)
+                pos = default_positions(start_pos, ids.shape[-1], ids.device)
                 if not isinstance(self.position, LearnedPositionalEmbedding) or (
                         start_pos + ids.shape[-1] <= self.position.max_seq_len):
                     return pos                                         # in range by construction
@@ -151,18 +168,27 @@ class TransformerEmbedding(TokenposModule):
     # -- the model ---------------------------------------------------------------------------------
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
                 token_type_ids: Any = None) -> torch.Tensor:
-        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any work."""
-        token = self.token
-        ids = checked_ids(ids, token.vocab_size, token.weight)
+        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any work.
+
+        The ids' values are checked once: by the op's kernel inside its gather loop when the block
+        is one op on the numba path and nothing changes before it, else here, first.
+        """
+        token, position = self.token, self.position
+        weight = token.weight
+        p = self.dropout if self.training else 0.0
+        fuses = self.fuses
+        early = p > 0.0 or not fuses                   # a dropout seed is drawn, or several ops follow
+        ids = checked_ids(ids, token.vocab_size, weight, values=early)
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
         pos = self.resolve_positions(ids, positions, start_pos)                   # (L,) or (B, L)
-        tt = self._token_types(ids, token_type_ids)
-        p = self.dropout if self.training else 0.0
-        table = self._position_table(pos, positions is None, ids.shape[-1] + start_pos)
-        if table is not None or (self.position.kind != "additive" and self.fuses):
+        tt = self._token_types(ids, token_type_ids) if self.num_token_types or token_type_ids is not None else None
+        table = self._position_table(pos, positions is None, ids.shape[-1] + start_pos) if fuses else None
+        if not early and not kernel_checks_ids(weight, ids, table):
+            ids = checked_ids(ids, token.vocab_size, weight)                       # the op will not check them
+        if table is not None or (fuses and position.kind != "additive"):
             # dropout(W[ids] * s + P[pos]) in one op
-            return embed(token.weight, ids, table, pos if table is not None else None, scale=token.multiplier,
+            return embed(weight, ids, table, pos if table is not None else None, scale=token.multiplier,
                          p=p, seed=self._dropout_seed(p, ids.device), padding_idx=_pad(token.padding_idx))
         x = token_rows(token, ids)                                                   # (..., L, D)
         if self.token_type is not None:
@@ -181,13 +207,13 @@ class TransformerEmbedding(TokenposModule):
         return self.token_type is None and self.norm is None and not self.token.sparse
 
     def _position_table(self, pos: torch.Tensor, default: bool, end: int) -> torch.Tensor | None:
-        """The (P, D) table the op adds rows of, or None (the block is not one op, or no table).
+        """For a block that is one op (:attr:`fuses`): the (P, D) table the op adds rows of, or None.
 
         Learned tables without a padding row, and the sinusoidal table when every position lies in
         it (known statically for default positions; read from the positions in eager mode).
         """
         position = self.position
-        if not self.fuses or position.kind != "additive":
+        if position.kind != "additive":
             return None
         if isinstance(position, LearnedPositionalEmbedding):
             return position.weight if position.padding_idx is None else None

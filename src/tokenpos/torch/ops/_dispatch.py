@@ -1,22 +1,22 @@
 """Which implementation an op runs: the ONE place that chooses between the numba kernel, a Triton
 kernel and plain torch.
 
-- CPU float32 / float64 with ``tokenpos.kernels_enabled()``: the numba kernel on zero-copy
-  ``.numpy()`` views, writing into a fresh output from :func:`cpu_empty` (``out=``).
-- CPU bfloat16: the numba bf16 kernel once ``tokenpos.kernels.embedding.embedding_forward`` takes
-  ``bf16=True`` (see :data:`NUMBA_BF16`); until then plain torch.
+- CPU float32 / float64 / bfloat16 with ``tokenpos.kernels_enabled()``: the numba kernel on
+  zero-copy NumPy views (:func:`np_view`; bf16 as its 16-bit patterns), writing into a fresh
+  output from :func:`cpu_empty` (``out=``). RoPE has no bf16 kernel ("numba" paths only).
 - CUDA float32 / bf16 / fp16: ``tokenpos.kernels.triton`` when it imports (Triton present), else
   plain torch (float64 on CUDA too).
-- everything else (fp16, meta, MPS, kernels switched off): plain torch.
+- everything else (fp16, meta, MPS, mixed dtypes, kernels switched off): plain torch.
 
 The choice is made inside the op's implementation, at run time, on real (unwrapped) tensors, so a
 ``torch.compile`` graph keeps the op and still follows ``tokenpos.set_kernels``.
+:func:`kernel_checks_ids` tells a layer whether its op will range-check the ids inside the kernel's
+gather loop (so the layer need not run a separate pass over them).
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 from typing import Any
 
@@ -25,30 +25,24 @@ import torch
 
 from tokenpos._config import OUTPUTS, kernels_enabled
 
-NUMBA_DTYPES = (torch.float32, torch.float64)
+_NUMBA = {torch.float32: "numba", torch.float64: "numba", torch.bfloat16: "numba_bf16"}
+_transforms_active = torch._C._are_functorch_transforms_active
 
 
-def _kernel_has_bf16() -> bool:
-    from tokenpos.kernels.embedding import embedding_forward
-
-    return "bf16" in inspect.signature(embedding_forward).parameters
-
-
-NUMBA_BF16: bool = _kernel_has_bf16()     # a static fact of the installed kernel, read once at import
-
-
-def cpu_path(*tensors: torch.Tensor) -> str:
-    """"numba", "numba_bf16" or "plain" for CPU tensors that share one dtype."""
-    if not kernels_enabled():
+def cpu_path(x: torch.Tensor, y: torch.Tensor | None = None) -> str:
+    """"numba", "numba_bf16" or "plain" for CPU tensors x (and y, which must share x's dtype)."""
+    if not kernels_enabled() or (y is not None and y.dtype != x.dtype):
         return "plain"
-    dtype = tensors[0].dtype
-    if any(t.dtype != dtype for t in tensors):
-        return "plain"
-    if dtype in NUMBA_DTYPES:
-        return "numba"
-    if dtype == torch.bfloat16 and NUMBA_BF16:
-        return "numba_bf16"
-    return "plain"
+    return _NUMBA.get(x.dtype, "plain")
+
+
+def kernel_checks_ids(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None) -> bool:
+    """Whether an eager ``tokenpos::embedding`` call on these tensors runs the numba kernel, which
+    checks every id against [0, V) inside its gather loop and raises the shared ``TokenIdError``
+    before the output is returned. A layer whose call changes no state before the op (no dropout
+    seed drawn) may then leave the value check to the op: one pass over the ids instead of two."""
+    return (weight.is_cpu and ids.is_cpu and cpu_path(weight, table) != "plain"
+            and not torch.compiler.is_compiling() and not _transforms_active())
 
 
 _TRITON: list[Any] = []                   # [module or None], filled on the first CUDA call
@@ -70,26 +64,29 @@ def triton_kernels(*tensors: torch.Tensor) -> Any:
     return _TRITON[0]
 
 
-_NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.bfloat16: np.int16}
+_NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.bfloat16: np.uint16}
 
 
-def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A fresh, uninitialised CPU tensor for a kernel's output: large ones reuse a released block
-    of :data:`tokenpos._config.OUTPUTS` (no page faults; like any ``torch.from_numpy`` tensor its
-    storage cannot be resized), small ones, and all when the cache is off, are ``torch.empty``."""
-    shape = tuple(int(n) for n in shape)
-    if dtype not in _NP_DTYPES or not OUTPUTS.caches(math.prod(shape) * dtype.itemsize):
-        return torch.empty(shape, dtype=dtype)
-    t = torch.from_numpy(OUTPUTS.empty(shape, _NP_DTYPES[dtype]))
-    return t.view(dtype) if dtype == torch.bfloat16 else t
+def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
+    """A fresh, uninitialised CPU tensor for a kernel's output, and the NumPy array over its memory
+    (bf16: the 16-bit patterns), so the kernel writes into the tensor without another conversion.
+
+    Large outputs reuse a released block of :data:`tokenpos._config.OUTPUTS` (no page faults);
+    small ones, and all when the cache is off, are ``torch.empty``. Either way the storage cannot be
+    resized in place, as for any tensor whose memory NumPy also sees.
+    """
+    if dtype in _NP_DTYPES and OUTPUTS.caches(math.prod(shape) * dtype.itemsize):
+        arr = OUTPUTS.empty(tuple(shape), _NP_DTYPES[dtype])
+        t = torch.from_numpy(arr)
+        return (t.view(dtype) if dtype == torch.bfloat16 else t), arr
+    t = torch.empty(shape, dtype=dtype)
+    return t, np_view(t)
 
 
 def np_view(t: torch.Tensor) -> np.ndarray:
-    """The zero-copy NumPy view of a CPU tensor (strided when the tensor is not contiguous); only a
-    tensor that requires grad is detached first (each extra op costs 10-30 us with cold caches)."""
-    return (t.detach() if t.requires_grad else t).numpy()
-
-
-def bf16_view(t: torch.Tensor) -> np.ndarray:
-    """The bits of a contiguous CPU bfloat16 tensor as a zero-copy uint16 array."""
-    return t.detach().contiguous().view(torch.uint16).numpy()
+    """The zero-copy NumPy view of a CPU tensor (strided when the tensor is not contiguous; bf16 as
+    uint16 bit patterns). Only a tensor that requires grad is detached first: each extra torch call
+    costs 10-30 us when the caches are cold, as they are after a large kernel."""
+    if t.requires_grad:
+        t = t.detach()
+    return (t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy()

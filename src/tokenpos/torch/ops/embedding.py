@@ -21,8 +21,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tokenpos.kernels.embedding import embedding_backward as kernel_backward
+from tokenpos.kernels.embedding import embedding_forward as kernel_forward
+from tokenpos.kernels.embedding import run_forward
 from tokenpos.torch._dropout import dropout_torch
-from tokenpos.torch.ops._dispatch import bf16_view, cpu_empty, cpu_path, np_view, triton_kernels
+from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -54,18 +57,42 @@ def _forward_plain(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor 
     return x.to(weight.dtype)
 
 
-def _forward_numba(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
-                   pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
-                   bf16: bool = False) -> torch.Tensor:
-    from tokenpos.kernels.embedding import embedding_forward
+def _in_shape(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
+              pos: torch.Tensor | None) -> bool:
+    """Whether the arguments need no conversion for :func:`run_forward`: contiguous 2-D tables of one
+    width, int64 ids and positions, the positions' shape a trailing part of the ids', nothing empty."""
+    if not (weight.dim() == 2 and weight.is_contiguous() and ids.dtype == torch.int64 and ids.is_contiguous()
+            and ids.numel() and weight.shape[1]):
+        return False
+    if table is None or pos is None:
+        return True
+    k = pos.dim()
+    return (table.dim() == 2 and table.is_contiguous() and table.shape[1] == weight.shape[1]
+            and pos.dtype == torch.int64 and pos.is_contiguous() and pos.numel() > 0 and k <= ids.dim()
+            and pos.shape == ids.shape[ids.dim() - k:])
 
-    out = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
-    view = bf16_view if bf16 else np_view
-    extra = {"bf16": True} if bf16 else {}
-    embedding_forward(view(weight), np_view(ids), scale=scale,
-                      pos_table=None if table is None else view(table),
-                      pos_ids=None if table is None or pos is None else np_view(pos),
-                      dropout_p=p, seed=int(seed), out=view(out), **extra)
+
+def _forward_numba(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
+                   pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor) -> torch.Tensor:
+    """The numba kernel (float32 / float64 / bf16 bits); ids and positions checked inside its loop.
+
+    Arguments already in shape go straight to the compiled core (:func:`run_forward`); anything
+    else, and any bad value the core reports, goes through :func:`kernel_forward`, which converts,
+    validates and raises the shared error messages.
+    """
+    out, out_np = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
+    if table is None or pos is None:
+        table = pos = None
+    seed_int = int(seed) if p else 0
+    if _in_shape(weight, ids, table, pos):
+        nbad = run_forward(np_view(weight), np_view(ids).reshape(-1), None if table is None else np_view(table),
+                           None if pos is None else np_view(pos).reshape(-1), scale, p, seed_int,
+                           out_np.reshape(-1, weight.shape[1]))
+        if not nbad:
+            return out
+    kernel_forward(np_view(weight), np_view(ids), scale=scale, pos_table=None if table is None else np_view(table),
+                   pos_ids=None if pos is None else np_view(pos), dropout_p=p, seed=seed_int, out=out_np,
+                   bf16=weight.dtype == torch.bfloat16)
     return out
 
 
@@ -73,13 +100,11 @@ def forward_impl(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | 
                  pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
                  padding_idx: int) -> torch.Tensor:
     """The implementation of ``tokenpos::embedding`` on real tensors (the kernel choice: ``_dispatch``)."""
-    tensors = [weight] if table is None else [weight, table]
     if weight.is_cpu:
-        path = cpu_path(*tensors)
-        if path != "plain":
-            return _forward_numba(weight, ids, table, pos, scale, p, seed, bf16=path == "numba_bf16")
+        if cpu_path(weight, table) != "plain":
+            return _forward_numba(weight, ids, table, pos, scale, p, seed)
     elif weight.is_cuda:
-        tk = triton_kernels(*tensors)
+        tk = triton_kernels(weight) if table is None else triton_kernels(weight, table)
         if tk is not None:
             return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)
     return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
@@ -146,10 +171,8 @@ def _backward_plain(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor | N
 def _backward_numba(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor | None, num_weights: int,
                     num_positions: int, scale: float, p: float, seed: torch.Tensor,
                     padding_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from tokenpos.kernels.embedding import embedding_backward as kernel
-
     with_pos = bool(num_positions) and pos is not None
-    uniq, rows, pos_grad = kernel(np_view(grad), np_view(ids), scale=scale, dropout_p=p, seed=int(seed),
+    uniq, rows, pos_grad = kernel_backward(np_view(grad), np_view(ids), scale=scale, dropout_p=p, seed=int(seed),
                                   padding_idx=None if padding_idx < 0 else padding_idx,
                                   pos_ids=np_view(pos) if with_pos else None,   # type: ignore[arg-type]
                                   num_positions=num_positions if with_pos else None)

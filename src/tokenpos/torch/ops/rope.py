@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import torch
 
+from tokenpos.kernels.rope import rope_apply
 from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
 
 _LOW = (torch.float16, torch.bfloat16)
@@ -49,13 +50,12 @@ def _layout(interleaved: bool) -> str:
 def _rope_numba(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                 interleaved: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One kernel pass over x (and k) into fresh outputs (:func:`._dispatch.cpu_empty`)."""
-    from tokenpos.kernels.rope import rope_apply
-
-    c, s = np_view(cos.to(x.dtype)), np_view(sin.to(x.dtype))
-    out = cpu_empty(x.shape, x.dtype)
-    out_k = None if k is None else cpu_empty(k.shape, k.dtype)
-    rope_apply(np_view(x), None if k is None else np_view(k), c, s, layout=_layout(interleaved),
-               out_q=out.numpy(), out_k=None if out_k is None else out_k.numpy())
+    if cos.dtype != x.dtype:
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    out, out_np = cpu_empty(x.shape, x.dtype)
+    out_k, out_k_np = (None, None) if k is None else cpu_empty(k.shape, k.dtype)
+    rope_apply(np_view(x), None if k is None else np_view(k), np_view(cos), np_view(sin),
+               layout=_layout(interleaved), out_q=out_np, out_k=out_k_np)
     return out, out_k
 
 
