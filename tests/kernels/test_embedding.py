@@ -252,3 +252,46 @@ def test_backward_with_huge_ids_uses_a_sort(rng) -> None:
     ru, rrows, _ = embedding_backward_ref(g, ids, padding_idx=7)
     assert np.array_equal(u, ru) and list(u) == [3, 5, 2**40]
     np.testing.assert_allclose(rows, rrows, rtol=1e-12)
+
+
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("pos", [np.array([0, 2]), np.array([-1, 0]), np.array([0, -3], np.int32),
+                                 np.array([[0, 1], [5, 0]])], ids=["high", "negative", "int32", "2d"])
+def test_positions_are_checked_inside_the_loop_with_the_shared_message(check: bool, pos: np.ndarray) -> None:
+    """Bad positions never reach a table read: the core skips and counts them, then the shared message."""
+    from tokenpos.tables.validation import check_positions
+
+    w, pt = np.ones((4, 3), np.float32), np.ones((2, 3), np.float32)
+    ids = np.zeros(pos.shape if pos.ndim == 2 else (2,), np.int64)
+    with pytest.raises(PositionError) as expected:
+        check_positions(pos, 2)
+    for fn in (embedding_forward, embedding_forward_ref):
+        with pytest.raises(PositionError) as got:
+            fn(w, ids, pos_table=pt, pos_ids=pos, check=check)
+        assert str(got.value) == str(expected.value)
+
+
+def test_values_are_checked_when_rows_are_empty() -> None:
+    """D == 0: no loop runs, and bad ids and positions are still refused."""
+    w, pt = np.ones((4, 0), np.float32), np.ones((2, 0), np.float32)
+    with pytest.raises(TokenIdError):
+        embedding_forward(w, np.array([0, 4]))
+    with pytest.raises(PositionError):
+        embedding_forward(w, np.array([0, 1]), pos_table=pt, pos_ids=np.array([0, 2]))
+    assert embedding_forward(w, np.array([0, 3]), pos_table=pt, pos_ids=np.array([0, 1])).shape == (2, 0)
+
+
+def test_run_forward_reports_bad_rows_without_reading_them(rng) -> None:
+    """The in-shape entry the torch op uses: returns the count of skipped rows, writes the good ones."""
+    from tokenpos.kernels.embedding import run_forward
+
+    w = rng.standard_normal((5, 4)).astype(np.float32)
+    pt = rng.standard_normal((3, 4)).astype(np.float32)
+    ids = np.array([0, 7, 2, -1, 4, 1], np.int64)
+    pid = np.array([0, 1, 9], np.int64)                                 # row n uses pid[n % 3]
+    out = np.zeros((6, 4), np.float32)
+    assert run_forward(w, ids, pt, pid, 2.0, 0.0, 0, out) == 4          # rows 1, 3 (ids), 2, 5 (position 9)
+    for n in (0, 4):
+        assert np.array_equal(out[n], w[ids[n]] * np.float32(2.0) + pt[pid[n % 3]])
+    good_ids = np.array([0, 1, 2, 3, 4, 1], np.int64)                     # check=False trusts the ids
+    assert run_forward(w, good_ids, pt, pid, 2.0, 0.0, 0, out, check=False) == 2   # positions: always checked

@@ -242,3 +242,52 @@ def test_integer_and_bool_float_inputs_are_refused_in_both_backends(dtype: Any) 
         n_np, n_t = getattr(tpn, norm)(4), getattr(tpt, norm)(4)
         msg = same_error(lambda: n_np(h), lambda: n_t(torch.from_numpy(h)), DtypeError)  # noqa: B023
         assert msg.startswith("x must be a floating-point array")
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bad_ids_give_one_error_whichever_pass_checks_them(kernels: bool, dropout: float, dtype: torch.dtype,
+                                                           monkeypatch) -> None:
+    """On the numba path with nothing drawn before the op, the layer leaves the id values to the
+    kernel's loop (no separate pass); otherwise it checks them first. Same error, same text, and a
+    failed call changes no state, either way."""
+    import tokenpos
+    import tokenpos.torch._checks as checks
+
+    passes: list[int] = []
+    real = checks._out_of_range
+    monkeypatch.setattr(checks, "_out_of_range", lambda *a: passes.append(1) or real(*a))
+    tokenpos.set_kernels(kernels)
+    try:
+        ids = np.array([[1, 2], [3, 50]])
+        np_layer = tpn.TransformerEmbedding(50, 4, 8, dropout=dropout, seed=0)
+        t_layer = tpt.TransformerEmbedding(50, 4, 8, dropout=dropout, seed=0, dtype=dtype)
+        state = torch.random.get_rng_state()
+        same_error(lambda: np_layer(ids), lambda: t_layer(torch.from_numpy(ids)), TokenIdError)
+        assert torch.equal(torch.random.get_rng_state(), state)
+        assert len(passes) == (0 if kernels and dropout == 0.0 else 1)
+        good = t_layer(torch.from_numpy(ids % 50))                        # and good ids still go through
+        assert good.shape == (2, 2, 4) and good.dtype == dtype
+    finally:
+        tokenpos.set_kernels(True)
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_the_op_refuses_bad_ids_and_positions_whoever_calls_it(kernels: bool) -> None:
+    """``torch.ops.tokenpos.embedding`` called directly (no layer checks): never a read outside a table."""
+    import tokenpos
+
+    tokenpos.set_kernels(kernels)
+    try:
+        w, t = torch.ones(4, 3), torch.ones(2, 3)
+        seed = torch.zeros((), dtype=torch.int64)
+        op = torch.ops.tokenpos.embedding
+        cases = [(torch.tensor([0, 4]), torch.tensor([0, 1]), TokenIdError),
+                 (torch.tensor([0, 1]), torch.tensor([0, 2]), PositionError),
+                 (torch.tensor([0, 1]), torch.tensor([-1, 0]), PositionError)]
+        for ids, pos, cls in cases:
+            with pytest.raises(cls if kernels else IndexError):          # plain torch: F.embedding's IndexError
+                op(w, ids, t, pos, 1.0, 0.0, seed, -1)
+    finally:
+        tokenpos.set_kernels(True)

@@ -90,12 +90,14 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
     import torch
 
     import tokenpos.kernels as K
+    from tokenpos.torch._init import empty_table
     V, D, B, L = cfg["V"], cfg["D"], cfg["B"], cfg["L"]
     case = "bf16" if bf16 else ("dropout" if p else "forward")
     tdt = torch.bfloat16 if bf16 else torch.float32
     rng = np.random.default_rng(0)
-    W = torch.from_numpy(rng.standard_normal((V, D), dtype=np.float32) * 0.02).to(tdt)
-    P = torch.from_numpy(rng.standard_normal((L, D), dtype=np.float32) * 0.02).to(tdt)
+    # allocated as tokenpos allocates its tables (huge pages for the large one: _hugepages), shared by every row
+    W = empty_table(V, D, dtype=tdt).copy_(torch.from_numpy(rng.standard_normal((V, D), dtype=np.float32) * 0.02))
+    P = empty_table(L, D, dtype=tdt).copy_(torch.from_numpy(rng.standard_normal((L, D), dtype=np.float32) * 0.02))
     w = W.view(torch.int16).numpy().view(np.uint16) if bf16 else W.numpy()
     pt = P.view(torch.int16).numpy().view(np.uint16) if bf16 else P.numpy()
     batches = [rng.integers(0, V, (B, L)) for _ in range(NBATCH)]

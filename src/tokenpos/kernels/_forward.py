@@ -122,7 +122,7 @@ def _row_overload(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no 
 
 @njit(parallel=True, cache=True)
 def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check,
-                 stream, out_addr, rows, out):  # pragma: no cover - compiled
+                 stream, out_addr, rows, ahead, out):  # pragma: no cover - compiled
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
     a bad id or position (nothing is read outside the tables).
 
@@ -144,8 +144,8 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv,
             if (check and (r < 0 or r >= V)) or q < 0 or q >= P:
                 nbad += 1
                 continue
-            if n + 2 < N:
-                prefetch_row(weight[ids[n + 2]])
+            if ahead and n + ahead < N:
+                prefetch_row(weight[ids[n + ahead]])
             o = tmp if stream else out[n]
             row(weight[r], pos_table[q], has_pos, scale, key, thr, inv,
                 offset + np.uint64(n * D), o)
