@@ -136,3 +136,23 @@ def test_rope_fallbacks_and_one_op_call_per_apply(calls, monkeypatch):
     rope.apply(q32, q32, start_pos=20)                                     # grows the cache
     rope.apply(q32, q32, torch.tensor([[1, 2, 3]]))
     assert ops_called == Counter({"rope_qk": 3}) and rope.cos_cached.shape[0] >= 23
+
+
+def test_tables_cast_once_follow_the_cache_when_it_grows_moves_or_changes_dtype() -> None:
+    """The float32 copy of the float64 cos / sin cache is rebuilt whenever the cache is."""
+    rope = tpt.RotaryEmbedding(16, max_seq_len=8)
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 4, 16, generator=gen), torch.randn(1, 2, 4, 16, generator=gen)
+
+    def via_positions(start: int) -> tuple[torch.Tensor, torch.Tensor]:      # the formula, no cache
+        return rope.apply(q, k, positions=torch.arange(start, start + 4))
+
+    for start in (0, 6, 13, 2):                                            # 6 and 13 grow the cache
+        got = rope.apply(q, k, start_pos=start)
+        memo = rope._cast_memo
+        assert memo is not None and memo[0] is rope.cos_cached and memo[1] == torch.float32
+        for a, b in zip(got, via_positions(start), strict=True):
+            close(a, b, torch.float32, f"start {start}")
+    got64 = rope.apply(q.double(), k.double(), start_pos=3)                # float64: the cache as it is
+    for a, b in zip(got64, rope.apply(q.double(), k.double(), positions=torch.arange(3, 7)), strict=True):
+        close(a, b, torch.float64, "float64")

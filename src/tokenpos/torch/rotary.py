@@ -96,6 +96,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         self._register_empty(device, inv_freq=((0,), None), long_inv_freq=((0,), None),
                              cos_cached=((0, f), None), sin_cached=((0, f), None))
         self._cache_key: tuple[Any, ...] | None = None
+        self._cast_memo: tuple[Any, ...] | None = None    # (cos_cached, dtype, cos, sin) cast once per build
         self.reset_parameters()
 
     # -- buffers ---------------------------------------------------------------------------------
@@ -174,13 +175,29 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         self._build(variant, inv_np, max(need, 2 * self.cos_cached.shape[0] if same_key else 0, self.max_seq_len))
         return None
 
-    def _pairs_range(self, start: int, length: int, seq_len: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (L, F) for positions ``start + arange(length)`` (Python ints), variant and rows in one step."""
+    def _cached_as(self, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached (P, F) cos / sin in ``dtype`` (None: as cached), cast once per cache build and
+        kept beside it (two conversions per call cost as much as the rest of the layer's Python)."""
+        cos, sin = self.cos_cached, self.sin_cached
+        if dtype is None or dtype == cos.dtype:
+            return cos, sin
+        if is_compiling():
+            return cos.to(dtype), sin.to(dtype)
+        memo = getattr(self, "_cast_memo", None)
+        if memo is None or memo[0] is not cos or memo[1] != dtype:       # rebuilt, moved, or another dtype
+            memo = self._cast_memo = (cos, dtype, cos.to(dtype), sin.to(dtype))
+        return memo[2], memo[3]
+
+    def _pairs_range(self, start: int, length: int, seq_len: int | None, dtype: torch.dtype | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (L, F) for positions ``start + arange(length)`` (Python ints), variant and rows in one
+        step; cached rows come in ``dtype`` when given (the op's table dtype), else as cached."""
         need = start + length
         with self._guard():
             inv_t = self._cover(need, seq_len)
             if inv_t is None:
-                return self.cos_cached[start:need], self.sin_cached[start:need]
+                cos, sin = self._cached_as(dtype)
+                return cos[start:need], sin[start:need]
         return self._formula(torch.arange(start, need, device=self.inv_freq.device), inv_t)
 
     def _pairs_positions(self, pos: torch.Tensor, need: torch.Tensor | int | None
@@ -231,7 +248,8 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (L, F) | (B, L, F) for x (B, H, L, Dh) at ``positions`` (default start_pos + arange(L))."""
         if positions is None:
-            return self._pairs_range(self._start(start_pos), x.shape[2], seq_len)
+            return self._pairs_range(self._start(start_pos), x.shape[2], seq_len,
+                                     x.dtype if x.dtype in (torch.float32, torch.float64) else None)
         pos = self._positions(positions, x.shape[0], x.shape[2])
         with self._guard():
             return self._pairs_positions(pos, seq_len)
