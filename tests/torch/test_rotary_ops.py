@@ -20,15 +20,17 @@ rope_op = importlib.import_module("tokenpos.torch.ops.rope")   # the module (``o
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts of numba kernel calls (``rope_apply`` as the op module calls it); kernels back on afterwards."""
+    """Counts of numba kernel passes (``run_rope`` for arguments in shape, ``rope_apply`` otherwise,
+    as the op module calls them) under the key "rope_apply"; kernels back on afterwards."""
     counts: Counter[str] = Counter()
-    fn = rope_op.rope_apply
+    for name in ("rope_apply", "run_rope"):
+        fn = getattr(rope_op, name)
 
-    def spy(*args, **kwargs):
-        counts["rope_apply"] += 1
-        return fn(*args, **kwargs)
+        def spy(*args, _fn=fn, **kwargs):
+            counts["rope_apply"] += 1
+            return _fn(*args, **kwargs)
 
-    monkeypatch.setattr(rope_op, "rope_apply", spy)
+        monkeypatch.setattr(rope_op, name, spy)
     yield counts
     tokenpos.set_kernels(True)
 

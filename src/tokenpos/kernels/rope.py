@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit, prange
 
 from tokenpos._config import OUTPUTS
-from tokenpos.kernels._launch import launch
+from tokenpos.kernels._threading import parallel_guard
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_choice
 
@@ -139,16 +139,25 @@ def _run(q, k, cos, sin, layout, sign, out_q, out_k):
     kk, okk = (k, ok) if k is not None else (q[:, :0], oq[:, :0])
     # in place (out is the input) needs no pass-through copy of dims R..Dh-1
     copy_tail = not (np.shares_memory(oq, q) and (k is None or np.shares_memory(okk, kk)))
-    if q.size or kk.size:
-        B, H, L, Dh = q.shape
-        rows = q.shape[0] * q.shape[1] * L + kk.shape[0] * kk.shape[1] * L
-        per_task = max(1, ROPE_TASK_BYTES // max(1, Dh * q.itemsize))
-        with launch(-(-rows // per_task), max_chunk=2):
-            _rope_core(q.reshape(-1, Dh), kk.reshape(-1, Dh), H, kk.shape[1], L,
-                       c.reshape(-1, c.shape[-1]), s.reshape(-1, s.shape[-1]),
-                       q.dtype.type(sign) if c.dtype == q.dtype else float(sign),
-                       layout == "interleaved", copy_tail, oq.reshape(-1, Dh), okk.reshape(-1, Dh), per_task)
+    run_rope(q, kk, c, s, layout == "interleaved", sign, copy_tail, oq, okk)
     return oq, ok
+
+
+def run_rope(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool, sign: float,
+             copy_tail: bool, out_q: np.ndarray, out_k: np.ndarray) -> None:
+    """The compiled pass on arrays already in shape (nothing is validated here): q (B, H, L, Dh) and
+    k (B, Hk, L, Dh) C-contiguous of one float dtype (k may have Hk = 0), cos / sin (Bc, L, R/2)
+    (or (L, R/2)) C-contiguous with Bc in (1, B) and R <= Dh, outputs C-contiguous like q and k. ``copy_tail``:
+    write dims R..Dh-1 too (False only when the outputs are the inputs)."""
+    if not (q.size or k.size):
+        return
+    _, H, L, Dh = q.shape
+    per_task = max(1, ROPE_TASK_BYTES // max(1, Dh * q.itemsize))
+    with parallel_guard():                     # TBB balances the tasks (no chunk size: BENCHMARKS.md)
+        _rope_core(q.reshape(-1, Dh), k.reshape(-1, Dh), H, k.shape[1], L,
+                   cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]),
+                   q.dtype.type(sign) if cos.dtype == q.dtype else float(sign),
+                   interleaved, copy_tail, out_q.reshape(-1, Dh), out_k.reshape(-1, Dh), per_task)
 
 
 def rope_apply(q: Any, k: Any, cos: Any, sin: Any, *, layout: str = "half", out_q: np.ndarray | None = None,

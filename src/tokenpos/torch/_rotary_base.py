@@ -113,7 +113,7 @@ class RotaryBase(TokenposModule):
     def _op_tables(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The op's tables: in x's dtype for float32 / float64 x (as HF casts), else kept (the op then
         computes low-precision inputs in float32 and rounds once)."""
-        return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) else t
+        return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) and t.dtype != x.dtype else t
 
     def _rotate_pair(self, q: torch.Tensor, k: torch.Tensor, tables_q: tuple[torch.Tensor, torch.Tensor],
                      tables_k: tuple[torch.Tensor, torch.Tensor] | None, interleaved: bool

@@ -27,6 +27,7 @@ registers autograd (double backward included), fake tensors and vmap.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from typing import Any
 
@@ -143,8 +144,15 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         return ("static",), self.freqs.original_inv_freq, self.inv_freq
 
     def _key(self, variant: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (self.rotary_dim, self.base, self.interleaved, self.attention_factor,
-                freeze_rope_scaling(self.scaling), variant)
+        return (self.rotary_dim, self.base, self.interleaved, self.attention_factor, self._scaling_key(), variant)
+
+    def _scaling_key(self) -> tuple[Any, ...]:
+        """``freeze_rope_scaling(self.scaling)``, recomputed only when the dict no longer equals a
+        (deep) copy of the one it was computed from (a dict comparison instead of a sort per call)."""
+        memo = getattr(self, "_scaling_memo", None)
+        if memo is None or memo[0] != self.scaling:
+            memo = self._scaling_memo = (copy.deepcopy(self.scaling), freeze_rope_scaling(self.scaling))
+        return memo[1]  # type: ignore[no-any-return]
 
     def _tables_cast(self) -> bool:
         # .to(device) moves the tables; .half() / .to(dtype) must not cast them: recompute in float64
@@ -197,6 +205,8 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
             inv_t = self._cover(need, seq_len)
             if inv_t is None:
                 cos, sin = self._cached_as(dtype)
+                if start == 0 and need == cos.shape[0]:          # the whole cache: no slicing
+                    return cos, sin
                 return cos[start:need], sin[start:need]
         return self._formula(torch.arange(start, need, device=self.inv_freq.device), inv_t)
 
