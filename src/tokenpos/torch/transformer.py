@@ -230,7 +230,8 @@ class TransformerEmbedding(TokenposModule):
             return no_seed(device)
         if is_compiling():                                  # in-graph draw (generators do not trace)
             return torch.randint(0, SEED_MASK, (), device=device, dtype=torch.int64)
-        return torch.randint(0, SEED_MASK, (), generator=self.generator, dtype=torch.int64).to(device)
+        seed = torch.randint(0, SEED_MASK, (), generator=self.generator, dtype=torch.int64)
+        return seed if device.type == "cpu" else seed.to(device)
 
     def extra_repr(self) -> str:
         s = f"{self.vocab_size}, {self.d_model}, max_seq_len={self.max_seq_len}, positional={self.positional!r}"
