@@ -67,7 +67,9 @@ class LearnedPositionalEmbedding(Module):
     def table_for(self, positions: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, Parameter]:
         """The additive-scheme lookup: (table (P, D), row index of each position, the Parameter that
         receives the table gradient). ``positions`` broadcast to ``shape`` must lie in [0, P)."""
-        check_positions(np.broadcast_to(positions, shape), self.max_seq_len)
+        pos = np.asarray(positions)
+        if pos.dtype != np.int64 or (pos.size and (pos.min() < 0 or pos.max() >= self.max_seq_len)):
+            check_positions(np.broadcast_to(pos, shape), self.max_seq_len)    # raises, indexing the broadcast
         return self.weight.data, positions, self.weight
 
     def backward(self, grad_output: np.ndarray) -> None:

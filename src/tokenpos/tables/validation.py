@@ -120,6 +120,8 @@ def check_start_pos(start_pos: Any, length: int) -> int:
 
 def check_probability(name: str, value: Any) -> float:
     """A dropout probability in [0, 1)."""
+    if type(value) is float and 0.0 <= value < 1.0:       # the common case, without the ABC checks
+        return value
     return check_float(name, value, low=0.0, high=1.0, high_inclusive=False)
 
 
