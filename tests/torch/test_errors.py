@@ -258,9 +258,8 @@ def test_bad_ids_give_one_error_whichever_pass_checks_them(kernels: bool, dropou
     passes: list[int] = []
     real = checks._out_of_range
     monkeypatch.setattr(checks, "_out_of_range", lambda *a: passes.append(1) or real(*a))
-    tokenpos.set_kernels(kernels)
-    try:
-        ids = np.array([[1, 2], [3, 50]])
+    ids = np.array([[1, 2], [3, 50]])
+    with tokenpos.use_kernels(kernels):
         np_layer = tpn.TransformerEmbedding(50, 4, 8, dropout=dropout, seed=0)
         t_layer = tpt.TransformerEmbedding(50, 4, 8, dropout=dropout, seed=0, dtype=dtype)
         state = torch.random.get_rng_state()
@@ -269,8 +268,6 @@ def test_bad_ids_give_one_error_whichever_pass_checks_them(kernels: bool, dropou
         assert len(passes) == (0 if kernels and dropout == 0.0 else 1)
         good = t_layer(torch.from_numpy(ids % 50))                        # and good ids still go through
         assert good.shape == (2, 2, 4) and good.dtype == dtype
-    finally:
-        tokenpos.set_kernels(True)
 
 
 @pytest.mark.parametrize("kernels", [True, False])
@@ -278,16 +275,12 @@ def test_the_op_refuses_bad_ids_and_positions_whoever_calls_it(kernels: bool) ->
     """``torch.ops.tokenpos.embedding`` called directly (no layer checks): never a read outside a table."""
     import tokenpos
 
-    tokenpos.set_kernels(kernels)
-    try:
-        w, t = torch.ones(4, 3), torch.ones(2, 3)
-        seed = torch.zeros((), dtype=torch.int64)
-        op = torch.ops.tokenpos.embedding
-        cases = [(torch.tensor([0, 4]), torch.tensor([0, 1]), TokenIdError),
-                 (torch.tensor([0, 1]), torch.tensor([0, 2]), PositionError),
-                 (torch.tensor([0, 1]), torch.tensor([-1, 0]), PositionError)]
+    w, t = torch.ones(4, 3), torch.ones(2, 3)
+    seed = torch.zeros((), dtype=torch.int64)
+    cases = [(torch.tensor([0, 4]), torch.tensor([0, 1]), TokenIdError),
+             (torch.tensor([0, 1]), torch.tensor([0, 2]), PositionError),
+             (torch.tensor([0, 1]), torch.tensor([-1, 0]), PositionError)]
+    with tokenpos.use_kernels(kernels):
         for ids, pos, cls in cases:
             with pytest.raises(cls if kernels else IndexError):          # plain torch: F.embedding's IndexError
-                op(w, ids, t, pos, 1.0, 0.0, seed, -1)
-    finally:
-        tokenpos.set_kernels(True)
+                torch.ops.tokenpos.embedding(w, ids, t, pos, 1.0, 0.0, seed, -1)
