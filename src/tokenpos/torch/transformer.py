@@ -139,18 +139,19 @@ class TransformerEmbedding(TokenposModule):
             if tuple(pos.shape) not in (tuple(ids.shape), tuple(ids.shape[-1:])):
                 raise ConfigError(f"positions must have shape {tuple(ids.shape[-1:])} or {tuple(ids.shape)}, "
                                   f"got {tuple(pos.shape)}")
-        else:
+        position = self.position
+        learned = isinstance(position, LearnedPositionalEmbedding)
+        if positions is None:
             start_pos = check_start_pos(start_pos, ids.shape[-1])
-            pad = self.token.padding_idx
-            if self.position_ids == "padding" and pad is not None:     # the constructor ensures pad is set
+            pad = self.token.padding_idx if self.position_ids == "padding" else None
+            if pad is not None:                                        # the constructor ensures pad is set
                 pos = positions_from_padding(ids, pad, start_pos)
             else:
                 pos = default_positions(start_pos, ids.shape[-1], ids.device)
-                if not isinstance(self.position, LearnedPositionalEmbedding) or (
-                        start_pos + ids.shape[-1] <= self.position.max_seq_len):
+                if not learned or start_pos + ids.shape[-1] <= position.max_seq_len:
                     return pos                                         # in range by construction
-        if isinstance(self.position, LearnedPositionalEmbedding):      # range, indexed as NumPy does
-            check_position_tensor(pos, self.position.max_seq_len, broadcast_to=tuple(ids.shape))
+        if learned:                                                    # range, indexed as NumPy does
+            check_position_tensor(pos, position.max_seq_len, broadcast_to=tuple(ids.shape))
         return pos
 
     def _token_types(self, ids: torch.Tensor, token_type_ids: Any) -> torch.Tensor | None:
