@@ -3,7 +3,7 @@
 Shapes: V vocab, D model dim, N flat ids, Lp flat positions (row n uses ``pos_ids[n % Lp]``).
 
 :func:`forward_core` is one ``prange`` over tasks of ``rows`` consecutive output rows (the token
-row two rows ahead is prefetched). Per row:
+row ``ahead`` rows ahead is prefetched: ``embedding.PREFETCH_ROWS``). Per row:
 
     y[d]   = w[ids[n], d] * scale + pos[pos_ids[n % Lp], d]         (no fused multiply-add)
     out[d] = y[d] * m[d],   m = 1/(1-p) if keep(offset + n*D + d) else 0   (only when p > 0)
@@ -126,8 +126,8 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv,
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
     a bad id or position (nothing is read outside the tables).
 
-    One ``prange`` over tasks of ``rows`` consecutive output rows; the token row two rows ahead is
-    prefetched (measured: BENCHMARKS.md).
+    One ``prange`` over tasks of ``rows`` consecutive output rows; the token row ``ahead`` rows ahead
+    is prefetched (0: none; measured: BENCHMARKS.md).
     """
     N = ids.shape[0]
     V = weight.shape[0]

@@ -200,19 +200,22 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     flat_ids = np.ascontiguousarray(idx.reshape(-1))
     N = flat_ids.shape[0]
     if N == 0 or D == 0:                                   # no loop to check the values in
-        if pt is not None:
-            check_positions(pos_ids, pt.shape[0])
-        if check:
-            check_token_ids(idx, w.shape[0])
+        _check_values(idx, w.shape[0], check, pos_ids, pt)
         return out
     o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
-    nbad = run_forward(w, flat_ids, pt, pid, scale, p, seed, o2, check=check, offset=dropout_offset, stream=stream)
-    if nbad:                                               # raise the shared message (first bad value)
-        if pt is not None:
-            check_positions(pos_ids, pt.shape[0])
-        check_token_ids(idx, w.shape[0])
+    if run_forward(w, flat_ids, pt, pid, scale, p, seed, o2, check=check, offset=dropout_offset, stream=stream):
+        _check_values(idx, w.shape[0], check, pos_ids, pt)   # the core counted bad rows: raise their message
         raise AssertionError("unreachable: the kernel counted a bad id or position")   # pragma: no cover
     return out
+
+
+def _check_values(idx: np.ndarray, V: int, check: bool, pos_ids: Any, pt: np.ndarray | None) -> None:
+    """The value checks the core makes in its loop, with the shared messages: positions first, then
+    (with ``check``) ids."""
+    if pt is not None:
+        check_positions(pos_ids, pt.shape[0])
+    if check:
+        check_token_ids(idx, V)
 
 
 def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid: np.ndarray | None,
