@@ -183,3 +183,63 @@ def test_the_triton_choice_takes_float32_bf16_fp16_and_never_float64():
     assert triton_kernels(torch.zeros(1), torch.zeros(1, dtype=torch.float64)) is None
     with tokenpos.use_kernels(False):
         assert triton_kernels(torch.zeros(1)) is None
+
+
+def _spy_paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts of the in-shape fast calls and the validating wrapper calls of the two CPU ops."""
+    import importlib
+
+    counts = {"fast": 0, "wrapper": 0}
+    for mod_name, fast, wrapper in (("tokenpos.torch.ops.embedding", "run_forward", "kernel_forward"),
+                                    ("tokenpos.torch.ops.rope", "run_rope", "rope_apply")):
+        mod = importlib.import_module(mod_name)
+        for name, key in ((fast, "fast"), (wrapper, "wrapper")):
+            fn = getattr(mod, name)
+
+            def spy(*a, _fn=fn, _key=key, **k):  # type: ignore[no-untyped-def]
+                counts[_key] += 1
+                return _fn(*a, **k)
+
+            monkeypatch.setattr(mod, name, spy)
+    return counts
+
+
+def test_arguments_out_of_shape_take_the_validating_wrapper_with_the_same_result(monkeypatch) -> None:
+    """Non-contiguous tables, ids and positions, int32 ids, 0-d positions: the op converts them
+    through the wrapper; contiguous int64 ones go straight to the core. Same values every way."""
+    counts = _spy_paths(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(40, 12, generator=gen)
+    T = torch.randn(9, 12, generator=gen)
+    ids = torch.randint(0, 40, (3, 5), generator=gen)
+    pos = torch.arange(5)
+    seed = torch.zeros((), dtype=torch.int64)
+    wide = torch.randn(40, 24, generator=gen)
+    cases = {
+        "in shape": (W, ids, T, pos, "fast"),
+        "strided table": (wide[:, ::2], ids, T, pos, "wrapper"),
+        "strided ids": (W, ids.t().contiguous().t(), T, pos, "wrapper"),
+        "int32 ids": (W, ids.int(), T, pos, "wrapper"),
+        "strided positions": (W, ids, T, torch.arange(10)[::2], "wrapper"),          # 0, 2, ..., 8
+        "0-d position": (W, ids, T, torch.tensor(4), "fast"),
+        "(B, L) positions": (W, ids, T, pos.expand(3, 5).contiguous(), "fast"),
+    }
+    for name, (w, i, t, p, path) in cases.items():
+        before = dict(counts)
+        got = OPS.embedding(w, i, t, p, 2.0, 0.0, seed, -1)
+        assert counts[path] == before[path] + 1, name
+        with use_kernels(False):
+            ref = OPS.embedding(w, i, t, p, 2.0, 0.0, seed, -1)
+        assert torch.equal(got, ref), name
+    q = torch.randn(2, 3, 5, 8, generator=gen)
+    k = torch.randn(2, 1, 5, 8, generator=gen)
+    c, s = torch.rand(5, 4, generator=gen), torch.rand(5, 4, generator=gen)
+    for name, (qq, kk, path) in {"in shape": (q, k, "fast"),
+                                 "strided q": (q.transpose(1, 2).contiguous().transpose(1, 2), k, "wrapper")}.items():
+        before = dict(counts)
+        got = OPS.rope_qk(qq, kk, c, s, False)
+        assert counts[path] == before[path] + 1, name
+        with use_kernels(False):
+            ref = OPS.rope_qk(qq, kk, c, s, False)
+        for a, b in zip(got, ref, strict=True):
+            _close(a, b)
