@@ -91,6 +91,7 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
 
     import tokenpos.kernels as K
     from tokenpos.torch._init import empty_table
+    from tokenpos.torch.ops._dispatch import np_view
     V, D, B, L = cfg["V"], cfg["D"], cfg["B"], cfg["L"]
     case = "bf16" if bf16 else ("dropout" if p else "forward")
     tdt = torch.bfloat16 if bf16 else torch.float32
@@ -98,15 +99,14 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
     # allocated as tokenpos allocates its tables (huge pages for the large one: _hugepages), shared by every row
     W = empty_table(V, D, dtype=tdt).copy_(torch.from_numpy(rng.standard_normal((V, D), dtype=np.float32) * 0.02))
     P = empty_table(L, D, dtype=tdt).copy_(torch.from_numpy(rng.standard_normal((L, D), dtype=np.float32) * 0.02))
-    w = W.view(torch.int16).numpy().view(np.uint16) if bf16 else W.numpy()
-    pt = P.view(torch.int16).numpy().view(np.uint16) if bf16 else P.numpy()
+    w, pt = np_view(W), np_view(P)                               # bf16: the uint16 bit patterns
     batches = [rng.integers(0, V, (B, L)) for _ in range(NBATCH)]
     tbatches = [torch.from_numpy(b) for b in batches]
     pos, tp = np.arange(L), torch.arange(L)
     scale = float(np.sqrt(D))
     esize = 2 if bf16 else 4
     out_t = torch.empty(B, L, D, dtype=tdt)
-    out = out_t.view(torch.int16).numpy().view(np.uint16) if bf16 else out_t.numpy()
+    out = np_view(out_t)
     ids_t, ids_g = cycle(tbatches), cycle([b.reshape(-1) for b in tbatches])
 
     def formula(ids: torch.Tensor) -> torch.Tensor:

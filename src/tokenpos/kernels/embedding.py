@@ -232,8 +232,8 @@ def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid:
     bf16 = w.dtype == np.uint16
     key, thr, inv = dropout_params(seed, p) if p else (np.uint64(0), np.uint64(0), 1.0)
     typ = np.float32 if bf16 else w.dtype.type
-    has_pos = pt is not None
-    if pt is None or pid is None:
+    has_pos = pt is not None and pid is not None
+    if not has_pos:
         pt, pid = w[:1], np.zeros(1, np.int64)
     rows = max(1, TASK_BYTES // (D * out.itemsize))
     addr = out.__array_interface__["data"][0] if stream else 0

@@ -98,6 +98,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
                              cos_cached=((0, f), None), sin_cached=((0, f), None))
         self._cache_key: tuple[Any, ...] | None = None
         self._cast_memo: tuple[Any, ...] | None = None    # (cos_cached, dtype, cos, sin) cast once per build
+        self._scaling_memo: tuple[Any, ...] | None = None  # (copy of scaling, its frozen key)
         self.reset_parameters()
 
     # -- buffers ---------------------------------------------------------------------------------

@@ -183,7 +183,7 @@ class TransformerEmbedding(TokenposModule):
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
         pos = self.resolve_positions(ids, positions, start_pos)                   # (L,) or (B, L)
-        tt = self._token_types(ids, token_type_ids) if self.num_token_types or token_type_ids is not None else None
+        tt = self._token_types(ids, token_type_ids)
         table = self._position_table(pos, positions is None, ids.shape[-1] + start_pos) if fuses else None
         if not early and not kernel_checks_ids(weight, ids, table):
             ids = checked_ids(ids, token.vocab_size, weight)                       # the op will not check them

@@ -17,7 +17,6 @@ gather loop (so the layer need not run a separate pass over them).
 from __future__ import annotations
 
 import importlib
-import math
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,7 @@ import torch
 from tokenpos._config import OUTPUTS, kernels_enabled
 
 _NUMBA = {torch.float32: "numba", torch.float64: "numba", torch.bfloat16: "numba_bf16"}
-_transforms_active = torch._C._are_functorch_transforms_active
+transforms_active = torch._C._are_functorch_transforms_active   # torch.func transforms (grad, vmap) running
 
 
 def cpu_path(x: torch.Tensor, y: torch.Tensor | None = None) -> str:
@@ -42,7 +41,7 @@ def kernel_checks_ids(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     before the output is returned. A layer whose call changes no state before the op (no dropout
     seed drawn) may then leave the value check to the op: one pass over the ids instead of two."""
     return (weight.is_cpu and ids.is_cpu and cpu_path(weight, table) != "plain"
-            and not torch.compiler.is_compiling() and not _transforms_active())
+            and not torch.compiler.is_compiling() and not transforms_active())
 
 
 _TRITON: list[Any] = []                   # [module or None], filled on the first CUDA call
@@ -71,16 +70,14 @@ def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor,
     """A fresh, uninitialised CPU tensor for a kernel's output, and the NumPy array over its memory
     (bf16: the 16-bit patterns), so the kernel writes into the tensor without another conversion.
 
-    Large outputs reuse a released block of :data:`tokenpos._config.OUTPUTS` (no page faults);
-    small ones, and all when the cache is off, are ``torch.empty``. Either way the storage cannot be
-    resized in place, as for any tensor whose memory NumPy also sees.
+    The memory comes from :data:`tokenpos._config.OUTPUTS`: a released block for a large output (no
+    page faults), ``np.empty`` for a small one or when the cache is off. The storage cannot be
+    resized in place, as for any tensor whose memory NumPy also sees. ``dtype``: float32, float64
+    or bfloat16 (the numba paths).
     """
-    if dtype in _NP_DTYPES and OUTPUTS.caches(math.prod(shape) * dtype.itemsize):
-        arr = OUTPUTS.empty(tuple(shape), _NP_DTYPES[dtype])
-        t = torch.from_numpy(arr)
-        return (t.view(dtype) if dtype == torch.bfloat16 else t), arr
-    t = torch.empty(shape, dtype=dtype)
-    return t, np_view(t)
+    arr = OUTPUTS.empty(tuple(shape), _NP_DTYPES[dtype])
+    t = torch.from_numpy(arr)
+    return (t.view(dtype) if dtype == torch.bfloat16 else t), arr
 
 
 def np_view(t: torch.Tensor) -> np.ndarray:

@@ -22,10 +22,9 @@ from typing import Any
 
 import torch
 
+from tokenpos.torch.ops._dispatch import transforms_active
 from tokenpos.torch.ops.embedding import _forward_plain, forward_impl
 from tokenpos.torch.ops.rope import _rope_plain, rope_impl, rope_qk_impl
-
-_transforms_active = torch._C._are_functorch_transforms_active
 
 
 def _direct_apply(fn: type[torch.autograd.Function]) -> Any:
@@ -71,7 +70,7 @@ def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = 
         seed = no_seed(weight.device)
     if torch.compiler.is_compiling():
         return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)
-    if _transforms_active():
+    if transforms_active():
         return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
     if torch.is_grad_enabled() and (weight.requires_grad or (table is not None and table.requires_grad)):
         return _EMBEDDING(weight, table, ids, pos, scale, p, seed, padding_idx)  # type: ignore[no-any-return]
@@ -118,7 +117,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
     """``tokenpos::rope``: x (B, H, L, Dh) rotated by cos / sin (L, F) or (B, L, F) -> (B, H, L, Dh)."""
     if torch.compiler.is_compiling():
         return torch.ops.tokenpos.rope(x, cos, sin, interleaved)
-    if _transforms_active():
+    if transforms_active():
         return _rope_plain(x, cos, sin, interleaved)
     if torch.is_grad_enabled() and x.requires_grad:
         return _ROPE(x, cos, sin, interleaved)  # type: ignore[no-any-return]
@@ -130,7 +129,7 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     """``tokenpos::rope_qk``: q (B, H, L, Dh) and k (B, Hk, L, Dh) in one pass -> (q', k')."""
     if torch.compiler.is_compiling():
         return torch.ops.tokenpos.rope_qk(q, k, cos, sin, interleaved)
-    if _transforms_active():
+    if transforms_active():
         return _rope_plain(q, cos, sin, interleaved), _rope_plain(k, cos, sin, interleaved)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return _ROPE_QK(q, k, cos, sin, interleaved)  # type: ignore[no-any-return]
