@@ -75,8 +75,10 @@ def _rope_impls() -> dict[str, Callable[[], Any]]:
             "numpy layer": lambda: alive.__setitem__("n", nrope.apply(qn, kn))}
 
 
-def measure(impls: dict[str, Callable[[], Any]], acc: list[float], reps: int) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {n: [] for n in impls}
+def measure(impls: dict[str, Callable[[], Any]], acc: list[float], reps: int
+            ) -> dict[str, tuple[list[float], list[float]]]:
+    """Per impl: (times outside the core, times of the core), one of each per rep."""
+    out: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in impls}
     for _ in range(reps):
         for name, f in impls.items():
             time.sleep(0.025)
@@ -84,7 +86,8 @@ def measure(impls: dict[str, Callable[[], Any]], acc: list[float], reps: int) ->
             acc.clear()
             t = time.perf_counter()
             f()
-            out[name].append(time.perf_counter() - t - acc[0])
+            out[name][0].append(time.perf_counter() - t - acc[0])
+            out[name][1].append(acc[0])
     return out
 
 
@@ -98,9 +101,10 @@ def main(reps: int = 40) -> None:
              "rope": _rope_impls}
     with torch.no_grad():
         for case, make in cases.items():
-            for name, ts in measure(make(), acc, reps).items():
-                us = np.array(ts) * 1e6
-                print(f"{case:8s} {name:14s} outside the core: median {np.median(us):6.1f} us, best {us.min():6.1f} us")
+            for name, (ts, core) in measure(make(), acc, reps).items():
+                us, cus = np.array(ts) * 1e6, np.array(core) * 1e6
+                print(f"{case:8s} {name:14s} outside the core: median {np.median(us):6.1f} us, best {us.min():6.1f} us;"
+                      f"  the core: median {np.median(cus):7.1f} us, best {cus.min():7.1f} us")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Shapes: V vocab, D model dim, N flat ids, Lp flat positions (row n uses ``pos_ids[n % Lp]``).
 
-:func:`forward_core` is one ``prange`` over tasks of ``rows`` consecutive output rows (the token
-row ``ahead`` rows ahead is prefetched: ``embedding.PREFETCH_ROWS``). Per row:
+:func:`forward_core` is one ``prange`` over tasks of ``rows`` consecutive output rows. The first
+``lines`` cache lines of the token row ``ahead`` rows ahead are prefetched into L2
+(``embedding.PREFETCH_ROWS`` / ``PREFETCH_LINES``; measured: BENCHMARKS.md). Per row:
 
     y[d]   = w[ids[n], d] * scale + pos[pos_ids[n % Lp], d]         (no fused multiply-add)
     out[d] = y[d] * m[d],   m = 1/(1-p) if keep(offset + n*D + d) else 0   (only when p > 0)
@@ -28,7 +29,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from tokenpos.kernels._prefetch import prefetch_row
+from tokenpos.kernels._prefetch import prefetch_head_l2
 from tokenpos.kernels._rng import GOLDEN, keep_bits_mul
 from tokenpos.kernels._stream import store_fence, stream_row
 
@@ -122,12 +123,12 @@ def _row_overload(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no 
 
 @njit(parallel=True, cache=True)
 def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check,
-                 stream, out_addr, rows, ahead, out):  # pragma: no cover - compiled
+                 stream, out_addr, rows, ahead, lines, out):  # pragma: no cover - compiled
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
     a bad id or position (nothing is read outside the tables).
 
-    One ``prange`` over tasks of ``rows`` consecutive output rows; the token row ``ahead`` rows ahead
-    is prefetched (0: none; measured: BENCHMARKS.md).
+    One ``prange`` over tasks of ``rows`` consecutive output rows; the first ``lines`` lines of the
+    token row ``ahead`` rows ahead are prefetched into L2 (``ahead`` or ``lines`` 0: none).
     """
     N = ids.shape[0]
     V = weight.shape[0]
@@ -137,7 +138,7 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv,
     row_bytes = np.uint64(D * out.itemsize)
     nbad = 0
     for task in prange((N + rows - 1) // rows):
-        tmp = np.empty(D, out.dtype)
+        tmp = np.empty(D if stream else 0, out.dtype)
         for n in range(task * rows, min(N, task * rows + rows)):
             r = ids[n]
             q = pos_ids[n % Lp]
@@ -145,7 +146,7 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv,
                 nbad += 1
                 continue
             if ahead and n + ahead < N:
-                prefetch_row(weight[ids[n + ahead]])
+                prefetch_head_l2(weight[ids[n + ahead]], lines)
             o = tmp if stream else out[n]
             row(weight[r], pos_table[q], has_pos, scale, key, thr, inv,
                 offset + np.uint64(n * D), o)

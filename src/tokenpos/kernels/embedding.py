@@ -42,7 +42,8 @@ _BITS16 = (np.dtype(np.uint16), np.dtype(np.int16))
 PREFETCH_AHEAD = 2        # backward: gathered grad rows prefetched ahead into L1 (0 turns it off)
 PREFETCH_FAR = 16         # ... and this far ahead into L2 (0 turns it off)
 TASK_BYTES = 1 << 16      # forward: output bytes per parallel task
-PREFETCH_ROWS = 2         # forward: the token row this many rows ahead is prefetched (0 turns it off)
+PREFETCH_ROWS = 4         # forward: the token row this many rows ahead is prefetched (0 turns it off) ...
+PREFETCH_LINES = 8        # ... its first lines, into L2 (the L2 streamer follows the rest of the row)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,7 +241,8 @@ def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid:
     stream = bool(stream) and addr % out.itemsize == 0
     with parallel_guard():
         return forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),  # type: ignore[no-any-return]
-                            np.uint64(int(offset)), bool(check), stream, np.uint64(addr), rows, PREFETCH_ROWS, out)
+                            np.uint64(int(offset)), bool(check), stream, np.uint64(addr), rows, PREFETCH_ROWS,
+                            PREFETCH_LINES, out)
 
 
 def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p: float = 0.0, seed: int = 0,

@@ -196,11 +196,9 @@ def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
         arr = arr.astype(np.int64)  # an empty Python list has no dtype of its own
     if not _is_int_dtype(arr.dtype):
         raise TokenIdError(token_id_dtype_message(arr.dtype, vocab_size))
-    if arr.size:
-        bad = (arr < 0) | (arr >= vocab_size)
-        if bad.any():
-            index = _first_bad(bad)
-            raise TokenIdError(token_id_range_message(arr[index], index, vocab_size))
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):    # two reductions; the mask only to raise
+        index = _first_bad((arr < 0) | (arr >= vocab_size))
+        raise TokenIdError(token_id_range_message(arr[index], index, vocab_size))
     return arr.astype(np.int64, copy=False)
 
 
