@@ -146,14 +146,17 @@ def test_errors(rng) -> None:
 
 @pytest.mark.parametrize("task_rows", [1, 5, 1000])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_task_split_does_not_change_results(task_rows: int, layout: str, rng, monkeypatch) -> None:
-    """Tasks that straddle heads and batch rows, with per-batch tables and GQA keys."""
+@pytest.mark.parametrize("Hk", [2, 4])                  # GQA keys: tasks of their own; 4: rotated with q's rows
+@pytest.mark.parametrize("per_batch", [True, False])
+def test_task_split_does_not_change_results(task_rows: int, layout: str, Hk: int, per_batch: bool, rng,
+                                            monkeypatch) -> None:
+    """Tasks that straddle heads and batch rows, with shared or per-batch tables, GQA or paired keys."""
     import tokenpos.kernels.rope as Rm
 
     monkeypatch.setattr(Rm, "ROPE_TASK_BYTES", task_rows * 10 * 4)
     q = rng.standard_normal((3, 4, 7, 10)).astype(np.float32)
-    k = rng.standard_normal((3, 2, 7, 10)).astype(np.float32)
-    cos, sin = tables(rng.integers(0, 50, (3, 7)), 8)
+    k = rng.standard_normal((3, Hk, 7, 10)).astype(np.float32)
+    cos, sin = tables(rng.integers(0, 50, (3, 7) if per_batch else (7,)), 8)
     got = rope_apply(q, k, cos, sin, layout=layout)
     want = rope_apply_ref(q, k, cos, sin, layout=layout)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])

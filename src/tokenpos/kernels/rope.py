@@ -33,22 +33,48 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 ROPE_TASK_BYTES = 1 << 18      # bytes of rows per parallel task
 
 
+@njit(inline="always", cache=True)
+def _rotate_row(x, o, r, cos, sin, c, sign, interleaved, copy_tail):  # pragma: no cover - compiled
+    """o[r] = row r of x rotated by table row c (module doc); dims R..Dh-1 copied when ``copy_tail``."""
+    R2 = cos.shape[1]
+    if interleaved:
+        for i in range(R2):
+            x0 = x[r, 2 * i]
+            x1 = x[r, 2 * i + 1]
+            ci = cos[c, i]
+            si = sin[c, i] * sign
+            o[r, 2 * i] = x0 * ci - x1 * si
+            o[r, 2 * i + 1] = x1 * ci + x0 * si
+    else:
+        for i in range(R2):
+            x1 = x[r, i]
+            x2 = x[r, i + R2]
+            ci = cos[c, i]
+            si = sin[c, i] * sign
+            o[r, i] = x1 * ci - x2 * si
+            o[r, i + R2] = x2 * ci + x1 * si
+    if copy_tail:
+        for d in range(2 * R2, x.shape[1]):
+            o[r, d] = x[r, d]
+
+
 @njit(parallel=True, cache=True)
 def _rope_core(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k, rows_per_task):  # pragma: no cover
     """q (B*H*L, Dh), k (B*Hk*L, Dh), cos/sin (Bc*L, R/2); parallel over tasks of consecutive rows.
 
     Row r of q belongs to batch b = r // (H*L) at position l = r % L and uses table row
     ``b * L + l`` when tables are per batch row (Bc > 1), else ``l``. Indexing is direct (no
-    per-row array views: rows are only Dh elements long).
+    per-row array views: rows are only Dh elements long). When k has q's heads (Hk == H), row r of
+    k has row r of q's table row, and a task rotates both (one pass over the tables, four memory
+    streams: 10-20 % faster than separate tasks, BENCHMARKS.md); else q's and k's rows are separate
+    tasks.
     """
     Rq = q.shape[0]
     Rk = k.shape[0]
-    Dh = q.shape[1]
-    R2 = cos.shape[1]
-    R = 2 * R2
     per_batch = cos.shape[0] > L
+    paired = Hk == H and Rk == Rq
     tq = (Rq + rows_per_task - 1) // rows_per_task
-    tk = (Rk + rows_per_task - 1) // rows_per_task
+    tk = 0 if paired else (Rk + rows_per_task - 1) // rows_per_task
     for t in prange(tq + tk):
         if t < tq:
             x = q
@@ -62,29 +88,14 @@ def _rope_core(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, ou
             HL = Hk * L
             r0 = (t - tq) * rows_per_task
             r1 = min(Rk, r0 + rows_per_task)
+        both = paired and t < tq
         l = r0 % L                                           # position of row r0; no division per row
         cb = (r0 // HL) * L if per_batch else 0              # its batch's first table row
         for r in range(r0, r1):
             c = cb + l
-            if interleaved:
-                for i in range(R2):
-                    x0 = x[r, 2 * i]
-                    x1 = x[r, 2 * i + 1]
-                    ci = cos[c, i]
-                    si = sin[c, i] * sign
-                    o[r, 2 * i] = x0 * ci - x1 * si
-                    o[r, 2 * i + 1] = x1 * ci + x0 * si
-            else:
-                for i in range(R2):
-                    x1 = x[r, i]
-                    x2 = x[r, i + R2]
-                    ci = cos[c, i]
-                    si = sin[c, i] * sign
-                    o[r, i] = x1 * ci - x2 * si
-                    o[r, i + R2] = x2 * ci + x1 * si
-            if copy_tail:
-                for d in range(R, Dh):
-                    o[r, d] = x[r, d]
+            _rotate_row(x, o, r, cos, sin, c, sign, interleaved, copy_tail)
+            if both:
+                _rotate_row(k, out_k, r, cos, sin, c, sign, interleaved, copy_tail)
             l += 1
             if l == L:                                       # next (batch, head) slab
                 l = 0
