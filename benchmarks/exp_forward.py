@@ -125,10 +125,10 @@ def main(reps: int) -> None:
     aligned = aligned[k:k + B * L * D].reshape(B, L, D)
     from tokenpos.kernels._forward import forward_core
     from tokenpos.kernels._rng import dropout_params
-    key, thr, inv = dropout_params(1, 0.0)
+    bits, thr, inv = dropout_params(1, 0.0)
 
     def core(check, stream, rows):
-        return lambda: forward_core(w, ids(), s, pt, pid, True, key, thr, np.float32(inv), np.uint64(0), check, stream,
+        return lambda: forward_core(w, ids(), s, pt, pid, True, bits, thr, np.float32(inv), np.uint64(0), check, stream,
                                     np.uint64(out.ctypes.data), rows, 4, 8, out)
 
     impls = {

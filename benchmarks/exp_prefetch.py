@@ -37,7 +37,7 @@ def main(mode: str, reps: int, settings: str) -> None:
     ids = [rng.integers(0, V, (B * L,)) for _ in range(4)]
     pos = np.arange(L)
     out = np.empty((B * L, D), w.dtype)
-    key, thr, inv = dropout_params(5, 0.1) if mode == "dropout" else (np.uint64(0), np.uint64(0), 1.0)
+    bits, thr, inv = dropout_params(5, 0.1) if mode == "dropout" else (np.uint64(0), np.uint64(0), 1.0)
     rows = max(1, TASK_BYTES // (D * out.itemsize))
     it = iter(range(1 << 30))
 
@@ -47,7 +47,7 @@ def main(mode: str, reps: int, settings: str) -> None:
     def core(ahead: int, lines: int):
         def run() -> None:
             with parallel_guard():
-                forward_core(w, batch(), np.float32(27.7), pt, pos, True, key, thr, np.float32(inv), np.uint64(0),
+                forward_core(w, batch(), np.float32(27.7), pt, pos, True, bits, thr, np.float32(inv), np.uint64(0),
                              True, False, np.uint64(0), rows, ahead, lines, out)
         return run
 

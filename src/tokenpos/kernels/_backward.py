@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from tokenpos.kernels._prefetch import prefetch_row, prefetch_row_l2
-from tokenpos.kernels._rng import GOLDEN, keep_bits_mul
+from tokenpos.kernels._rng import GOLDEN, keep_bits_mul, key_of
 
 
 @njit(cache=True)
@@ -74,8 +74,9 @@ def _group(keys, nkeys, period):  # pragma: no cover
 
 
 @njit(parallel=True, cache=True)
-def _segment_sum_core(grad, order, starts, key, thr, offset, factor, ahead, far, out):  # pragma: no cover
-    """out[s] = factor * sum over rows n in segment s of the masked grad[n] (float64 sums).
+def _segment_sum_core(grad, order, starts, seed, thr, offset, factor, ahead, far, out):  # pragma: no cover
+    """out[s] = factor * sum over rows n in segment s of the masked grad[n] (float64 sums); ``seed``:
+    the dropout seed bits (``_rng.dropout_params``).
 
     Parallel over segments (dynamic chunks keep a hot Zipf id from stalling a thread); each sum
     lives in a float64 buffer of one row (L1-resident), and each output row is written once.
@@ -83,6 +84,7 @@ def _segment_sum_core(grad, order, starts, key, thr, offset, factor, ahead, far,
     S = starts.shape[0] - 1
     D = grad.shape[1]
     M = order.shape[0]
+    key = key_of(seed)
     for s in prange(S):
         acc = np.zeros(D, np.float64)
         for j in range(starts[s], starts[s + 1]):

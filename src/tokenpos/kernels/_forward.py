@@ -30,7 +30,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from tokenpos.kernels._prefetch import prefetch_head_l2
-from tokenpos.kernels._rng import GOLDEN, keep_bits_mul
+from tokenpos.kernels._rng import GOLDEN, keep_bits_mul, key_of
 from tokenpos.kernels._stream import store_fence, stream_row
 
 
@@ -122,7 +122,7 @@ def _row_overload(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no 
 
 
 @njit(parallel=True, cache=True)
-def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check,
+def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
                  stream, out_addr, rows, ahead, lines, out):  # pragma: no cover - compiled
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
     a bad id or position (nothing is read outside the tables).
@@ -136,6 +136,7 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv,
     Lp = pos_ids.shape[0]
     P = pos_table.shape[0]
     row_bytes = np.uint64(D * out.itemsize)
+    key = key_of(seed)                                  # the dropout key of the seed bits (thr 0: unused)
     nbad = 0
     for task in prange((N + rows - 1) // rows):
         tmp = np.empty(D if stream else 0, out.dtype)

@@ -5,9 +5,9 @@ Bit-identical to the NumPy formula (the tests compare every bit):
     z    = splitmix64(seed_key ^ (offset + i) * GOLDEN)     (uint64 arithmetic, wrapping)
     keep = (z >> 40) >= ceil(p * 2**24)
 
-``seed_key`` and the threshold are computed once per call in Python (by the tables functions); the
-kernels only evaluate :func:`keep_bits` per element. Every operand is uint64: numba would promote a
-uint64/int64 mix to float64 and silently lose bits.
+The threshold is computed once per call in Python (by the tables function); each core derives the
+key from the seed once (:func:`key_of`) and evaluates :func:`keep_bits` per element. Every operand
+is uint64: numba would promote a uint64/int64 mix to float64 and silently lose bits.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tokenpos.tables.dropout import GOLDEN, MIX1, MIX2, dropout_threshold, seed_key
+from tokenpos.tables.dropout import GOLDEN, MIX1, MIX2, SEED_MASK, dropout_threshold
 
 _S30 = np.uint64(30)
 _S27 = np.uint64(27)
@@ -24,42 +24,51 @@ _S40 = np.uint64(40)
 
 
 @njit(inline="always", cache=True)
-def keep_bits(key, idx):  # pragma: no cover - compiled
-    """The 24 high bits of the hash of flat element counter ``idx`` (both uint64)."""
-    z = key ^ (idx * GOLDEN)
+def mix64(z):  # pragma: no cover - compiled
+    """The splitmix64 finalizer of a uint64 (wrapping): the one compiled spelling of the hash."""
     z = (z ^ (z >> _S30)) * MIX1
     z = (z ^ (z >> _S27)) * MIX2
-    z = z ^ (z >> _S31)
-    return z >> _S40
+    return z ^ (z >> _S31)
+
+
+@njit(inline="always", cache=True)
+def key_of(seed):  # pragma: no cover - compiled
+    """The per-call key of a masked uint64 seed: :func:`tokenpos.tables.dropout.seed_key`, compiled."""
+    return mix64(seed + GOLDEN)
+
+
+@njit(inline="always", cache=True)
+def keep_bits(key, idx):  # pragma: no cover - compiled
+    """The 24 high bits of the hash of flat element counter ``idx`` (both uint64)."""
+    return mix64(key ^ (idx * GOLDEN)) >> _S40
 
 
 @njit(inline="always", cache=True)
 def keep_bits_mul(key, idx_golden):  # pragma: no cover - compiled
     """:func:`keep_bits` given ``idx * GOLDEN`` (wrapping) already: a loop over consecutive counters
     can carry that product by adding GOLDEN, which saves one 64-bit multiply per element."""
-    z = key ^ idx_golden
-    z = (z ^ (z >> _S30)) * MIX1
-    z = (z ^ (z >> _S27)) * MIX2
-    z = z ^ (z >> _S31)
-    return z >> _S40
+    return mix64(key ^ idx_golden) >> _S40
 
 
 @njit(parallel=False, cache=True)
-def _keep_mask_core(key, thr, offset, n, out):  # pragma: no cover - compiled
+def _keep_mask_core(seed, thr, offset, n, out):  # pragma: no cover - compiled
+    key = key_of(seed)
     for i in range(n):
         out[i] = keep_bits(key, offset + np.uint64(i)) >= thr
 
 
 def dropout_params(seed: int, p: float) -> tuple[np.uint64, np.uint64, float]:
-    """``(key, threshold, inverse_keep)`` for a dropout call; inverse_keep is ``1 / (1 - p)``."""
-    key = np.uint64(seed_key(seed))
-    thr = np.uint64(dropout_threshold(p))
-    return key, thr, 1.0 / (1.0 - p)
+    """``(seed bits, threshold, inverse_keep)`` for a dropout call; inverse_keep is ``1 / (1 - p)``.
+
+    The cores derive the key from the seed bits themselves (:func:`key_of`): computed here with
+    NumPy's error state it cost ~45 us per call with cold caches, inside the core nothing.
+    """
+    return np.uint64(int(seed) & SEED_MASK), np.uint64(dropout_threshold(p)), 1.0 / (1.0 - p)
 
 
 def keep_mask(seed: int, n: int, p: float, offset: int = 0) -> np.ndarray:
     """Flat boolean keep mask of ``n`` elements from the compiled hash (the tests' bridge)."""
-    key, thr, _ = dropout_params(seed, p)
+    bits, thr, _ = dropout_params(seed, p)
     out = np.empty(n, dtype=np.bool_)
-    _keep_mask_core(key, thr, np.uint64(offset), n, out)
+    _keep_mask_core(bits, thr, np.uint64(offset), n, out)
     return out

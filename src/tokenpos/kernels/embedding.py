@@ -231,7 +231,7 @@ def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid:
     """
     N, D = out.shape
     bf16 = w.dtype == np.uint16
-    key, thr, inv = dropout_params(seed, p) if p else (np.uint64(0), np.uint64(0), 1.0)
+    bits, thr, inv = dropout_params(seed, p) if p else (np.uint64(0), np.uint64(0), 1.0)
     typ = np.float32 if bf16 else w.dtype.type
     has_pos = pt is not None and pid is not None
     if not has_pos:
@@ -240,7 +240,7 @@ def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid:
     addr = out.__array_interface__["data"][0] if stream else 0
     stream = bool(stream) and addr % out.itemsize == 0
     with parallel_guard():
-        return forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, key, thr, typ(inv),  # type: ignore[no-any-return]
+        return forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, bits, thr, typ(inv),  # type: ignore[no-any-return]
                             np.uint64(int(offset)), bool(check), stream, np.uint64(addr), rows, PREFETCH_ROWS,
                             PREFETCH_LINES, out)
 
@@ -283,13 +283,13 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
     pid = _flat_pos_ids(pos_ids, idx.shape, P) if has_pos else np.zeros(1, np.int64)
     pad = -1 if padding_idx is None else int(padding_idx)
     uniq, inverse = _unique_ids(flat_ids, pad)
-    key, thr, inv = dropout_params(seed, p)
+    bits, thr, inv = dropout_params(seed, p)
     off = np.uint64(int(dropout_offset))
     rows = np.empty((uniq.shape[0], D), g.dtype)
     if rows.size:
         starts, order = _group(inverse, uniq.shape[0], 0)
         with launch(uniq.shape[0], max_chunk=16):
-            _segment_sum_core(g2, order, starts, key, thr, off, float(scale) * inv, PREFETCH_AHEAD,
+            _segment_sum_core(g2, order, starts, bits, thr, off, float(scale) * inv, PREFETCH_AHEAD,
                               PREFETCH_FAR, rows)
     pos_grad = None
     if has_pos:
@@ -297,6 +297,6 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
         if N and D:
             starts, order = _group(pid, P, N)
             with launch(P, max_chunk=4):
-                _segment_sum_core(g2, order, starts, key, thr, off, inv, PREFETCH_AHEAD, PREFETCH_FAR,
+                _segment_sum_core(g2, order, starts, bits, thr, off, inv, PREFETCH_AHEAD, PREFETCH_FAR,
                                   pos_grad)
     return uniq, rows, pos_grad

@@ -19,6 +19,8 @@ float16/bfloat16 inputs, ``m`` and the product are float32, rounded once to the 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -41,7 +43,7 @@ def seed_key(seed: int) -> np.uint64:
 
 def dropout_threshold(p: float) -> int:
     """Integer threshold t such that keep iff (z >> 40) >= t, i.e. u >= p on the 24-bit grid."""
-    return int(np.ceil(p * (1 << 24)))
+    return math.ceil(p * (1 << 24))                 # exact: p * 2**24 only shifts the exponent
 
 
 def dropout_keep_mask(seed: int, shape: tuple[int, ...], p: float, offset: int = 0) -> np.ndarray:
