@@ -1,15 +1,27 @@
 """Suite-wide test settings.
 
 Hypothesis: no per-example deadline (a first call may compile a numba kernel) and, under CI, a
-derandomized search so a CI run is reproducible; locally every run explores new examples.
+derandomized search so a CI run is reproducible; locally every run explores new examples. The
+embedding forward always takes its parallel core (below).
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("tokenpos", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", parent=settings.get_profile("tokenpos"), derandomize=True, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "tokenpos")
+
+
+@pytest.fixture(autouse=True)
+def _parallel_forward_core(monkeypatch):
+    """Every test runs the embedding forward through the parallel core (its launch, threads, fork
+    safety), however small its arrays: by default outputs under ``PARALLEL_BYTES`` run on the
+    calling thread. ``tests/kernels/test_embedding_serial.py`` tests that serial core and the choice."""
+    import tokenpos.kernels.embedding as E
+
+    monkeypatch.setattr(E, "PARALLEL_BYTES", 0)

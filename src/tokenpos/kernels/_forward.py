@@ -2,7 +2,9 @@
 
 Shapes: V vocab, D model dim, N flat ids, Lp flat positions (row n uses ``pos_ids[n % Lp]``).
 
-:func:`forward_core` is one ``prange`` over tasks of ``rows`` consecutive output rows. The first
+:func:`forward_core` is one ``prange`` over tasks of ``rows`` consecutive output rows (each task is
+:func:`_rows`); :func:`forward_core_serial` runs the same rows on the calling thread, for outputs
+under ``embedding.PARALLEL_BYTES`` where a parallel launch costs more than it gives. The first
 ``lines`` cache lines of the token row ``ahead`` rows ahead are prefetched into L2
 (``embedding.PREFETCH_ROWS`` / ``PREFETCH_LINES``; measured: BENCHMARKS.md). Per row:
 
@@ -121,6 +123,35 @@ def _row_overload(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no 
     return _row_bf16 if isinstance(w.dtype, types.Integer) else _row
 
 
+@njit(cache=True)
+def _rows(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream, out_addr,
+          ahead, lines, out, n0, n1):  # pragma: no cover - compiled
+    """Output rows [n0, n1) of :func:`forward_core`; returns how many were skipped as bad."""
+    N = ids.shape[0]
+    V = weight.shape[0]
+    D = weight.shape[1]
+    Lp = pos_ids.shape[0]
+    P = pos_table.shape[0]
+    row_bytes = np.uint64(D * out.itemsize)
+    tmp = np.empty(D if stream else 0, out.dtype)       # the scratch row streamed stores are built in
+    nbad = 0
+    for n in range(n0, n1):
+        r = ids[n]
+        q = pos_ids[n % Lp]
+        if (check and (r < 0 or r >= V)) or q < 0 or q >= P:
+            nbad += 1
+            continue
+        if ahead and n + ahead < N:
+            prefetch_head_l2(weight[ids[n + ahead]], lines)
+        o = tmp if stream else out[n]
+        row(weight[r], pos_table[q], has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o)
+        if stream:
+            stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
+    if stream:
+        store_fence()
+    return nbad
+
+
 @njit(parallel=True, cache=True)
 def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
                  stream, out_addr, rows, ahead, lines, out):  # pragma: no cover - compiled
@@ -131,28 +162,18 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv
     token row ``ahead`` rows ahead are prefetched into L2 (``ahead`` or ``lines`` 0: none).
     """
     N = ids.shape[0]
-    V = weight.shape[0]
-    D = weight.shape[1]
-    Lp = pos_ids.shape[0]
-    P = pos_table.shape[0]
-    row_bytes = np.uint64(D * out.itemsize)
     key = key_of(seed)                                  # the dropout key of the seed bits (thr 0: unused)
     nbad = 0
     for task in prange((N + rows - 1) // rows):
-        tmp = np.empty(D if stream else 0, out.dtype)
-        for n in range(task * rows, min(N, task * rows + rows)):
-            r = ids[n]
-            q = pos_ids[n % Lp]
-            if (check and (r < 0 or r >= V)) or q < 0 or q >= P:
-                nbad += 1
-                continue
-            if ahead and n + ahead < N:
-                prefetch_head_l2(weight[ids[n + ahead]], lines)
-            o = tmp if stream else out[n]
-            row(weight[r], pos_table[q], has_pos, scale, key, thr, inv,
-                offset + np.uint64(n * D), o)
-            if stream:
-                stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
-        if stream:
-            store_fence()
+        nbad += _rows(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream,
+                      out_addr, ahead, lines, out, task * rows, min(N, task * rows + rows))
     return nbad
+
+
+@njit(cache=True)
+def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
+                        stream, out_addr, rows, ahead, lines, out):  # pragma: no cover - compiled
+    """:func:`forward_core` on the calling thread, all rows one task: for outputs too small to pay
+    for a parallel launch (``embedding.PARALLEL_BYTES``; measured: BENCHMARKS.md)."""
+    return _rows(weight, ids, scale, pos_table, pos_ids, has_pos, key_of(seed), thr, inv, offset, check, stream,
+                 out_addr, ahead, lines, out, 0, ids.shape[0])

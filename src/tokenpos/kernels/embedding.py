@@ -30,7 +30,7 @@ import numpy as np
 
 from tokenpos._config import OUTPUTS
 from tokenpos.kernels._backward import _group, _segment_sum_core, _unique_inverse
-from tokenpos.kernels._forward import forward_core
+from tokenpos.kernels._forward import forward_core, forward_core_serial
 from tokenpos.kernels._launch import launch
 from tokenpos.kernels._rng import dropout_params
 from tokenpos.kernels._threading import parallel_guard
@@ -42,6 +42,7 @@ _BITS16 = (np.dtype(np.uint16), np.dtype(np.int16))
 PREFETCH_AHEAD = 2        # backward: gathered grad rows prefetched ahead into L1 (0 turns it off)
 PREFETCH_FAR = 16         # ... and this far ahead into L2 (0 turns it off)
 TASK_BYTES = 1 << 16      # forward: output bytes per parallel task
+PARALLEL_BYTES = 1 << 18  # forward: smaller outputs (half with dropout) run on the calling thread
 PREFETCH_ROWS = 4         # forward: the token row this many rows ahead is prefetched (0 turns it off) ...
 PREFETCH_LINES = 8        # ... its first lines, into L2 (the L2 streamer follows the rest of the row)
 
@@ -239,10 +240,12 @@ def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid:
     rows = max(1, TASK_BYTES // (D * out.itemsize))
     addr = out.__array_interface__["data"][0] if stream else 0
     stream = bool(stream) and addr % out.itemsize == 0
+    work = out.nbytes * (2 if p else 1)                # the dropout hash: about twice the work per byte
+    core = forward_core if work >= PARALLEL_BYTES else forward_core_serial
     with parallel_guard():
-        return forward_core(w, flat_ids, typ(scale), pt, pid, has_pos, bits, thr, typ(inv),  # type: ignore[no-any-return]
-                            np.uint64(int(offset)), bool(check), stream, np.uint64(addr), rows, PREFETCH_ROWS,
-                            PREFETCH_LINES, out)
+        return core(w, flat_ids, typ(scale), pt, pid, has_pos, bits, thr, typ(inv),  # type: ignore[no-any-return]
+                    np.uint64(int(offset)), bool(check), stream, np.uint64(addr), rows, PREFETCH_ROWS,
+                    PREFETCH_LINES, out)
 
 
 def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p: float = 0.0, seed: int = 0,
