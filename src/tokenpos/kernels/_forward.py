@@ -174,6 +174,7 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv
 def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
                         stream, out_addr, rows, ahead, lines, out):  # pragma: no cover - compiled
     """:func:`forward_core` on the calling thread, all rows one task: for outputs too small to pay
-    for a parallel launch (``embedding.PARALLEL_BYTES``; measured: BENCHMARKS.md)."""
+    for a parallel launch (``embedding.PARALLEL_BYTES``; measured: BENCHMARKS.md). It takes the same
+    arguments, so the caller can pick either; ``rows`` is unused."""
     return _rows(weight, ids, scale, pos_table, pos_ids, has_pos, key_of(seed), thr, inv, offset, check, stream,
                  out_addr, ahead, lines, out, 0, ids.shape[0])
