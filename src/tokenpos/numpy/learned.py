@@ -18,6 +18,7 @@ from tokenpos.tables.validation import (
     check_positions,
     check_positive_int,
     check_seq_len_or_positions,
+    positions_in_range,
 )
 
 
@@ -68,7 +69,7 @@ class LearnedPositionalEmbedding(Module):
         """The additive-scheme lookup: (table (P, D), row index of each position, the Parameter that
         receives the table gradient). ``positions`` broadcast to ``shape`` must lie in [0, P)."""
         pos = np.asarray(positions)
-        if pos.dtype != np.int64 or (pos.size and (pos.min() < 0 or pos.max() >= self.max_seq_len)):
+        if pos.dtype != np.int64 or not positions_in_range(pos, self.max_seq_len):
             check_positions(np.broadcast_to(pos, shape), self.max_seq_len)    # raises, indexing the broadcast
         return self.weight.data, positions, self.weight
 

@@ -211,7 +211,7 @@ def check_positions(positions: Any, max_seq_len: int | None = None, *, what: str
     arr = np.asarray(positions)
     if not _is_int_dtype(arr.dtype):
         raise PositionError(position_dtype_message(arr.dtype))
-    if arr.size:
+    if not positions_in_range(arr, max_seq_len):                 # the masks below only to raise
         neg = arr < 0
         if neg.any():
             index = _first_bad(neg)
@@ -224,6 +224,18 @@ def check_positions(positions: Any, max_seq_len: int | None = None, *, what: str
                 index = _first_bad(bad)
                 raise PositionError(position_range_message(arr[index], index, limit, what))
     return arr.astype(np.int64, copy=False)
+
+
+def positions_in_range(arr: np.ndarray, max_seq_len: int | None = None) -> bool:
+    """Whether every value of an integer array is a position :func:`check_positions` accepts: two
+    reductions, no temporary masks (uint64 values beyond int64 are out of range even without a bound)."""
+    if not arr.size:
+        return True
+    if arr.min() < 0:
+        return False
+    if max_seq_len is None and arr.dtype != np.uint64:
+        return True
+    return bool(arr.max() < (INT64_MAX + 1 if max_seq_len is None else max_seq_len))
 
 
 def check_seq_len_or_positions(arg: Any, max_seq_len: int | None = None) -> np.ndarray:
