@@ -13,15 +13,17 @@ import torch
 import tokenpos
 from tests.threads import run_threads
 from tokenpos._config import OUTPUTS
-from tokenpos._outputs import ALIGN, MIN_BYTES, OutputCache
+from tokenpos._outputs import ALIGN, GLIBC_REUSE_BYTES, MIN_BYTES, OutputCache
 from tokenpos.torch.ops._dispatch import cpu_empty
 
-SHAPE = (64, 8192)                      # 2 MiB of float32: cached
-SMALL = (4, 16)                         # under MIN_BYTES: plain np.empty
+SHAPE = (64, 8192)                      # 2 MiB of float32: cached by the caches made here (min_bytes 1 MiB)
+SMALL = (4, 16)                         # under min_bytes: plain np.empty
+BIG = (OUTPUTS.min_bytes // 4,)         # float32 large enough for the process-wide cache
+MiB = 1 << 20
 
 
 def test_a_released_block_is_handed_out_again() -> None:
-    cache = OutputCache(64 << 20)
+    cache = OutputCache(64 << 20, MiB)
     a = cache.empty(SHAPE, np.float32)
     assert a.shape == SHAPE and a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable
     assert a.ctypes.data % ALIGN == 0
@@ -51,7 +53,7 @@ def _keep(how: str, a: np.ndarray) -> object:
 
 @pytest.mark.parametrize("keep", ["view", "reshape", "torch", "torch_view_numpy", "dlpack", "memoryview"])
 def test_a_block_is_not_reused_while_anything_refers_to_it(keep: str) -> None:
-    cache = OutputCache(64 << 20)
+    cache = OutputCache(64 << 20, MiB)
     a = cache.empty(SHAPE, np.float32)
     a[:] = 1.0
     kept = _keep(keep, a)
@@ -69,10 +71,10 @@ def test_a_block_is_not_reused_while_anything_refers_to_it(keep: str) -> None:
 
 
 def test_small_outputs_and_a_zero_budget_bypass_the_cache() -> None:
-    cache = OutputCache(64 << 20)
+    cache = OutputCache(64 << 20, MiB)
     s = cache.empty(SMALL, np.float32)
-    assert s.flags.owndata and s.nbytes < MIN_BYTES
-    off = OutputCache(0)
+    assert s.flags.owndata and s.nbytes < MiB
+    off = OutputCache(0, MiB)
     big = off.empty(SHAPE, np.float32)
     assert big.flags.owndata
     del big
@@ -80,7 +82,7 @@ def test_small_outputs_and_a_zero_budget_bypass_the_cache() -> None:
 
 
 def test_the_budget_bounds_the_free_blocks() -> None:
-    cache = OutputCache(3 << 20)                                           # room for one 2 MiB block
+    cache = OutputCache(3 << 20, MiB)                                           # room for one 2 MiB block
     a, b = cache.empty(SHAPE, np.float32), cache.empty(SHAPE, np.float32)
     del a, b
     assert cache.free_bytes() == 2 << 20
@@ -93,7 +95,7 @@ def test_the_budget_bounds_the_free_blocks() -> None:
 
 def test_the_size_released_longest_ago_makes_room() -> None:
     """Shapes that change over time: new sizes evict old ones instead of being dropped."""
-    cache = OutputCache(5 << 20)
+    cache = OutputCache(5 << 20, MiB)
     old = cache.empty(SHAPE, np.float32)                                   # 2 MiB
     del old
     new = cache.empty((3 << 20,), np.uint8)                                # 3 MiB: fits beside it
@@ -115,12 +117,12 @@ def test_set_output_cache_validates_and_frees() -> None:
             with pytest.raises(TypeError, match="set_output_cache expects an int >= 0"):
                 tokenpos.set_output_cache(bad)                             # type: ignore[arg-type]
         assert tokenpos.output_cache_bytes() == old
-        a = OUTPUTS.empty(SHAPE, np.float32)
+        a = OUTPUTS.empty(BIG, np.float32)
         del a
-        assert OUTPUTS.free_bytes() >= 2 << 20
+        assert OUTPUTS.free_bytes() >= OUTPUTS.min_bytes
         tokenpos.set_output_cache(0)
         assert OUTPUTS.free_bytes() == 0 and tokenpos.output_cache_bytes() == 0
-        t, arr = cpu_empty(SHAPE, torch.float32)                                # plain torch.empty when off
+        t, arr = cpu_empty(BIG, torch.float32)                                  # plain np.empty when off
         del t, arr
         assert OUTPUTS.free_bytes() == 0
     finally:
@@ -129,7 +131,7 @@ def test_set_output_cache_validates_and_frees() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_cpu_empty_gives_a_torch_tensor_and_the_array_over_its_memory(dtype: torch.dtype) -> None:
-    for shape in (SHAPE, SMALL):                                            # cached block, plain torch.empty
+    for shape in (BIG, SHAPE, SMALL):                                   # cached block, np.empty (malloc)
         t, arr = cpu_empty(shape, dtype)
         assert t.shape == shape and t.dtype == dtype and t.is_contiguous() and arr.shape == shape
         assert arr.ctypes.data == t.data_ptr() and arr.itemsize == t.element_size()
@@ -139,7 +141,7 @@ def test_cpu_empty_gives_a_torch_tensor_and_the_array_over_its_memory(dtype: tor
 
 
 def test_threads_get_distinct_live_blocks() -> None:
-    cache = OutputCache(256 << 20)
+    cache = OutputCache(256 << 20, MiB)
 
     def worker(k: int) -> None:
         for i in range(50):
@@ -156,7 +158,7 @@ def test_threads_get_distinct_live_blocks() -> None:
 
 def _send(q, done) -> None:                                                 # pragma: no cover - in the child
     torch.set_num_threads(1)       # as DataLoader workers do: torch's OpenMP pool does not survive a fork
-    t, _ = cpu_empty(SHAPE, torch.float32)
+    t, _ = cpu_empty(BIG, torch.float32)
     t.fill_(5.0)
     q.put(t)
     done.wait(30)
@@ -173,7 +175,7 @@ def test_an_output_crosses_a_torch_multiprocessing_queue() -> None:
     p.start()
     try:
         got = q.get(timeout=30)
-        assert got.shape == SHAPE and bool((got == 5.0).all())
+        assert got.shape == BIG and bool((got == 5.0).all())
     finally:
         done.set()
         p.join(30)
@@ -182,16 +184,17 @@ def test_an_output_crosses_a_torch_multiprocessing_queue() -> None:
 
 def test_a_cached_output_cannot_grow_in_place() -> None:
     """The documented difference from torch.empty (as for any torch.from_numpy tensor)."""
-    t, _ = cpu_empty(SHAPE, torch.float32)
-    with pytest.raises(RuntimeError, match="not resizable"):
-        t.resize_(2 * SHAPE[0], SHAPE[1])
+    for shape in (BIG, SHAPE):                                               # cached block, np.empty
+        t, _ = cpu_empty(shape, torch.float32)
+        with pytest.raises(RuntimeError, match="not resizable"):
+            t.resize_(2 * t.numel())
 
 
 def _child(q) -> None:                                                      # pragma: no cover - in the child
-    a = OUTPUTS.empty(SHAPE, np.float32)
+    a = OUTPUTS.empty(BIG, np.float32)
     a.fill(3.0)
     del a
-    b = OUTPUTS.empty(SHAPE, np.float32)
+    b = OUTPUTS.empty(BIG, np.float32)
     q.put(float(b.shape[0]))
 
 
@@ -213,9 +216,26 @@ def test_a_forked_child_starts_with_an_empty_usable_cache() -> None:
         q = ctx.Queue()
         p = ctx.Process(target=_child, args=(q,))
         p.start()
-        assert q.get(timeout=30) == SHAPE[0]
+        assert q.get(timeout=30) == BIG[0]
         p.join(30)
         assert p.exitcode == 0
     finally:
         release.set()
         t.join()
+
+
+@pytest.mark.skipif(MIN_BYTES != GLIBC_REUSE_BYTES, reason="malloc's reuse of freed blocks is glibc's")
+def test_malloc_reuses_a_released_output_under_min_bytes_without_page_faults() -> None:
+    """What lets outputs under MIN_BYTES skip the cache: glibc hands a freed block back without faults."""
+    import resource
+
+    shape = (MIN_BYTES // 2 // 4,)                                           # 16 MiB of float32
+    faults = []
+    for _ in range(4):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        a = OUTPUTS.empty(shape, np.float32)
+        a.fill(1.0)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        del a
+    pages = shape[0] * 4 // 4096
+    assert faults[-1] < pages // 10, (faults, pages)

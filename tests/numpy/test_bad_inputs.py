@@ -19,6 +19,11 @@ def transformer(**kw):
     return tpn.TransformerEmbedding(V, D, P, **kw)
 
 
+def fused_transformer(dtype):
+    """The block as one kernel call: no dropout, no norm, no token types."""
+    return lambda: tpn.TransformerEmbedding(V, D, P, scale=True, seed=0, dtype=dtype)
+
+
 def token():
     return tpn.TokenEmbedding(V, D, seed=0, dtype=np.float64, padding_idx=0)
 
@@ -46,6 +51,16 @@ CASES = [
      tpn.TokenIdError, r"token id -3 at index \(0,\) is out of range \[0, 10\)"),
     ("transformer: float ids", transformer, lambda m: m(GOOD), lambda m: m(GOOD.astype(np.float32)),
      tpn.TokenIdError, r"integers, got dtype float32"),
+    # the fused block without dropout leaves the id values to the kernel's gather loop (float16:
+    # no kernel, so the layer checks them); the error and the untouched state are the same
+    *[(f"fused transformer ({dt.__name__}): {what}", fused_transformer(dt), lambda m: m(GOOD), bad,
+       tpn.TokenIdError, pattern)
+      for dt in (np.float64, np.float32, np.float16)
+      for what, bad, pattern in (
+          ("id == V", lambda m: m(np.array([[1, 2, 10]])), r"token id 10 at index \(0, 2\) is out of range \[0, 10\)"),
+          ("negative id", lambda m: m(np.array([-3, 1])), r"token id -3 at index \(0,\) is out of range \[0, 10\)"),
+          ("int32 id > V", lambda m: m(np.array([[1, 12, 2]], np.int32)), r"token id 12 at index \(0, 1\)"),
+          ("uint64 beyond int64", lambda m: m(np.array([2**63 + 1], np.uint64)), r"token id 9223372036854775809 "))],
     # positions
     ("transformer: sequence longer than max_seq_len", transformer, lambda m: m(GOOD),
      lambda m: m(np.ones((2, 6), dtype=int)), tpn.PositionError,
@@ -160,3 +175,13 @@ def test_bad_constructor_arguments(build, pattern):
     with pytest.raises(ValueError, match=pattern) as err:
         build()
     assert isinstance(err.value, tpn.ConfigError)
+
+
+@pytest.mark.parametrize("name, factory, good, bad, exc, pattern", [c for c in CASES if c[0].startswith("fused")],
+                         ids=[c[0] for c in CASES if c[0].startswith("fused")])
+def test_bad_ids_of_the_fused_block_with_kernels_off(name, factory, good, bad, exc, pattern):
+    """Kernels off: the plain path does not check, so the layer does; same error, same state."""
+    import tokenpos
+
+    with tokenpos.use_kernels(False):
+        test_bad_call_raises_and_changes_nothing(name, factory, good, bad, exc, pattern)

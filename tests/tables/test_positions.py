@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from tokenpos.tables import ConfigError
-from tokenpos.tables.positions import default_positions, positions_from_padding
+from tokenpos.tables.positions import default_positions, positions_from_padding, shared_default_positions
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -57,3 +57,14 @@ def test_matches_hf_roberta(ids, padding_idx, start_pos):
     roberta = pytest.importorskip("transformers.models.roberta.modeling_roberta")
     ref = roberta.RobertaEmbeddings.create_position_ids_from_input_ids(torch.from_numpy(ids), padding_idx, start_pos)
     np.testing.assert_array_equal(positions_from_padding(ids, padding_idx, start_pos), ref.numpy())
+
+
+def test_shared_default_positions_are_one_read_only_array_per_length_and_start() -> None:
+    a = shared_default_positions(6, 2)
+    np.testing.assert_array_equal(a, default_positions(6, 2))
+    assert a.dtype == np.int64 and a is shared_default_positions(6, 2)
+    assert shared_default_positions(6, 3) is not a and shared_default_positions(5, 2) is not a
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = 99                                              # nobody can change what other calls share
+    with pytest.raises(ConfigError):
+        shared_default_positions(3, -1)                        # checked as default_positions is

@@ -190,3 +190,29 @@ def test_start_pos_whose_positions_overflow_int64_is_a_position_error():
         v.check_start_pos(2**63 - 2, 3)
     with pytest.raises(ConfigError, match="start_pos must be >= 0"):
         v.check_start_pos(-1, 3)
+
+
+@given(st.sampled_from([np.int8, np.int32, np.int64, np.uint16, np.uint64]), st.data())
+@settings(max_examples=60, deadline=None)
+def test_check_token_ids_values_false_leaves_only_int64_values_to_the_caller(dtype: type, data: st.DataObject
+                                                                             ) -> None:
+    """values=False: an int64 array comes back as is (its values unchecked); any other dtype is checked
+    exactly as with values=True, so its message quotes the value as given."""
+    V, low = 20, (0 if np.dtype(dtype).kind == "u" else -5)
+    ids = data.draw(hnp.arrays(dtype, hnp.array_shapes(max_dims=3), elements=st.integers(low, 40)))
+    if ids.dtype == np.int64:
+        assert v.check_token_ids(ids, V, values=False) is ids
+        return
+    try:
+        want = v.check_token_ids(ids, V)
+    except TokenIdError as exc:
+        with pytest.raises(TokenIdError, match=re.escape(str(exc))):
+            v.check_token_ids(ids, V, values=False)
+        return
+    got = v.check_token_ids(ids, V, values=False)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+def test_check_token_ids_values_false_still_checks_the_dtype() -> None:
+    with pytest.raises(TokenIdError, match="integers, got dtype float64"):
+        v.check_token_ids(np.array([1.0]), 10, values=False)

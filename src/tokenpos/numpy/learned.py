@@ -65,11 +65,13 @@ class LearnedPositionalEmbedding(Module):
         out, self._cache = F.embedding_forward(self.weight.data, pos, padding_idx=self.padding_idx)
         return out
 
-    def table_for(self, positions: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, Parameter]:
+    def table_for(self, positions: np.ndarray, shape: tuple[int, ...], *, in_range: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, Parameter]:
         """The additive-scheme lookup: (table (P, D), row index of each position, the Parameter that
-        receives the table gradient). ``positions`` broadcast to ``shape`` must lie in [0, P)."""
+        receives the table gradient). ``positions`` broadcast to ``shape`` must lie in [0, P);
+        ``in_range``: the caller knows they do (int64 default positions ending inside the table)."""
         pos = np.asarray(positions)
-        if pos.dtype != np.int64 or not positions_in_range(pos, self.max_seq_len):
+        if not in_range and (pos.dtype != np.int64 or not positions_in_range(pos, self.max_seq_len)):
             check_positions(np.broadcast_to(pos, shape), self.max_seq_len)    # raises, indexing the broadcast
         return self.weight.data, positions, self.weight
 

@@ -55,13 +55,15 @@ class SinusoidalPositionalEncoding(Module):
         table, index, _ = self.table_for(pos, pos.shape)
         return F.embedding_forward(table, index)[0]
 
-    def table_for(self, positions: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, None]:
+    def table_for(self, positions: np.ndarray, shape: tuple[int, ...], *, in_range: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, None]:
         """The additive-scheme lookup: (table (P', D), row index of each position, None: no gradient).
 
-        Inside the precomputed rows: the table itself. Beyond them: the rows of exactly these
-        positions, computed now (flattened, (N, D)), indexed by ``arange(N)`` in ``positions``' shape.
+        Inside the precomputed rows (or ``in_range``: the caller knows they are): the table itself.
+        Beyond them: the rows of exactly these positions, computed now (flattened, (N, D)), indexed
+        by ``arange(N)`` in ``positions``' shape.
         """
-        if positions.size == 0 or int(positions.max()) < self.max_seq_len:
+        if in_range or positions.size == 0 or int(positions.max()) < self.max_seq_len:
             return self.table, positions, None
         rows = sinusoidal_encoding(positions.reshape(-1), self.d_model, base=self.base, layout=self.layout)
         return rows.astype(self.dtype), np.arange(positions.size).reshape(positions.shape), None

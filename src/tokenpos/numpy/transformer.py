@@ -26,7 +26,7 @@ from tokenpos.tables.dropout import draw_seed
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import resolve_rng
-from tokenpos.tables.positions import default_positions, positions_from_padding
+from tokenpos.tables.positions import positions_from_padding, shared_default_positions
 from tokenpos.tables.validation import check_positions, check_token_ids
 
 
@@ -127,7 +127,13 @@ class TransformerEmbedding(Module):
             return pos
         if self.position_ids == "padding" and self.token.padding_idx is not None:
             return positions_from_padding(ids, self.token.padding_idx, start_pos)
-        return default_positions(ids.shape[-1], start_pos)
+        return shared_default_positions(ids.shape[-1], start_pos)         # read-only: nothing here writes it
+
+    def _in_range(self, positions: Any, start_pos: int, length: int) -> bool:
+        """Whether the positions are the default ones and end inside the positional table (so
+        ``table_for`` need not read them): start_pos + L <= max_seq_len."""
+        default = positions is None and not (self.position_ids == "padding" and self.token.padding_idx is not None)
+        return default and start_pos + length <= self.position.max_seq_len
 
     def _token_types(self, ids: np.ndarray, token_type_ids: Any) -> np.ndarray | None:
         if self.token_type is None:
@@ -141,18 +147,25 @@ class TransformerEmbedding(Module):
 
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
                 token_type_ids: Any = None) -> np.ndarray:
-        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any state changes."""
-        ids = check_token_ids(ids, self.vocab_size)
+        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any state changes.
+
+        The ids' values are checked once: by the embedding kernel inside its gather loop when no
+        dropout seed is drawn before it (nothing changes before the kernel raises), else here, first.
+        """
+        w, p = self.token.weight.data, (self.dropout if self.training else 0.0)
+        defer = p == 0.0 and F.use_kernel(w)                                    # the kernel checks the values
+        ids = check_token_ids(ids, self.vocab_size, values=not defer)
         if ids.ndim not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
         pos = self.resolve_positions(ids, positions, start_pos)                 # (L,) or (B, L)
         tt = self._token_types(ids, token_type_ids)
-        table, index, table_param = (self.position.table_for(pos, ids.shape) if self.position.kind == "additive"
-                                     else (None, None, None))                    # checks learned positions
-        p = self.dropout if self.training else 0.0
+        table, index, table_param = (self.position.table_for(pos, ids.shape, in_range=self._in_range(
+            positions, start_pos, ids.shape[-1])) if self.position.kind == "additive" else (None, None, None))
+        if defer and table is not None and not F.use_kernel(w, table):
+            ids = check_token_ids(ids, self.vocab_size)                          # the kernel will not run
         seed = draw_seed(self._rng) if p > 0.0 else 0                          # the last state change
         late = self.norm is not None or tt is not None                          # dropout after the sum and norm
-        w, s, pad_pos = self.token.weight.data, self.token.multiplier, getattr(self.position, "padding_idx", None)
+        s, pad_pos = self.token.multiplier, getattr(self.position, "padding_idx", None)
         c_pos = c_tt = c_norm = c_drop = None
         if tt is None:
             x, c_emb = F.embedding_forward(                                     # W[ids] * s + P[pos]

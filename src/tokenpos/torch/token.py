@@ -38,7 +38,7 @@ def checked_ids(ids: Any, vocab_size: int, weight: torch.Tensor, *, values: bool
     Raises:
         TokenIdError: the dtype, a value, or meta ids for a table with data.
     """
-    if isinstance(ids, torch.Tensor) and ids.is_meta and not weight.is_meta:
+    if isinstance(ids, torch.Tensor) and not ids.is_cpu and ids.is_meta and not weight.is_meta:
         raise TokenIdError(f"token ids are on the meta device (they hold no values), but the table is on "
                            f"{weight.device}; expected ids on {weight.device} (or the CPU)")
     return check_token_id_tensor(ids, vocab_size, device=weight.device, values=values)

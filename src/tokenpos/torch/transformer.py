@@ -41,13 +41,13 @@ def _cpu_arange(start: int, stop: int) -> torch.Tensor:
         return torch.arange(start, stop)
 
 
-def default_positions(start: int, length: int, device: torch.device) -> torch.Tensor:
-    """``start + arange(length)`` (int64) on ``device``. On the CPU in eager mode, one shared tensor
-    per (start, length): the ops never write their inputs, and nothing hands it to the user, so it
-    is never changed (a ``torch.arange`` per call costs 30-100 us when caches are cold)."""
-    if device.type == "cpu" and not torch.compiler.is_compiling():
+def default_positions(start: int, length: int, like: torch.Tensor) -> torch.Tensor:
+    """``start + arange(length)`` (int64) on ``like``'s device. On the CPU in eager mode, one shared
+    tensor per (start, length): the ops never write their inputs, and nothing hands it to the user,
+    so it is never changed (a ``torch.arange`` per call costs 30-100 us when caches are cold)."""
+    if like.is_cpu and not torch.compiler.is_compiling():
         return _cpu_arange(start, start + length)
-    return torch.arange(start, start + length, device=device)
+    return torch.arange(start, start + length, device=like.device)
 
 
 def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int = 0) -> torch.Tensor:
@@ -147,7 +147,7 @@ class TransformerEmbedding(TokenposModule):
             if pad is not None:                                        # the constructor ensures pad is set
                 pos = positions_from_padding(ids, pad, start_pos)
             else:
-                pos = default_positions(start_pos, ids.shape[-1], ids.device)
+                pos = default_positions(start_pos, ids.shape[-1], ids)
                 if not learned or start_pos + ids.shape[-1] <= position.max_seq_len:
                     return pos                                         # in range by construction
         if learned:                                                    # range, indexed as NumPy does
@@ -190,7 +190,7 @@ class TransformerEmbedding(TokenposModule):
         if table is not None or (fuses and position.kind != "additive"):
             # dropout(W[ids] * s + P[pos]) in one op
             return embed(weight, ids, table, pos if table is not None else None, scale=token.multiplier,
-                         p=p, seed=self._dropout_seed(p, ids.device), padding_idx=_pad(token.padding_idx))
+                         p=p, seed=self._dropout_seed(p, ids), padding_idx=_pad(token.padding_idx))
         x = token_rows(token, ids)                                                   # (..., L, D)
         if self.token_type is not None:
             x = x + (self.token_type.weight[0] if tt is None else token_rows(self.token_type, tt))
@@ -199,7 +199,7 @@ class TransformerEmbedding(TokenposModule):
         if self.norm is not None:
             x = self.norm(x)
         if p > 0.0:
-            x = dropout_torch(x, p, self._dropout_seed(p, x.device))
+            x = dropout_torch(x, p, self._dropout_seed(p, x))
         return x
 
     @property
@@ -225,14 +225,15 @@ class TransformerEmbedding(TokenposModule):
             return position.table if inside else None
         return None
 
-    def _dropout_seed(self, p: float, device: torch.device) -> torch.Tensor:
-        """A 0-d int64 seed: fresh per training call (from ``generator``), 0 without dropout."""
+    def _dropout_seed(self, p: float, like: torch.Tensor) -> torch.Tensor:
+        """A 0-d int64 seed on ``like``'s device: fresh per training call (from ``generator``), 0
+        without dropout."""
         if p == 0.0:
-            return no_seed(device)
+            return no_seed(like)
         if is_compiling():                                  # in-graph draw (generators do not trace)
-            return torch.randint(0, SEED_MASK, (), device=device, dtype=torch.int64)
+            return torch.randint(0, SEED_MASK, (), device=like.device, dtype=torch.int64)
         seed = torch.randint(0, SEED_MASK, (), generator=self.generator, dtype=torch.int64)
-        return seed if device.type == "cpu" else seed.to(device)
+        return seed if like.is_cpu else seed.to(like.device)
 
     def extra_repr(self) -> str:
         s = f"{self.vocab_size}, {self.d_model}, max_seq_len={self.max_seq_len}, positional={self.positional!r}"

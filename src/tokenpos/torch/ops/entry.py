@@ -57,9 +57,10 @@ _EMBEDDING = _direct_apply(_Embedding)
 _NO_SEED_CPU = torch.zeros((), dtype=torch.int64)    # read only: shared by every call without dropout
 
 
-def no_seed(device: torch.device) -> torch.Tensor:
-    """The 0-d int64 seed of a call without dropout (never written, so one CPU tensor serves all)."""
-    return _NO_SEED_CPU if device.type == "cpu" else torch.zeros((), dtype=torch.int64, device=device)
+def no_seed(like: torch.Tensor) -> torch.Tensor:
+    """The 0-d int64 seed of a call without dropout, on ``like``'s device (never written, so one CPU
+    tensor serves every CPU call)."""
+    return _NO_SEED_CPU if like.is_cpu else torch.zeros((), dtype=torch.int64, device=like.device)
 
 
 def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None,
@@ -67,7 +68,7 @@ def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = 
           seed: torch.Tensor | None = None, padding_idx: int = -1) -> torch.Tensor:
     """``tokenpos::embedding``: dropout(weight[ids] * scale + table[pos]) -> (..., D) (module doc)."""
     if seed is None:
-        seed = no_seed(weight.device)
+        seed = no_seed(weight)
     if torch.compiler.is_compiling():
         return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)
     if transforms_active():
