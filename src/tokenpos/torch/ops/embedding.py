@@ -18,6 +18,7 @@ again, so double backward works with the kernels on.
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -57,19 +58,19 @@ def _forward_plain(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor 
     return x.to(weight.dtype)
 
 
-def _in_shape(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
-              pos: torch.Tensor | None) -> bool:
-    """Whether the arguments need no conversion for :func:`run_forward`: contiguous 2-D tables of one
-    width, int64 ids and positions, the positions' shape a trailing part of the ids', nothing empty."""
-    if not (weight.dim() == 2 and weight.is_contiguous() and ids.dtype == torch.int64 and ids.is_contiguous()
-            and ids.numel() and weight.shape[1]):
+def _in_shape(w: np.ndarray, ids: np.ndarray, table: np.ndarray | None, pos: np.ndarray | None) -> bool:
+    """Whether the NumPy views need no conversion for :func:`run_forward`: contiguous 2-D tables of one
+    width, int64 ids and positions, the positions' shape a trailing part of the ids', nothing empty.
+    (Read on the views, not the tensors: NumPy's attributes cost less than torch's with cold caches.)"""
+    if not (w.ndim == 2 and w.flags.c_contiguous and ids.dtype == np.int64 and ids.flags.c_contiguous
+            and ids.size and w.shape[1]):
         return False
     if table is None or pos is None:
         return True
-    k = pos.dim()
-    return (table.dim() == 2 and table.is_contiguous() and table.shape[1] == weight.shape[1]
-            and pos.dtype == torch.int64 and pos.is_contiguous() and pos.numel() > 0 and k <= ids.dim()
-            and pos.shape == ids.shape[ids.dim() - k:])
+    k = pos.ndim
+    return (table.ndim == 2 and table.flags.c_contiguous and table.shape[1] == w.shape[1]
+            and pos.dtype == np.int64 and pos.flags.c_contiguous and pos.size > 0 and k <= ids.ndim
+            and pos.shape == ids.shape[ids.ndim - k:])
 
 
 def _forward_numba(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
@@ -80,18 +81,16 @@ def _forward_numba(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor 
     else, and any bad value the core reports, goes through :func:`kernel_forward`, which converts,
     validates and raises the shared error messages.
     """
-    out, out_np = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
-    if table is None or pos is None:
-        table = pos = None
+    w, i = np_view(weight), np_view(ids)
+    t, q = (None, None) if table is None or pos is None else (np_view(table), np_view(pos))
+    out, out_np = cpu_empty((*i.shape, w.shape[1]), weight.dtype)
     seed_int = int(seed) if p else 0
-    if _in_shape(weight, ids, table, pos):
-        nbad = run_forward(np_view(weight), np_view(ids).reshape(-1), None if table is None else np_view(table),
-                           None if pos is None else np_view(pos).reshape(-1), scale, p, seed_int,
-                           out_np.reshape(-1, weight.shape[1]))
+    if _in_shape(w, i, t, q):
+        nbad = run_forward(w, i.reshape(-1), t, None if q is None else q.reshape(-1), scale, p, seed_int,
+                           out_np.reshape(-1, w.shape[1]))
         if not nbad:
             return out
-    kernel_forward(np_view(weight), np_view(ids), scale=scale, pos_table=None if table is None else np_view(table),
-                   pos_ids=None if pos is None else np_view(pos), dropout_p=p, seed=seed_int, out=out_np,
+    kernel_forward(w, i, scale=scale, pos_table=t, pos_ids=q, dropout_p=p, seed=seed_int, out=out_np,
                    bf16=weight.dtype == torch.bfloat16)
     return out
 

@@ -14,6 +14,7 @@ derivative).
 
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from tokenpos.kernels.rope import rope_apply, run_rope
@@ -47,14 +48,16 @@ def _layout(interleaved: bool) -> str:
     return "interleaved" if interleaved else "half"
 
 
-def _in_shape(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """Whether :func:`run_rope` can take these as they are: contiguous 4-D x (and k with x's B, L, Dh),
-    contiguous cos / sin of x's dtype, (L, F) or (B, L, F), with 2F <= Dh."""
-    if not (x.dim() == 4 and x.is_contiguous() and cos.dtype == x.dtype and sin.dtype == x.dtype
-            and cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape):
+def _in_shape(x: np.ndarray, k: np.ndarray | None, cos: np.ndarray, sin: np.ndarray) -> bool:
+    """Whether :func:`run_rope` can take these NumPy views as they are: contiguous 4-D x (and k with
+    x's B, L, Dh), contiguous cos / sin of x's dtype, (L, F) or (B, L, F), with 2F <= Dh. (Read on
+    the views: NumPy's attributes cost less than torch's with cold caches.)"""
+    if not (x.ndim == 4 and x.flags.c_contiguous and cos.dtype == x.dtype and sin.dtype == x.dtype
+            and cos.flags.c_contiguous and sin.flags.c_contiguous and cos.shape == sin.shape):
         return False
     B, _, L, Dh = x.shape
-    if k is not None and not (k.dim() == 4 and k.is_contiguous() and k.shape[0] == B and k.shape[2:] == x.shape[2:]):
+    if k is not None and not (k.ndim == 4 and k.flags.c_contiguous and k.shape[0] == B
+                              and k.shape[2:] == x.shape[2:]):
         return False
     c = cos.shape
     return (len(c) == 2 or (len(c) == 3 and c[0] == B)) and c[-2] == L and 2 * c[-1] <= Dh
@@ -67,15 +70,14 @@ def _rope_numba(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin:
     validates and raises the shared messages)."""
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    out, out_np = cpu_empty(x.shape, x.dtype)
-    out_k, out_k_np = (None, None) if k is None else cpu_empty(k.shape, k.dtype)
-    if _in_shape(x, k, cos, sin):
-        xn = np_view(x)
-        kn, okn = (np_view(k), out_k_np) if k is not None else (xn[:, :0], out_np[:, :0])
-        run_rope(xn, kn, np_view(cos), np_view(sin), interleaved, 1.0, True, out_np, okn)
+    xn, kn, cn, sn = np_view(x), None if k is None else np_view(k), np_view(cos), np_view(sin)
+    out, out_np = cpu_empty(xn.shape, x.dtype)
+    out_k, out_k_np = (None, None) if k is None else cpu_empty(kn.shape, k.dtype)
+    if _in_shape(xn, kn, cn, sn):
+        run_rope(xn, xn[:, :0] if kn is None else kn, cn, sn, interleaved, 1.0, True, out_np,
+                 out_np[:, :0] if out_k_np is None else out_k_np)
     else:
-        rope_apply(np_view(x), None if k is None else np_view(k), np_view(cos), np_view(sin),
-                   layout=_layout(interleaved), out_q=out_np, out_k=out_k_np)
+        rope_apply(xn, kn, cn, sn, layout=_layout(interleaved), out_q=out_np, out_k=out_k_np)
     return out, out_k
 
 
