@@ -27,12 +27,14 @@ DataLoader workers) and several threads may call the kernels. If TBB cannot be l
 user chose (``NUMBA_THREADING_LAYER``), or numba threads started before tokenpos was imported, are
 kept; with ``omp``, forking after a kernel call is unsafe.
 
-Three memoised lookups live beside the code that uses them; none is a setting, and none changes a
+Four memoised lookups live beside the code that uses them; none is a setting, and none changes a
 result:
 
 - ``tokenpos.torch.transformer.default_positions``: one read-only int64 ``arange`` per
   (start, length) on the CPU (an LRU of 64), the default positions of ``TransformerEmbedding``.
   The ops never write their inputs and no caller hands it out, so it never changes.
+- ``tokenpos.tables.positions.shared_default_positions``: the NumPy twin, one read-only int64
+  ``arange`` per (length, start) (an LRU of 64); NumPy refuses any write to it.
 - ``tokenpos._hugepages``: libc's ``madvise``, looked up once. Large CPU torch tables ask for
   transparent huge pages before their first write (advice: only the page size changes).
 - ``tokenpos.torch.ops._dispatch``: the Triton kernel module, imported on the first CUDA call.

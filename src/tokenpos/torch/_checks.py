@@ -57,7 +57,7 @@ def is_compiling() -> bool:
 def _value_checks_apply(t: torch.Tensor) -> bool:
     if is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(t):    # vmap: no .item() to read
         return False
-    return t.device.type == "cpu" or device_checks_enabled()
+    return t.is_cpu or device_checks_enabled()
 
 
 def resolve_dtype(dtype: Any) -> torch.dtype:
