@@ -125,14 +125,19 @@ class TransformerEmbedding(Module):
             if pos.shape not in (ids.shape, ids.shape[-1:]):
                 raise ConfigError(f"positions must have shape {ids.shape[-1:]} or {ids.shape}, got {pos.shape}")
             return pos
-        if self.position_ids == "padding" and self.token.padding_idx is not None:
-            return positions_from_padding(ids, self.token.padding_idx, start_pos)
+        pad = self._position_padding()
+        if pad is not None:
+            return positions_from_padding(ids, pad, start_pos)
         return shared_default_positions(ids.shape[-1], start_pos)         # read-only: nothing here writes it
+
+    def _position_padding(self) -> int | None:
+        """The padding id that positions are derived from when none are given (RoBERTa), else None."""
+        return self.token.padding_idx if self.position_ids == "padding" else None
 
     def _in_range(self, positions: Any, start_pos: int, length: int) -> bool:
         """Whether the positions are the default ones and end inside the positional table (so
         ``table_for`` need not read them): start_pos + L <= max_seq_len."""
-        default = positions is None and not (self.position_ids == "padding" and self.token.padding_idx is not None)
+        default = positions is None and self._position_padding() is None
         return default and start_pos + length <= self.position.max_seq_len
 
     def _token_types(self, ids: np.ndarray, token_type_ids: Any) -> np.ndarray | None:

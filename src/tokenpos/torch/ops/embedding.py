@@ -60,8 +60,7 @@ def _forward_plain(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor 
 
 def _in_shape(w: np.ndarray, ids: np.ndarray, table: np.ndarray | None, pos: np.ndarray | None) -> bool:
     """Whether the NumPy views need no conversion for :func:`run_forward`: contiguous 2-D tables of one
-    width, int64 ids and positions, the positions' shape a trailing part of the ids', nothing empty.
-    (Read on the views, not the tensors: NumPy's attributes cost less than torch's with cold caches.)"""
+    width, int64 ids and positions, the positions' shape a trailing part of the ids', nothing empty."""
     if not (w.ndim == 2 and w.flags.c_contiguous and ids.dtype == np.int64 and ids.flags.c_contiguous
             and ids.size and w.shape[1]):
         return False

@@ -50,8 +50,7 @@ def _layout(interleaved: bool) -> str:
 
 def _in_shape(x: np.ndarray, k: np.ndarray | None, cos: np.ndarray, sin: np.ndarray) -> bool:
     """Whether :func:`run_rope` can take these NumPy views as they are: contiguous 4-D x (and k with
-    x's B, L, Dh), contiguous cos / sin of x's dtype, (L, F) or (B, L, F), with 2F <= Dh. (Read on
-    the views: NumPy's attributes cost less than torch's with cold caches.)"""
+    x's B, L, Dh), contiguous cos / sin of x's dtype, (L, F) or (B, L, F), with 2F <= Dh."""
     if not (x.ndim == 4 and x.flags.c_contiguous and cos.dtype == x.dtype and sin.dtype == x.dtype
             and cos.flags.c_contiguous and sin.flags.c_contiguous and cos.shape == sin.shape):
         return False
