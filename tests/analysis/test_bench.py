@@ -31,6 +31,8 @@ def test_embedding_case_rows(p: float, bf16: bool) -> None:
     assert set(k.median_ratios) >= {"copy", "eager", "limit"} and k.ratio_vs_compile is None
     for r in rows:                                      # a public layer either ran or says why not
         assert (r.seconds > 0) or r.note.startswith("skipped")
+        if "(public layer)" in r.impl and r.seconds > 0:   # and says how close it is to its kernel (#10)
+            assert r.ratio_vs_kernel == pytest.approx(k.seconds / r.seconds) and "kernel" in r.median_ratios
 
 
 def test_numba_gather_limit_is_a_gather() -> None:
@@ -111,7 +113,7 @@ def test_cli_prints_every_row_with_best_and_median_ratios(tmp_path, monkeypatch,
     from tokenpos.cli import bench as cli_bench
 
     times = {COPY: [1.0, 1.2], GATHER: [0.8, 1.0], "torch.compile": [2.0, 2.0], EAGER: [4.0, 5.0],
-             "tokenpos kernel (out=)": [1.0, 1.25]}
+             "tokenpos kernel (out=)": [1.0, 1.25], "tokenpos torch (public layer)": [1.25, 1.5]}
     rows = bench_rows("forward", times, 1e6, limit=(GATHER,))
     monkeypatch.setattr(bench, "run_bench", lambda **kw: BenchReport("m", "tokenpos bench", {}, rows))
     monkeypatch.setenv("COLUMNS", "250")
@@ -121,6 +123,11 @@ def test_cli_prints_every_row_with_best_and_median_ratios(tmp_path, monkeypatch,
     text = capsys.readouterr().out
     assert "x limit" in text and "x compile" in text
     assert "0.80/0.80" in text and "2.00/1.78" in text          # kernel: vs gather, vs compile (best/median)
+    assert "x kernel" in text and "0.80/0.82" in text          # the layer: the kernel's time / its own
     saved = json.loads(out.read_text())
     k = [r for r in saved["rows"] if r["impl"] == "tokenpos kernel (out=)"][0]
     assert k["ratio_vs_limit"] == pytest.approx(0.8) and k["median_ratios"]["compile"] == pytest.approx(2.0 / 1.125)
+    assert k["ratio_vs_kernel"] is None and "kernel" not in k["median_ratios"]     # only public layers get it
+    pub = [r for r in saved["rows"] if r["impl"] == "tokenpos torch (public layer)"][0]
+    assert pub["ratio_vs_kernel"] == pytest.approx(0.8)
+    assert pub["median_ratios"]["kernel"] == pytest.approx(1.125 / 1.375)

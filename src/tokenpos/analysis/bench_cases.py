@@ -33,6 +33,7 @@ from tokenpos.analysis.bench_timing import (
     EAGER,
     GATHER,
     GATHER_NUMBA,
+    KERNEL,
     NBATCH,
     BenchRow,
     add_impl,
@@ -126,7 +127,7 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
             return lambda: fn(next(ids_t))
         add_impl(impls, notes, COMPILE, make_compiled)
     seeds = iter(range(1, 1 << 30))
-    for label, stream in (("tokenpos kernel (out=)", False), ("tokenpos kernel (out=, streaming stores)", True)):
+    for label, stream in ((KERNEL, False), ("tokenpos kernel (out=, streaming stores)", True)):
         ids_k = cycle(batches)
         impls[label] = (lambda ids_k=ids_k, stream=stream: K.embedding_forward(
             w, next(ids_k), scale=scale, pos_table=pt, pos_ids=pos, dropout_p=p, seed=next(seeds), out=out,
@@ -179,7 +180,7 @@ def rope_case(cfg: dict, reps: int, compile_: bool) -> list[BenchRow]:
     notes: dict[str, str] = {}
     if compile_:
         add_impl(impls, notes, COMPILE, lambda: torch.compile(hf))
-    impls["tokenpos kernel (out=)"] = lambda: K.rope_apply(qn, kn, c32, s32, layout="half", out_q=oq, out_k=ok)
+    impls[KERNEL] = lambda: K.rope_apply(qn, kn, c32, s32, layout="half", out_q=oq, out_k=ok)
 
     def numpy_layer() -> Callable[[], Any]:
         rope = public("numpy", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L)

@@ -18,6 +18,8 @@ import numpy as np
 COPY, EAGER, COMPILE = "torch copy_ (copy bandwidth)", "torch eager", "torch.compile"
 GATHER = "gather limit: torch.index_select(out=)"
 GATHER_NUMBA = "gather limit: plain parallel numba gather"
+KERNEL = "tokenpos kernel (out=)"          # the raw kernel a case's public layers call
+PUBLIC = "(public layer)"                  # in the name of every public-layer row
 
 
 @dataclass
@@ -32,7 +34,8 @@ class BenchRow:
     median_seconds: float | None = None     # the median rep (seconds is the best rep)
     ratio_vs_limit: float | None = None     # the case's limit (gather or copy) time / this time, best
     ratio_vs_compile: float | None = None   # torch.compile time / this time, best
-    median_ratios: dict = field(default_factory=dict)   # "copy" / "eager" / "limit" / "compile", medians
+    median_ratios: dict = field(default_factory=dict)   # "copy" / "eager" / "limit" / "compile" / "kernel"
+    ratio_vs_kernel: float | None = None   # public-layer rows: the raw kernel's time / this time, best
 
 
 @dataclass
@@ -105,7 +108,8 @@ def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandw
     """One row per impl: best and median seconds, and ratios (reference time / impl time).
 
     ``limit`` names the case's physical limit rows (the faster of them, by best and by median, is
-    the limit); ratios > 1 mean faster than the reference.
+    the limit); ratios > 1 mean faster than the reference. Public-layer rows also get "kernel": the
+    raw kernel they call (:data:`KERNEL`), timed in the same run (1.0 = no cost over the kernel).
     """
     def ref(stat: Callable[[list[float]], float], names: tuple[str, ...]) -> float | None:
         vals = [stat(times[n]) for n in names if n in times]
@@ -118,9 +122,10 @@ def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandw
     rows = []
     for name, ts in times.items():
         b, m = float(min(ts)), med(ts)
+        kernel = (KERNEL,) if PUBLIC in name else ()
         meds = {k: ratio(ref(med, names), m) for k, names in
                 (("copy", (COPY,) if bandwidth else ()), ("eager", (eager,)), ("limit", limit if bandwidth else ()),
-                 ("compile", (compiled,)))}
+                 ("compile", (compiled,)), ("kernel", kernel))}
         meds = {k: v for k, v in meds.items() if v is not None}
         note = f"median {m * 1e3:.2f} ms" + "".join(f", x {k} {v:.2f}" for k, v in meds.items()) + f" ({len(ts)} reps)"
         if notes and name in notes:
@@ -128,7 +133,7 @@ def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandw
         rows.append(BenchRow(case, name, b, nbytes / b / 1e9 if bandwidth else float("nan"),
                              ratio(ref(min, (COPY,)), b) if bandwidth else None, ratio(ref(min, (eager,)), b),
                              note, m, ratio(ref(min, limit), b) if bandwidth else None,
-                             ratio(ref(min, (compiled,)), b), meds))
+                             ratio(ref(min, (compiled,)), b), meds, ratio(ref(min, kernel), b)))
     return rows
 
 

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"tokenpos bench ({report.command})", caption=report.machine)
     for col, justify in (("case", "left"), ("impl", "left"), ("best ms", "right"), ("median ms", "right"),
                          ("GB/s", "right"), ("x limit", "right"), ("x compile", "right"), ("x eager", "right"),
-                         ("note", "left")):
+                         ("x kernel", "right"), ("note", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     last = None
     for r in report.rows:
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(r.case, r.impl, _fmt(r.seconds * 1e3, ".2f"),
                       _fmt(None if r.median_seconds is None else r.median_seconds * 1e3, ".2f"), _fmt(r.gbps, ".1f"),
                       _pair(r.ratio_vs_limit, m.get("limit")), _pair(r.ratio_vs_compile, m.get("compile")),
-                      _pair(r.ratio_vs_reference, m.get("eager")), note)
+                      _pair(r.ratio_vs_reference, m.get("eager")), _pair(r.ratio_vs_kernel, m.get("kernel")), note)
     con.print(table)
     if args.json:
         atomic_write_text(args.json, json.dumps(dataclasses.asdict(report), indent=2, default=str))
