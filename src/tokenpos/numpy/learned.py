@@ -13,12 +13,12 @@ from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.init import init_weight, resolve_rng
 from tokenpos.tables.validation import (
+    all_in_range,
     check_dtype,
     check_padding_idx,
     check_positions,
     check_positive_int,
     check_seq_len_or_positions,
-    positions_in_range,
 )
 
 
@@ -71,7 +71,7 @@ class LearnedPositionalEmbedding(Module):
         receives the table gradient). ``positions`` broadcast to ``shape`` must lie in [0, P);
         ``in_range``: the caller knows they do (int64 default positions ending inside the table)."""
         pos = np.asarray(positions)
-        if not in_range and (pos.dtype != np.int64 or not positions_in_range(pos, self.max_seq_len)):
+        if not in_range and (pos.dtype != np.int64 or not all_in_range(pos, self.max_seq_len)):
             check_positions(np.broadcast_to(pos, shape), self.max_seq_len)    # raises, indexing the broadcast
         return self.weight.data, positions, self.weight
 

@@ -202,7 +202,7 @@ def check_token_ids(ids: Any, vocab_size: int, *, values: bool = True) -> np.nda
         raise TokenIdError(token_id_dtype_message(arr.dtype, vocab_size))
     if not values and arr.dtype == np.int64:
         return arr
-    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):    # two reductions; the mask only to raise
+    if not all_in_range(arr, vocab_size):                          # two reductions; the mask only to raise
         index = _first_bad((arr < 0) | (arr >= vocab_size))
         raise TokenIdError(token_id_range_message(arr[index], index, vocab_size))
     return arr.astype(np.int64, copy=False)
@@ -217,7 +217,7 @@ def check_positions(positions: Any, max_seq_len: int | None = None, *, what: str
     arr = np.asarray(positions)
     if not _is_int_dtype(arr.dtype):
         raise PositionError(position_dtype_message(arr.dtype))
-    if not positions_in_range(arr, max_seq_len):                 # the masks below only to raise
+    if not all_in_range(arr, max_seq_len):                       # the masks below only to raise
         neg = arr < 0
         if neg.any():
             index = _first_bad(neg)
@@ -232,16 +232,17 @@ def check_positions(positions: Any, max_seq_len: int | None = None, *, what: str
     return arr.astype(np.int64, copy=False)
 
 
-def positions_in_range(arr: np.ndarray, max_seq_len: int | None = None) -> bool:
-    """Whether every value of an integer array is a position :func:`check_positions` accepts: two
-    reductions, no temporary masks (uint64 values beyond int64 are out of range even without a bound)."""
+def all_in_range(arr: np.ndarray, high: int | None = None) -> bool:
+    """Whether every value of an integer array lies in [0, high) (``high`` None: any int64), as
+    :func:`check_token_ids` and :func:`check_positions` require: two reductions, no temporary masks
+    (uint64 values beyond int64 are out of range even without a bound)."""
     if not arr.size:
         return True
     if arr.min() < 0:
         return False
-    if max_seq_len is None and arr.dtype != np.uint64:
+    if high is None and arr.dtype != np.uint64:
         return True
-    return bool(arr.max() < (INT64_MAX + 1 if max_seq_len is None else max_seq_len))
+    return bool(arr.max() < (INT64_MAX + 1 if high is None else high))
 
 
 def check_seq_len_or_positions(arg: Any, max_seq_len: int | None = None) -> np.ndarray:

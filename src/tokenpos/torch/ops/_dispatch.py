@@ -73,8 +73,8 @@ def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor,
     The memory comes from :data:`tokenpos._config.OUTPUTS`: a released block for a large output (no
     page faults), ``np.empty`` (``malloc``, which reuses freed blocks) under its ``min_bytes`` or
     when the cache is off; never ``torch.empty``, whose large blocks fault on every call. The
-    storage cannot be resized in place, as for any tensor whose memory NumPy also sees. ``dtype``: float32, float64
-    or bfloat16 (the numba paths).
+    storage cannot be resized in place, as for any tensor whose memory NumPy also sees.
+    ``dtype``: float32, float64 or bfloat16 (the numba paths).
     """
     arr = OUTPUTS.empty(tuple(shape), _NP_DTYPES[dtype])
     t = torch.from_numpy(arr)
