@@ -2,7 +2,8 @@
 
 Hypothesis: no per-example deadline (a first call may compile a numba kernel) and, under CI, a
 derandomized search so a CI run is reproducible; locally every run explores new examples. The
-embedding forward always takes its parallel core (below).
+embedding forward always takes its parallel core (below). Triton's interpreter is switched on (on
+a machine without a GPU) before any test module can import triton (``tests/triton_mode.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.triton_mode import use_interpreter_on_cpu
+
+use_interpreter_on_cpu()
 
 settings.register_profile("tokenpos", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", parent=settings.get_profile("tokenpos"), derandomize=True, print_blob=True)

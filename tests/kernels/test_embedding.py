@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_close
+from tests.kernels.compare import assert_close
 from tokenpos.kernels import embedding_backward, embedding_forward
 from tokenpos.kernels.reference import embedding_backward_ref, embedding_forward_ref
 from tokenpos.tables.errors import ConfigError, PositionError, TokenIdError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import assert_close
+from tests.kernels.compare import assert_close
 from tokenpos.kernels import embedding_backward, sparse_adam_update, sparse_sgd_update
 from tokenpos.kernels.reference import (
     adam_dense_ref,

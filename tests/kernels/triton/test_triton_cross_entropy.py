@@ -9,7 +9,6 @@ import torch
 triton = pytest.importorskip("triton")          # the optional gpu extra
 
 from tests.tolerances import TOL  # noqa: E402
-
 from tokenpos.kernels.triton import (  # noqa: E402
     combine_cross_entropy_stats,
     cross_entropy,

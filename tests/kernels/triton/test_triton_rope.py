@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 triton = pytest.importorskip("triton")          # the optional gpu extra
 
 from tests.tolerances import TOL  # noqa: E402
-
 from tokenpos.kernels.reference import rope_apply_backward_ref, rope_apply_ref  # noqa: E402
 from tokenpos.kernels.triton import rope_backward, rope_forward, rope_qk, rope_qk_backward  # noqa: E402
 from tokenpos.tables.rope import rope_angles, rope_inv_freq  # noqa: E402
