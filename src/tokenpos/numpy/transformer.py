@@ -118,7 +118,7 @@ class TransformerEmbedding(Module):
     def padding_idx(self) -> int | None:
         return self.token.padding_idx
 
-    def resolve_positions(self, ids: np.ndarray, positions: Any, start_pos: int) -> np.ndarray:
+    def _resolve_positions(self, ids: np.ndarray, positions: Any, start_pos: int) -> np.ndarray:
         """The positions of ``ids`` (..., L): given ones (checked), RoBERTa's, or start_pos + arange(L)."""
         if positions is not None:
             pos = check_positions(positions)
@@ -162,7 +162,7 @@ class TransformerEmbedding(Module):
         ids = check_token_ids(ids, self.vocab_size, values=not defer)
         if ids.ndim not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
-        pos = self.resolve_positions(ids, positions, start_pos)                 # (L,) or (B, L)
+        pos = self._resolve_positions(ids, positions, start_pos)                # (L,) or (B, L)
         tt = self._token_types(ids, token_type_ids)
         table, index, table_param = (self.position.table_for(pos, ids.shape, in_range=self._in_range(
             positions, start_pos, ids.shape[-1])) if self.position.kind == "additive" else (None, None, None))

@@ -132,7 +132,7 @@ class TransformerEmbedding(TokenposModule):
                 m.reset_parameters(rng=init_rng)  # type: ignore[operator]
 
     # -- inputs (checked once, here) -------------------------------------------------------------
-    def resolve_positions(self, ids: torch.Tensor, positions: Any, start_pos: int) -> torch.Tensor:
+    def _resolve_positions(self, ids: torch.Tensor, positions: Any, start_pos: int) -> torch.Tensor:
         """The positions of ``ids`` (..., L): given ones (checked), RoBERTa's, or start_pos + arange(L)."""
         if positions is not None:
             pos = check_position_tensor(positions, device=ids.device)
@@ -182,7 +182,7 @@ class TransformerEmbedding(TokenposModule):
         ids = checked_ids(ids, token.vocab_size, weight, values=early)
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
-        pos = self.resolve_positions(ids, positions, start_pos)                   # (L,) or (B, L)
+        pos = self._resolve_positions(ids, positions, start_pos)                  # (L,) or (B, L)
         tt = self._token_types(ids, token_type_ids)
         table = self._position_table(pos, positions is None, ids.shape[-1] + start_pos) if fuses else None
         if not early and not kernel_checks_ids(weight, ids, table):
