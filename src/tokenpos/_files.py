@@ -61,7 +61,7 @@ def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[ob
     parent = target.parent if str(target.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())

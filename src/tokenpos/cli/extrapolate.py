@@ -190,8 +190,10 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.plot, suffixes=(".png", ".svg", ".pdf"))
     bars = None if args.no_progress else _Bars()
     # several seeds or the task: save the partial document after each unit (marked "complete": false)
-    partial = (lambda res: write_json(res, args.json)) if args.json and (len(config.seed_list) > 1
-                                                                       or config.task is not None) else None
+    def save_partial(res: Any) -> None:
+        write_json(res, args.json)
+
+    partial = save_partial if args.json and (len(config.seed_list) > 1 or config.task is not None) else None
     with bars.progress if bars is not None else nullcontext():
         result = run_extrapolation(config, progress=bars, on_update=partial)
     written = write_json(result, args.json) if args.json else None     # before printing: never lose a run

@@ -60,7 +60,7 @@ def _load_tbb() -> bool:
         except OSError:
             continue
     try:
-        from numba.np.ufunc import tbbpool  # noqa: F401 - the import is the test
+        from numba.np.ufunc import tbbpool  # type: ignore[attr-defined]  # noqa: F401 - the import is the test
     except ImportError:
         return False
     return True
@@ -74,12 +74,12 @@ def _launched() -> bool:
 def configure() -> str | None:
     """Choose tbb (else workqueue) unless the user chose or numba already launched; returns the choice."""
     global _chosen
-    user_set = str(_numba_config.THREADING_LAYER).lower() != "default"
+    user_set = str(_numba_config.THREADING_LAYER).lower() != "default"  # type: ignore[attr-defined]
     if user_set or _launched():
         _chosen = None
         return None
     _chosen = "tbb" if _load_tbb() else "workqueue"
-    _numba_config.THREADING_LAYER = _chosen
+    _numba_config.THREADING_LAYER = _chosen  # type: ignore[attr-defined]  # set by numba at import
     return _chosen
 
 
@@ -87,7 +87,7 @@ def layer() -> str:
     """The layer numba uses (or will use at its first parallel launch)."""
     if _launched():
         return str(numba.threading_layer())
-    return _chosen or str(_numba_config.THREADING_LAYER)
+    return _chosen or str(_numba_config.THREADING_LAYER)  # type: ignore[attr-defined]
 
 
 _lock_needed: bool | None = None   # cached once numba has launched (the layer is fixed from then on)

@@ -42,6 +42,12 @@ class FIRE(TokenposModule):
 
     kind = "bias"
     name = "fire"
+    in_weight: nn.Parameter      # (W,)   registered by name from tables.fire.fire_param_shapes
+    in_bias: nn.Parameter        # (W,)
+    out_weight: nn.Parameter     # (W, H)
+    out_bias: nn.Parameter       # (H,)
+    c: nn.Parameter              # (1,)
+    L_multiplier: nn.Parameter   # (1,)
 
     def __init__(self, num_heads: int, *, width: int = 32, init_L: float = 512.0, init_c: float = FIRE_INIT_C,
                  eps: float = FIRE_EPS, device: Any = None, dtype: Any = None, seed: int | None = None,

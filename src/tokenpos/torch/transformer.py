@@ -140,7 +140,7 @@ class TransformerEmbedding(TokenposModule):
                 raise ConfigError(f"positions must have shape {tuple(ids.shape[-1:])} or {tuple(ids.shape)}, "
                                   f"got {tuple(pos.shape)}")
         position = self.position
-        learned = isinstance(position, LearnedPositionalEmbedding)
+        limit = position.max_seq_len if isinstance(position, LearnedPositionalEmbedding) else None  # rows of a table
         if positions is None:
             start_pos = check_start_pos(start_pos, ids.shape[-1])
             pad = self.token.padding_idx if self.position_ids == "padding" else None
@@ -148,10 +148,10 @@ class TransformerEmbedding(TokenposModule):
                 pos = positions_from_padding(ids, pad, start_pos)
             else:
                 pos = default_positions(start_pos, ids.shape[-1], ids)
-                if not learned or start_pos + ids.shape[-1] <= position.max_seq_len:
+                if limit is None or start_pos + ids.shape[-1] <= limit:
                     return pos                                         # in range by construction
-        if learned:                                                    # range, indexed as NumPy does
-            check_position_tensor(pos, position.max_seq_len, broadcast_to=tuple(ids.shape))
+        if limit is not None:                                          # range, indexed as NumPy does
+            check_position_tensor(pos, limit, broadcast_to=tuple(ids.shape))
         return pos
 
     def _token_types(self, ids: torch.Tensor, token_type_ids: Any) -> torch.Tensor | None:

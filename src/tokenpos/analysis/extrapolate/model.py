@@ -67,6 +67,9 @@ class InputEmbedding(nn.Module):
     the scheme is additive. ``position`` is the scheme object every layer uses unless the model
     gives a layer its own (iRoPE). Shape: forward(ids (B, L)) -> (B, L, D)."""
 
+    token: Any       # a token table with forward(ids) and attend(h) (tokenpos.torch.TokenEmbedding)
+    position: Any    # a tokenpos.torch positional scheme
+
     def __init__(self, token: nn.Module, position: nn.Module) -> None:
         super().__init__()
         self.token, self.position = token, position

@@ -99,15 +99,15 @@ def _aggregate_tasks(rows: list[TaskRow]) -> list[dict[str, Any]]:
     out = []
     for (scheme, task, length), rs in groups.items():
         entry: dict[str, Any] = {"scheme": scheme, "task": task, "length": length, "seeds": [r.seed for r in rs]}
-        accs = [r.accuracy for r in rs]
-        if any(a is None for a in accs):
+        known = [float(r.accuracy) for r in rs if r.accuracy is not None]
+        if len(known) < len(rs):
             entry.update(accuracy=None, accuracy_ci=None, interval=None,
                          note="; ".join(sorted({r.note or "n/a (cannot represent positions >= L)" for r in rs})))
         elif len(rs) == 1:
-            entry.update(accuracy=accs[0], accuracy_ci=wilson_interval(accs[0], rs[0].examples),
+            entry.update(accuracy=known[0], accuracy_ci=wilson_interval(known[0], rs[0].examples),
                          interval=f"95% Wilson interval over {rs[0].examples} eval examples (one seed)")
         else:
-            mean, ci = mean_ci([float(a) for a in accs if a is not None])
+            mean, ci = mean_ci(known)
             entry.update(accuracy=mean, accuracy_ci=clipped(ci, 0.0, 1.0), interval=INTERVAL_NAME)
         out.append(entry)
     return out

@@ -69,9 +69,12 @@ def _rope_numba(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin:
     validates and raises the shared messages)."""
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    xn, kn, cn, sn = np_view(x), None if k is None else np_view(k), np_view(cos), np_view(sin)
+    xn, cn, sn = np_view(x), np_view(cos), np_view(sin)
     out, out_np = cpu_empty(xn.shape, x.dtype)
-    out_k, out_k_np = (None, None) if k is None else cpu_empty(kn.shape, k.dtype)
+    kn = out_k = out_k_np = None
+    if k is not None:
+        kn = np_view(k)
+        out_k, out_k_np = cpu_empty(kn.shape, k.dtype)
     if _in_shape(xn, kn, cn, sn):
         run_rope(xn, xn[:, :0] if kn is None else kn, cn, sn, interleaved, 1.0, True, out_np,
                  out_np[:, :0] if out_k_np is None else out_k_np)
