@@ -1,9 +1,9 @@
-"""The README's Python examples run as written.
+"""The Python examples of README.md and docs/*.md run as written.
 
-A reader pastes the blocks of "The layers" in order into one session, so the first blocks run in
-one namespace (in a temporary folder: they save checkpoints). The vocab-parallel block is written
-for ``torchrun``; it runs here on a one-rank gloo group in a child process, with the ``ids``, ``h``
-and ``targets`` its surrounding text describes.
+A reader pastes the README's blocks of "The layers" in order into one session, so they run in one
+namespace (in a temporary folder: they save checkpoints). The vocab-parallel block is written for
+``torchrun``; it runs here on a one-rank gloo group in a child process, with the ``ids``, ``h`` and
+``targets`` its surrounding text describes. Each block in docs/ stands alone.
 """
 
 from __future__ import annotations
@@ -18,8 +18,15 @@ import pytest
 
 from tests.torch.distributed.harness import free_port
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
+
+
+BLOCKS = python_blocks(ROOT / "README.md")
 DISTRIBUTED = [b for b in BLOCKS if "tokenpos.torch.distributed" in b]
 LOCAL = [b for b in BLOCKS if b not in DISTRIBUTED]
 
@@ -53,3 +60,13 @@ def test_vocab_parallel_example_runs_on_one_gloo_rank(tmp_path):
     """)
     r = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_docs_examples_run(doc, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for i, block in enumerate(python_blocks(doc)):
+        try:
+            exec(compile(block, f"{doc.name} python block {i}", "exec"), {})
+        except Exception as e:  # pragma: no cover - the failure message
+            pytest.fail(f"{doc.name} python block {i} raised {e!r}:\n{block}")
