@@ -9,6 +9,7 @@ namespace (in a temporary folder: they save checkpoints). The vocab-parallel blo
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -70,3 +71,32 @@ def test_docs_examples_run(doc, tmp_path, monkeypatch):
             exec(compile(block, f"{doc.name} python block {i}", "exec"), {})
         except Exception as e:  # pragma: no cover - the failure message
             pytest.fail(f"{doc.name} python block {i} raised {e!r}:\n{block}")
+
+
+def _cli_lines() -> list[tuple[str, str]]:
+    """Every ``tokenpos ...`` command written in a code block of README.md or docs/*.md."""
+    found = []
+    for path in [ROOT / "README.md", *DOCS]:
+        for block in re.findall(r"```[a-z]*\n(.*?)```", path.read_text(encoding="utf-8"), re.S):
+            for line in block.splitlines():
+                m = re.search(r"(?:^|&& )tokenpos (.*)$", line.strip())
+                if m:
+                    found.append((path.name, m.group(1)))
+    return found
+
+
+CLI_LINES = _cli_lines()
+
+
+def test_the_docs_show_cli_commands():
+    assert len(CLI_LINES) >= 8
+
+
+@pytest.mark.parametrize(("doc", "args"), CLI_LINES, ids=[f"{d}: {a[:40]}" for d, a in CLI_LINES])
+def test_documented_cli_commands_parse(doc, args):
+    from tokenpos.cli import UsageError, build_parser
+
+    try:
+        build_parser().parse_args(shlex.split(args, comments=True))
+    except (UsageError, SystemExit) as e:  # pragma: no cover - the failure message
+        pytest.fail(f"{doc}: `tokenpos {args}` no longer parses: {e}")
