@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -345,3 +347,29 @@ def test_at_most_six_tokenpos_frames_between_forward_and_the_kernel(monkeypatch)
     tpt.TransformerEmbedding(50, 8, 16, dropout=0.1, seed=0)(IDS)
     assert len(seen) == 1 and seen[0][-1] == "transformer.py:forward"
     assert len(seen[0]) + 1 <= 6, seen[0]                                   # + the kernel entry itself
+
+
+def test_a_call_under_a_default_device_does_not_poison_the_shared_positions():
+    """The default positions are cached per (start, length); one built while another default device
+    is active (``with torch.device("meta")``) must still be a CPU tensor for every later CPU call."""
+    emb = tpt.TransformerEmbedding(50, 16, 32, seed=0).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.device("meta"):
+        inside = emb(ids)
+    assert inside.device.type == "cpu"
+    torch.testing.assert_close(emb(ids), inside, rtol=0, atol=0)
+
+
+def test_importing_under_inference_mode_leaves_training_working():
+    """Module-level tensors (the shared no-dropout seed) must not be inference tensors even when
+    tokenpos.torch is first imported inside ``torch.inference_mode()``: autograd saves them."""
+    script = (
+        "import torch\n"
+        "with torch.inference_mode():\n"
+        "    import tokenpos.torch as tpt\n"
+        "emb = tpt.TransformerEmbedding(50, 16, 32, seed=0)\n"
+        "emb(torch.randint(0, 50, (2, 7))).sum().backward()\n"
+        "assert emb.token.weight.grad is not None\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -16,7 +16,7 @@ from tokenpos.tables.validation import (
     all_in_range,
     check_dtype,
     check_padding_idx,
-    check_positions,
+    check_positions_at,
     check_positive_int,
     check_seq_len_or_positions,
 )
@@ -72,7 +72,7 @@ class LearnedPositionalEmbedding(Module):
         ``in_range``: the caller knows they do (int64 default positions ending inside the table)."""
         pos = np.asarray(positions)
         if not in_range and (pos.dtype != np.int64 or not all_in_range(pos, self.max_seq_len)):
-            check_positions(np.broadcast_to(pos, shape), self.max_seq_len)    # raises, indexing the broadcast
+            check_positions_at(pos, shape, self.max_seq_len)                  # raises, indexing the broadcast
         return self.weight.data, positions, self.weight
 
     def backward(self, grad_output: np.ndarray) -> None:

@@ -130,6 +130,27 @@ class TransformerEmbedding(Module):
             return positions_from_padding(ids, pad, start_pos)
         return shared_default_positions(ids.shape[-1], start_pos)         # read-only: nothing here writes it
 
+    def _inputs(self, ids: np.ndarray, positions: Any, start_pos: int, token_type_ids: Any, defer: bool
+                ) -> tuple[np.ndarray, np.ndarray | None, tuple[Any, Any, Any]]:
+        """Checks everything but the ids' values (``defer``: the op checks those); returns (positions,
+        token types, (table, its row of each position, the table's Parameter) or Nones).
+
+        With ``defer``, any error here is preceded by the ids' own check: a bad id is reported
+        first, as when the ids are checked up front, so kernels on and off raise the same error.
+        """
+        try:
+            if ids.ndim not in (1, 2):
+                raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
+            pos = self._resolve_positions(ids, positions, start_pos)            # (L,) or (B, L)
+            tt = self._token_types(ids, token_type_ids)
+            lookup = (self.position.table_for(pos, ids.shape, in_range=self._in_range(
+                positions, start_pos, ids.shape[-1])) if self.position.kind == "additive" else (None, None, None))
+        except ValueError:                                                      # every typed error
+            if defer:
+                check_token_ids(ids, self.vocab_size)
+            raise
+        return pos, tt, lookup
+
     def _position_padding(self) -> int | None:
         """The padding id that positions are derived from when none are given (RoBERTa), else None."""
         return self.token.padding_idx if self.position_ids == "padding" else None
@@ -154,20 +175,14 @@ class TransformerEmbedding(Module):
                 token_type_ids: Any = None) -> np.ndarray:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any state changes.
 
-        The ids' values are checked once: by the embedding kernel inside its gather loop when no
-        dropout seed is drawn before it (nothing changes before the kernel raises), else here, first.
+        The ids' values are checked once: by the embedding op when no dropout seed is drawn before
+        it (its kernel inside the gather loop, its plain path first; nothing has changed when it
+        raises), else here, first. Either way a bad id is reported before any other bad input.
         """
         w, p = self.token.weight.data, (self.dropout if self.training else 0.0)
-        defer = p == 0.0 and F.use_kernel(w)                                    # the kernel checks the values
+        defer = p == 0.0                                                        # the op checks the values
         ids = check_token_ids(ids, self.vocab_size, values=not defer)
-        if ids.ndim not in (1, 2):
-            raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
-        pos = self._resolve_positions(ids, positions, start_pos)                # (L,) or (B, L)
-        tt = self._token_types(ids, token_type_ids)
-        table, index, table_param = (self.position.table_for(pos, ids.shape, in_range=self._in_range(
-            positions, start_pos, ids.shape[-1])) if self.position.kind == "additive" else (None, None, None))
-        if defer and table is not None and not F.use_kernel(w, table):
-            ids = check_token_ids(ids, self.vocab_size)                          # the kernel will not run
+        pos, tt, (table, index, table_param) = self._inputs(ids, positions, start_pos, token_type_ids, defer)
         seed = draw_seed(self._rng) if p > 0.0 else 0                          # the last state change
         late = self.norm is not None or tt is not None                          # dropout after the sum and norm
         s, pad_pos = self.token.multiplier, getattr(self.position, "padding_idx", None)
@@ -176,9 +191,10 @@ class TransformerEmbedding(Module):
             x, c_emb = F.embedding_forward(                                     # W[ids] * s + P[pos]
                 w, ids, scale=s, table=table, pos=index, p=0.0 if late else p, seed=seed,
                 padding_idx=self.token.padding_idx, table_padding_idx=pad_pos,
-                table_grad=table_param is not None and table_param.requires_grad)
+                table_grad=table_param is not None and table_param.requires_grad, check_ids=defer)
         else:                                                                   # HF's (BERT's) order:
-            x, c_emb = F.embedding_forward(w, ids, scale=s, padding_idx=self.token.padding_idx)   # W[ids] * s
+            x, c_emb = F.embedding_forward(w, ids, scale=s, padding_idx=self.token.padding_idx,  # W[ids] * s
+                                           check_ids=defer)
             t, c_tt = F.embedding_forward(self.token_type.weight.data, tt)      # type: ignore[union-attr]
             x = x + t                                                           # + T[token_type_ids]
             if table is not None and index is not None:                         # + P[pos]

@@ -19,10 +19,16 @@ def default_positions(seq_len: int, start_pos: int = 0) -> np.ndarray:
     return np.arange(seq_len, dtype=np.int64) + np.int64(start_pos)
 
 
-@functools.lru_cache(maxsize=64)
 def shared_default_positions(seq_len: int, start_pos: int = 0) -> np.ndarray:
     """:func:`default_positions` as one read-only array per (seq_len, start_pos) (an LRU of 64), for
-    layers that only read them: a new ``arange`` per call costs 20-30 us when caches are cold."""
+    layers that only read them: a new ``arange`` per call costs 20-30 us when caches are cold.
+    ``start_pos`` is checked on every call, before the cache (where ``True`` and ``1.0`` would find
+    the entry of ``1``)."""
+    return _shared_default_positions(int(seq_len), check_start_pos(start_pos, seq_len))
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_default_positions(seq_len: int, start_pos: int) -> np.ndarray:
     pos = default_positions(seq_len, start_pos)
     pos.flags.writeable = False
     return pos

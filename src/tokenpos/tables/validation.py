@@ -232,6 +232,19 @@ def check_positions(positions: Any, max_seq_len: int | None = None, *, what: str
     return arr.astype(np.int64, copy=False)
 
 
+def check_positions_at(positions: Any, shape: tuple[int, ...] | None, max_seq_len: int | None = None) -> None:
+    """:func:`check_positions` on the positions as they are used: broadcast to ``shape``, so the index
+    in the message is the one of the broadcast array. Positions used at an empty shape (a batch of
+    0) are checked as they are: an out-of-range position is bad input whether or not a row uses it.
+
+    Raises:
+        PositionError: as :func:`check_positions`.
+    """
+    arr = np.asarray(positions)
+    full = np.broadcast_to(arr, shape) if shape else arr
+    check_positions(full if full.size else arr, max_seq_len)
+
+
 def all_in_range(arr: np.ndarray, high: int | None = None) -> bool:
     """Whether every value of an integer array lies in [0, high) (``high`` None: any int64), as
     :func:`check_token_ids` and :func:`check_positions` require: two reductions, no temporary masks

@@ -27,7 +27,7 @@ from tokenpos._config import device_checks_enabled
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, TokenIdError
 from tokenpos.tables.validation import (
     INT64_MAX,
-    check_positions,
+    check_positions_at,
     check_seq_len_or_positions,
     check_token_ids,
     dtype_name,
@@ -128,7 +128,7 @@ def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | N
     """Integer ids with every value in [0, vocab_size); returns a tensor (the torch twin of NumPy's
     ``tables.validation.check_token_ids``, same messages). Non-tensors go through the NumPy check and
     become an int64 tensor on ``device``. ``values=False`` leaves a tensor's values to the caller's
-    op (the numba kernel checks them inside its gather loop: ``ops._dispatch.kernel_checks_ids``).
+    op (``ops.embed(..., check_ids=True)``: the numba kernel inside its gather loop, else first).
 
     Raises:
         TokenIdError: a non-integer dtype, a nested or sparse tensor (always), or a value out of range
@@ -159,7 +159,7 @@ def check_position_tensor(positions: Any, max_seq_len: int | None = None, *,
     """
     if not isinstance(positions, torch.Tensor):
         arr = np.asarray(positions)
-        check_positions(np.broadcast_to(arr, broadcast_to) if broadcast_to else arr, max_seq_len)
+        check_positions_at(arr, broadcast_to, max_seq_len)
         return torch.as_tensor(arr.astype(np.int64), device=device)
     layout = _layout_name(positions)
     if layout is not None:
@@ -168,7 +168,7 @@ def check_position_tensor(positions: Any, max_seq_len: int | None = None, *,
         raise PositionError(position_dtype_message(dtype_name(positions.dtype)))
     if positions.numel() and _value_checks_apply(positions) and _out_of_range(positions, max_seq_len):
         arr = _numpy_view(positions)
-        check_positions(np.broadcast_to(arr, broadcast_to) if broadcast_to else arr, max_seq_len)
+        check_positions_at(arr, broadcast_to, max_seq_len)
     return positions
 
 

@@ -26,14 +26,13 @@ from tokenpos.torch._checks import as_index, check_float_tensor, check_token_id_
 from tokenpos.torch._init import empty_table, fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.ops import embed
-from tokenpos.torch.ops._dispatch import kernel_checks_ids
 
 
 def checked_ids(ids: Any, vocab_size: int, weight: torch.Tensor, *, values: bool = True) -> torch.Tensor:
     """The public-entry check of token ids for a table ``weight``: integer dtype, every value in
     [0, vocab_size) (see ``torch._checks``), and values that exist: meta-device ids (no data) are
     refused unless the table is on meta too. ``values=False``: the caller's op checks the values
-    (in its kernel's gather loop, before anything else changes; ``ops._dispatch.kernel_checks_ids``).
+    (``ops.embed(..., check_ids=True)``: in the kernel's gather loop, else first).
 
     Raises:
         TokenIdError: the dtype, a value, or meta ids for a table with data.
@@ -44,13 +43,16 @@ def checked_ids(ids: Any, vocab_size: int, weight: torch.Tensor, *, values: bool
     return check_token_id_tensor(ids, vocab_size, device=weight.device, values=values)
 
 
-def token_rows(token: TokenEmbedding, ids: torch.Tensor) -> torch.Tensor:
-    """``W[ids] * multiplier`` for checked ids (...) -> (..., D): the ``tokenpos::embedding`` op, or
-    ``F.embedding`` for a ``sparse=True`` table (row-sparse gradient)."""
+def token_rows(token: TokenEmbedding, ids: torch.Tensor, *, check_ids: bool = False) -> torch.Tensor:
+    """``W[ids] * multiplier`` (...) -> (..., D): the ``tokenpos::embedding`` op, or ``F.embedding``
+    for a ``sparse=True`` table (row-sparse gradient). ``check_ids``: the ids' values are unchecked
+    (the op checks them before computing anything)."""
     if token.sparse:
+        if check_ids:
+            check_token_id_tensor(ids, token.vocab_size)
         out = F.embedding(as_index(ids), token.weight, token.padding_idx, sparse=True)      # (..., D)
         return out * token.multiplier if token.scale else out
-    return embed(token.weight, ids, scale=token.multiplier, padding_idx=_pad(token.padding_idx))
+    return embed(token.weight, ids, scale=token.multiplier, padding_idx=_pad(token.padding_idx), check_ids=check_ids)
 
 
 def _pad(padding_idx: int | None) -> int:
@@ -123,9 +125,7 @@ class TokenEmbedding(TokenposModule):
     # -- lookup ------------------------------------------------------------------------------
     def forward(self, ids: Any) -> torch.Tensor:
         """ids (...) -> (..., D) = W[ids] * multiplier. Bad ids raise TokenIdError naming the value and the range."""
-        w = self.weight
-        in_kernel = not self.sparse and isinstance(ids, torch.Tensor) and kernel_checks_ids(w, ids)
-        return token_rows(self, checked_ids(ids, self.vocab_size, w, values=not in_kernel))
+        return token_rows(self, checked_ids(ids, self.vocab_size, self.weight, values=False), check_ids=True)
 
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,6 @@ from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.learned import LearnedPositionalEmbedding
 from tokenpos.torch.norm import build_norm
 from tokenpos.torch.ops import embed
-from tokenpos.torch.ops._dispatch import kernel_checks_ids
 from tokenpos.torch.ops.entry import no_seed
 from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
@@ -38,7 +37,7 @@ from tokenpos.torch.token import TokenEmbedding, checked_ids, token_rows
 @functools.lru_cache(maxsize=64)
 def _cpu_arange(start: int, stop: int) -> torch.Tensor:
     with torch.inference_mode(False):                  # a normal tensor, so autograd may save it
-        return torch.arange(start, stop)
+        return torch.arange(start, stop, device="cpu")  # whatever the default device (torch.device context)
 
 
 def default_positions(start: int, length: int, like: torch.Tensor) -> torch.Tensor:
@@ -154,6 +153,27 @@ class TransformerEmbedding(TokenposModule):
             check_position_tensor(pos, limit, broadcast_to=tuple(ids.shape))
         return pos
 
+    def _inputs(self, ids: torch.Tensor, positions: Any, start_pos: int, token_type_ids: Any, fuses: bool, *,
+                defer: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Checks everything but the ids' values (``defer``: the op checks those); returns (positions,
+        token types, the positional table of a one-op block or None).
+
+        With ``defer``, any error here is preceded by the ids' own check: a bad id is reported
+        first, as when the ids are checked up front (and as the NumPy layer reports it).
+        """
+        try:
+            if ids.dim() not in (1, 2):
+                raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
+            pos = self._resolve_positions(ids, positions, start_pos)              # (L,) or (B, L)
+            tt = self._token_types(ids, token_type_ids)
+            default = positions is None and self.position_ids != "padding"      # start_pos + arange(L)
+            table = self._position_table(pos, default, ids.shape[-1] + start_pos) if fuses else None
+        except ValueError:                                                      # every typed error
+            if defer:
+                checked_ids(ids, self.vocab_size, self.token.weight)
+            raise
+        return pos, tt, table
+
     def _token_types(self, ids: torch.Tensor, token_type_ids: Any) -> torch.Tensor | None:
         if self.num_token_types:
             if token_type_ids is None:
@@ -171,8 +191,9 @@ class TransformerEmbedding(TokenposModule):
                 token_type_ids: Any = None) -> torch.Tensor:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any work.
 
-        The ids' values are checked once: by the op's kernel inside its gather loop when the block
-        is one op on the numba path and nothing changes before it, else here, first.
+        The ids' values are checked once: by the op when the block is one op and nothing changes
+        before it (its kernel inside the gather loop, else first), else here, first. Either way a
+        bad id is reported before any other bad input.
         """
         token, position = self.token, self.position
         weight = token.weight
@@ -180,17 +201,12 @@ class TransformerEmbedding(TokenposModule):
         fuses = self.fuses
         early = p > 0.0 or not fuses                   # a dropout seed is drawn, or several ops follow
         ids = checked_ids(ids, token.vocab_size, weight, values=early)
-        if ids.dim() not in (1, 2):
-            raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
-        pos = self._resolve_positions(ids, positions, start_pos)                  # (L,) or (B, L)
-        tt = self._token_types(ids, token_type_ids)
-        table = self._position_table(pos, positions is None, ids.shape[-1] + start_pos) if fuses else None
-        if not early and not kernel_checks_ids(weight, ids, table):
-            ids = checked_ids(ids, token.vocab_size, weight)                       # the op will not check them
+        pos, tt, table = self._inputs(ids, positions, start_pos, token_type_ids, fuses, defer=not early)
         if table is not None or (fuses and position.kind != "additive"):
             # dropout(W[ids] * s + P[pos]) in one op
             return embed(weight, ids, table, pos if table is not None else None, scale=token.multiplier,
-                         p=p, seed=self._dropout_seed(p, ids), padding_idx=_pad(token.padding_idx))
+                         p=p, seed=self._dropout_seed(p, ids), padding_idx=_pad(token.padding_idx),
+                         check_ids=not early)
         x = token_rows(token, ids)                                                   # (..., L, D)
         if self.token_type is not None:
             x = x + (self.token_type.weight[0] if tt is None else token_rows(self.token_type, tt))

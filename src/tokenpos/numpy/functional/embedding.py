@@ -8,7 +8,8 @@ shape or a trailing part of it ((L,) for ids (B, L)), out (..., D).
 Float16 weights are gathered, widened to float32, scaled by the float32 constant sqrt(D) (never a
 float16-rounded one), positioned, dropped and rounded once (docs/DESIGN.md). Float32/float64 run
 the fused numba kernel when kernels are on (``_dispatch.use_kernel``), else the same arithmetic in
-NumPy. Inputs are assumed checked by the calling layer (ids in range, pos in [0, P)).
+NumPy. Inputs are assumed checked by the calling layer (pos in [0, P); ids in range unless
+``check_ids``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tokenpos.numpy.functional._dispatch import compute_dtype, kept, use_kernel
 from tokenpos.numpy.functional.dropout import dropout_multiplier
 from tokenpos.numpy.module import coalesce_rows
 from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.validation import check_token_ids
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class EmbeddingCache:
 
 def embedding_forward(weight: np.ndarray, ids: np.ndarray, *, scale: float = 1.0, table: np.ndarray | None = None,
                       pos: np.ndarray | None = None, p: float = 0.0, seed: int = 0, padding_idx: int | None = None,
-                      table_grad: bool = False, table_padding_idx: int | None = None
+                      table_grad: bool = False, table_padding_idx: int | None = None, check_ids: bool = False
                       ) -> tuple[np.ndarray, EmbeddingCache]:
     """weight (V, D), ids (...) -> (out (..., D) in weight's dtype, cache).
 
@@ -59,6 +61,10 @@ def embedding_forward(weight: np.ndarray, ids: np.ndarray, *, scale: float = 1.0
         padding_idx: the token row that receives no gradient in backward.
         table_grad: whether backward returns the (P, D) table gradient (a learned table);
             ``table_padding_idx`` is its row that stays zero (RoBERTa's padding position).
+        check_ids: the caller has not checked the ids' values: the kernel checks them in its
+            gather loop, the NumPy path before it gathers (TokenIdError, nothing computed). The
+            choice of path and the check are made here, in one place, so a concurrent
+            ``tokenpos.set_kernels`` cannot skip the check.
     """
     if (table is None) != (pos is None):
         raise ConfigError("embedding_forward needs table and pos together (or neither)")
@@ -69,6 +75,8 @@ def embedding_forward(weight: np.ndarray, ids: np.ndarray, *, scale: float = 1.0
         out = kernel.embedding_forward(weight, ids, scale=scale, pos_table=table, pos_ids=pos, dropout_p=p,
                                        seed=seed)
         return out, cache
+    if check_ids:
+        check_token_ids(ids, weight.shape[0])                         # NumPy indexing would wrap -1
     ct = compute_dtype(weight.dtype)
     x = weight[ids].astype(ct, copy=False)                           # (..., D), a fresh array
     if scale != 1.0:

@@ -10,8 +10,8 @@ kernel and plain torch.
 
 The choice is made inside the op's implementation, at run time, on real (unwrapped) tensors, so a
 ``torch.compile`` graph keeps the op and still follows ``tokenpos.set_kernels``.
-:func:`kernel_checks_ids` tells a layer whether its op will range-check the ids inside the kernel's
-gather loop (so the layer need not run a separate pass over them).
+An op called with ``check_ids=True`` checks the ids' values on whichever path it takes (the numba
+kernel inside its gather loop), so the choice and the check are made in one place.
 """
 
 from __future__ import annotations
@@ -33,15 +33,6 @@ def cpu_path(x: torch.Tensor, y: torch.Tensor | None = None) -> str:
     if not kernels_enabled() or (y is not None and y.dtype != x.dtype):
         return "plain"
     return _NUMBA.get(x.dtype, "plain")
-
-
-def kernel_checks_ids(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None) -> bool:
-    """Whether an eager ``tokenpos::embedding`` call on these tensors runs the numba kernel, which
-    checks every id against [0, V) inside its gather loop and raises the shared ``TokenIdError``
-    before the output is returned. A layer whose call changes no state before the op (no dropout
-    seed drawn) may then leave the value check to the op: one pass over the ids instead of two."""
-    return (weight.is_cpu and ids.is_cpu and cpu_path(weight, table) != "plain"
-            and not torch.compiler.is_compiling() and not transforms_active())
 
 
 _TRITON: list[Any] = []                   # [module or None], filled on the first CUDA call

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from tokenpos.kernels.embedding import embedding_backward as kernel_backward
 from tokenpos.kernels.embedding import embedding_forward as kernel_forward
 from tokenpos.kernels.embedding import run_forward
+from tokenpos.torch._checks import check_token_id_tensor
 from tokenpos.torch._dropout import dropout_torch
 from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
 
@@ -96,12 +97,18 @@ def _forward_numba(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor 
 
 def forward_impl(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
                  pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
-                 padding_idx: int) -> torch.Tensor:
-    """The implementation of ``tokenpos::embedding`` on real tensors (the kernel choice: ``_dispatch``)."""
-    if weight.is_cpu:
-        if cpu_path(weight, table) != "plain":
-            return _forward_numba(weight, ids, table, pos, scale, p, seed)
-    elif weight.is_cuda:
+                 padding_idx: int, check_ids: bool = False) -> torch.Tensor:
+    """The implementation of ``tokenpos::embedding`` on real tensors (the kernel choice: ``_dispatch``).
+
+    ``check_ids``: the caller has not checked the ids' values. The numba kernel checks every id in
+    its gather loop anyway; any other path checks them here first (``TokenIdError``). The path and
+    the check are chosen in this one place, so a concurrent ``tokenpos.set_kernels`` cannot skip it.
+    """
+    if weight.is_cpu and cpu_path(weight, table) != "plain":
+        return _forward_numba(weight, ids, table, pos, scale, p, seed)
+    if check_ids:
+        check_token_id_tensor(ids, weight.shape[0])
+    if weight.is_cuda:
         tk = triton_kernels(weight) if table is None else triton_kernels(weight, table)
         if tk is not None:
             return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from tokenpos.torch._checks import check_token_id_tensor
 from tokenpos.torch.ops._dispatch import transforms_active
 from tokenpos.torch.ops.embedding import _forward_plain, forward_impl
 from tokenpos.torch.ops.rope import _rope_plain, rope_impl, rope_qk_impl
@@ -36,10 +37,11 @@ def _direct_apply(fn: type[torch.autograd.Function]) -> Any:
 class _Embedding(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, weight: torch.Tensor, table: torch.Tensor | None, ids: torch.Tensor,
-                pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor, padding_idx: int) -> Any:
+                pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor, padding_idx: int,
+                check_ids: bool) -> Any:
         ctx.save_for_backward(ids, pos, seed)
         ctx.args = (weight.shape[0], 0 if table is None else table.shape[0], scale, p, padding_idx)
-        return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx)
+        return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx, check_ids)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -48,13 +50,14 @@ class _Embedding(torch.autograd.Function):
         P = P if ctx.needs_input_grad[1] else 0
         gw, gt = torch.ops.tokenpos.embedding_backward(grad, ids, pos if P else None, V, P, scale, p, seed,
                                                        padding_idx)
-        return (gw if ctx.needs_input_grad[0] else None), (gt if P else None), None, None, None, None, None, None
+        return (gw if ctx.needs_input_grad[0] else None), (gt if P else None), None, None, None, None, None, None, None
 
 
 _EMBEDDING = _direct_apply(_Embedding)
 
 
-_NO_SEED_CPU = torch.zeros((), dtype=torch.int64)    # read only: shared by every call without dropout
+with torch.inference_mode(False):       # a normal tensor (autograd saves it), on the CPU whatever the default device
+    _NO_SEED_CPU = torch.zeros((), dtype=torch.int64, device="cpu")    # read only: every call without dropout
 
 
 def no_seed(like: torch.Tensor) -> torch.Tensor:
@@ -65,17 +68,23 @@ def no_seed(like: torch.Tensor) -> torch.Tensor:
 
 def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None,
           pos: torch.Tensor | None = None, *, scale: float = 1.0, p: float = 0.0,
-          seed: torch.Tensor | None = None, padding_idx: int = -1) -> torch.Tensor:
-    """``tokenpos::embedding``: dropout(weight[ids] * scale + table[pos]) -> (..., D) (module doc)."""
+          seed: torch.Tensor | None = None, padding_idx: int = -1, check_ids: bool = False) -> torch.Tensor:
+    """``tokenpos::embedding``: dropout(weight[ids] * scale + table[pos]) -> (..., D) (module doc).
+
+    ``check_ids``: the ids' values are unchecked; they are checked before anything is computed (by
+    the numba kernel inside its gather loop, else first: ``embedding.forward_impl``).
+    """
     if seed is None:
         seed = no_seed(weight)
-    if torch.compiler.is_compiling():
-        return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)
-    if transforms_active():
+    if torch.compiler.is_compiling() or transforms_active():
+        if check_ids:                         # what can be read here (not traced or vmapped values)
+            check_token_id_tensor(ids, weight.shape[0])
+        if torch.compiler.is_compiling():
+            return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)
         return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
     if torch.is_grad_enabled() and (weight.requires_grad or (table is not None and table.requires_grad)):
-        return _EMBEDDING(weight, table, ids, pos, scale, p, seed, padding_idx)  # type: ignore[no-any-return]
-    return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx)
+        return _EMBEDDING(weight, table, ids, pos, scale, p, seed, padding_idx, check_ids)  # type: ignore[no-any-return]
+    return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx, check_ids)
 
 
 class _Rope(torch.autograd.Function):
