@@ -120,3 +120,29 @@ def test_a_concurrent_set_kernels_cannot_skip_the_id_check(backend):
         flipper.join()
         tokenpos.set_kernels(was)
     assert accepted == 0
+
+
+CONFIGS = {
+    "learned": {},
+    "learned, RoBERTa padding positions": {"padding_idx": 1, "position_ids": "padding"},
+    "sinusoidal": {"positional": "sinusoidal"},
+    "sinusoidal past the table": {"positional": "sinusoidal", "max_seq_len": 2},
+    "rope": {"positional": "rope", "num_heads": 2},
+    "none": {"positional": "none"},
+    "layernorm": {"norm": "layernorm"},
+    "token types": {"num_token_types": 2},
+    "scaled, padding row": {"scale": True, "padding_idx": 0},
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@KERNELS
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+@pytest.mark.parametrize("bad", [-1, 10], ids=["negative", "V"])
+def test_every_block_refuses_a_bad_id_with_the_shared_error(backend, kernels, config, bad):
+    """Whichever op sequence the block runs (one fused op, or token rows then positions, norm, types),
+    a bad id raises TokenIdError, kernels on and off, in both backends (never a wrapped row, never a
+    bare IndexError from the plain path)."""
+    layer = _layer(backend, **CONFIGS[config]).eval()
+    with tokenpos.use_kernels(kernels), pytest.raises(TokenIdError, match=f"token id {bad} at index"):
+        layer(_ids(backend, [[2, bad, 3]]))

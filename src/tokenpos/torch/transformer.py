@@ -207,7 +207,7 @@ class TransformerEmbedding(TokenposModule):
             return embed(weight, ids, table, pos if table is not None else None, scale=token.multiplier,
                          p=p, seed=self._dropout_seed(p, ids), padding_idx=_pad(token.padding_idx),
                          check_ids=not early)
-        x = token_rows(token, ids)                                                   # (..., L, D)
+        x = token_rows(token, ids, check_ids=not early)                              # (..., L, D)
         if self.token_type is not None:
             x = x + (self.token_type.weight[0] if tt is None else token_rows(self.token_type, tt))
         if self.position.kind == "additive":
