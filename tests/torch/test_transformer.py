@@ -373,3 +373,31 @@ def test_importing_under_inference_mode_leaves_training_working():
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "plain"])
+@pytest.mark.parametrize("config", [
+    {},
+    {"positional": "sinusoidal"},
+    {"positional": "sinusoidal", "padding_idx": 1, "position_ids": "padding"},
+    {"positional": "sinusoidal", "padding_idx": 1, "position_ids": "padding", "max_seq_len": 5},
+], ids=["learned", "sinusoidal", "sinusoidal, RoBERTa positions", "sinusoidal, RoBERTa positions past the table"])
+def test_vmap_over_ids_and_per_sample_grads_equal_eager(config, kernels):
+    """torch.func.vmap cannot read the positions' values, so the layer must know from its own
+    bound whether RoBERTa positions stay inside a sinusoidal table (and the table must give the
+    same bits as its formula when they do not)."""
+    kw = {"max_seq_len": 64, **config}
+    m = tpt.TransformerEmbedding(10, 8, kw.pop("max_seq_len"), seed=0, **kw).eval()
+    ids = torch.tensor([[2, 3, 4, 1], [5, 6, 1, 1]])
+    with tokenpos.use_kernels(kernels):
+        ref = m(ids)
+        torch.testing.assert_close(torch.func.vmap(m)(ids), ref, rtol=0, atol=0)
+        params = {k: v.detach() for k, v in m.named_parameters()}
+
+        def loss(p, i):
+            return torch.func.functional_call(m, p, (i,)).pow(2).sum()
+
+        per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, ids)
+        for k, g in per_sample.items():
+            for i in range(ids.shape[0]):
+                torch.testing.assert_close(g[i], torch.func.grad(loss)(params, ids[i])[k])

@@ -54,8 +54,18 @@ def is_compiling() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
+def is_wrapped(t: torch.Tensor) -> bool:
+    """A tensor wrapped by a ``torch.func`` transform (vmap, grad): its values cannot be read here."""
+    return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
+
+
+def values_readable(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values can be read here: not traced by torch.compile, not wrapped by torch.func."""
+    return not is_compiling() and not is_wrapped(t)
+
+
 def _value_checks_apply(t: torch.Tensor) -> bool:
-    if is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(t):    # vmap: no .item() to read
+    if not values_readable(t):                                   # vmap: no .item() to read
         return False
     return t.is_cpu or device_checks_enabled()
 

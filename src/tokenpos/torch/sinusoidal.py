@@ -16,9 +16,9 @@ from tokenpos.torch._checks import (
     as_index,
     check_position_tensor,
     check_seq_len,
-    is_compiling,
     is_seq_len,
     resolve_dtype,
+    values_readable,
 )
 from tokenpos.torch._checks import calc_dtype as _calc_dtype
 from tokenpos.torch._module import TokenposModule
@@ -105,8 +105,8 @@ class SinusoidalPositionalEncoding(TokenposModule):
                 return self.table[:L].clone()                                        # (L, D)
             return self.encode(torch.arange(L, device=self.table.device))
         pos = check_position_tensor(seq_len_or_positions, device=self.table.device)
-        if is_compiling() or (pos.numel() and int(pos.max()) >= self.max_seq_len):
-            return self.encode(pos)
+        if not values_readable(pos) or (pos.numel() and int(pos.max()) >= self.max_seq_len):
+            return self.encode(pos)                                                  # the same bits as the table
         return self.table[as_index(pos)]                                             # (..., D), a copy
 
     def extra_repr(self) -> str:

@@ -21,7 +21,13 @@ from tokenpos.tables.dropout import SEED_MASK
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.validation import check_start_pos
-from tokenpos.torch._checks import check_position_tensor, check_token_id_tensor, is_compiling, resolve_dtype
+from tokenpos.torch._checks import (
+    check_position_tensor,
+    check_token_id_tensor,
+    is_compiling,
+    resolve_dtype,
+    values_readable,
+)
 from tokenpos.torch._dropout import dropout_torch
 from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
@@ -166,13 +172,23 @@ class TransformerEmbedding(TokenposModule):
                 raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
             pos = self._resolve_positions(ids, positions, start_pos)              # (L,) or (B, L)
             tt = self._token_types(ids, token_type_ids)
-            default = positions is None and self.position_ids != "padding"      # start_pos + arange(L)
-            table = self._position_table(pos, default, ids.shape[-1] + start_pos) if fuses else None
+            end = self._positions_end(positions, start_pos, ids.shape[-1])
+            table = self._position_table(pos, end) if fuses else None
         except ValueError:                                                      # every typed error
             if defer:
                 checked_ids(ids, self.vocab_size, self.token.weight)
             raise
         return pos, tt, table
+
+    def _positions_end(self, positions: Any, start_pos: int, length: int) -> int | None:
+        """An exclusive bound of the positions this layer derives (None for given ones): start_pos + L
+        for the default arange, padding_idx + start_pos + L + 1 for RoBERTa's (the last real token of
+        a row without padding sits at padding_idx + start_pos + L)."""
+        if positions is not None:
+            return None
+        if self.position_ids == "padding":
+            return int(self.token.padding_idx) + start_pos + length + 1  # type: ignore[arg-type]
+        return start_pos + length
 
     def _token_types(self, ids: torch.Tensor, token_type_ids: Any) -> torch.Tensor | None:
         if self.num_token_types:
@@ -223,11 +239,12 @@ class TransformerEmbedding(TokenposModule):
         """Whether the whole block is one op: no token types, no norm, no sparse token table."""
         return self.token_type is None and self.norm is None and not self.token.sparse
 
-    def _position_table(self, pos: torch.Tensor, default: bool, end: int) -> torch.Tensor | None:
+    def _position_table(self, pos: torch.Tensor, end: int | None) -> torch.Tensor | None:
         """For a block that is one op (:attr:`fuses`): the (P, D) table the op adds rows of, or None.
 
         Learned tables without a padding row, and the sinusoidal table when every position lies in
-        it (known statically for default positions; read from the positions in eager mode).
+        it: known from ``end`` (a bound of the positions the layer derived itself, exclusive), else
+        read from the positions when their values can be read (not under torch.compile / torch.func).
         """
         position = self.position
         if position.kind != "additive":
@@ -236,8 +253,8 @@ class TransformerEmbedding(TokenposModule):
             return position.weight if position.padding_idx is None else None
         if isinstance(position, SinusoidalPositionalEncoding):
             P = position.max_seq_len
-            inside = end <= P if default else (not is_compiling() and not _wrapped(pos)
-                                               and (pos.numel() == 0 or int(pos.max()) < P))
+            inside = end <= P if end is not None else (values_readable(pos)
+                                                        and (pos.numel() == 0 or int(pos.max()) < P))
             return position.table if inside else None
         return None
 
@@ -260,11 +277,6 @@ class TransformerEmbedding(TokenposModule):
 
 def _pad(padding_idx: int | None) -> int:
     return -1 if padding_idx is None else padding_idx
-
-
-def _wrapped(t: torch.Tensor) -> bool:
-    """A torch.func-wrapped tensor (vmap / grad): its values cannot be read."""
-    return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
 
 
 EmbeddingLayer = TransformerEmbedding
