@@ -20,6 +20,7 @@ from tests.threads import run_threads
 from tests.tolerances import TOL
 from tokenpos.kernels import embedding_forward
 from tokenpos.tables.dropout import SEED_MASK, dropout_keep_mask
+from tokenpos.tables.errors import TokenIdError
 
 IDS = torch.tensor([[0, 0, 0, 5, 9, 5, 49], [3, 3, 7, 0, 11, 2, 5]])          # padding and duplicates
 
@@ -401,3 +402,12 @@ def test_vmap_over_ids_and_per_sample_grads_equal_eager(config, kernels):
         for k, g in per_sample.items():
             for i in range(ids.shape[0]):
                 torch.testing.assert_close(g[i], torch.func.grad(loss)(params, ids[i])[k])
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "plain"])
+def test_a_bad_id_inside_torch_func_grad_raises_the_shared_error(kernels):
+    emb = tpt.TransformerEmbedding(10, 8, 16, seed=0).eval()
+    params = dict(emb.named_parameters())
+    bad = torch.tensor([[2, -1, 4]])
+    with tokenpos.use_kernels(kernels), pytest.raises(TokenIdError, match="token id -1 at index"):
+        torch.func.grad(lambda p: torch.func.functional_call(emb, p, (bad,)).sum())(params)

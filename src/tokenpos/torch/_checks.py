@@ -98,7 +98,10 @@ def as_index(t: torch.Tensor) -> torch.Tensor:
 
 
 def _numpy_view(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy()
+    """A readable tensor's values as NumPy (to locate a bad value for the shared message). Inside a
+    ``torch.func`` transform even a plain tensor refuses ``.numpy()``; functorch is set aside here."""
+    with torch._C._DisableFuncTorch():
+        return t.detach().cpu().numpy()
 
 
 def check_float_tensor(name: str, t: Any) -> torch.Tensor:
