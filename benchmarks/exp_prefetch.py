@@ -48,7 +48,7 @@ def main(mode: str, reps: int, settings: str) -> None:
         def run() -> None:
             with parallel_guard():
                 forward_core(w, batch(), np.float32(27.7), pt, pos, True, bits, thr, np.float32(inv), np.uint64(0),
-                             True, False, np.uint64(0), rows, ahead, lines, out)
+                             True, False, np.uint64(0), rows, False, ahead, lines, out)
         return run
 
     def gather() -> None:

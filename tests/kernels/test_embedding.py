@@ -42,16 +42,19 @@ def cases(draw):
                 seed=seed, grad=grad, padding_idx=padding_idx, P=P)
 
 
+@pytest.mark.parametrize("by_position", [True, False])
 @pytest.mark.parametrize("pos_mode", ["none", "broadcast", "full"])
 @pytest.mark.parametrize("task_bytes", [1, 3000, 1 << 16])
 @pytest.mark.parametrize("ahead, lines", [(0, 0), (4, 8), (1, 1), (1000, 1000)])
-def test_forward_tasks_cover_every_row_once(pos_mode: str, task_bytes: int, ahead: int, lines: int, monkeypatch,
-                                            rng) -> None:
-    """Tasks of consecutive rows (down to one row each, a partial last task) write every row once;
-    the prefetch (off, a line, past the last row, more lines than a row has) changes no bit."""
+def test_forward_tasks_cover_every_row_once(pos_mode: str, task_bytes: int, ahead: int, lines: int,
+                                            by_position: bool, monkeypatch, rng) -> None:
+    """Tiles of positions x batch rows (down to one row each, partial last tiles in both directions)
+    write every row once; the prefetch (off, a line, past the last visit, more lines than a row has)
+    changes no bit."""
     import tokenpos.kernels.embedding as E
 
     monkeypatch.setattr(E, "TASK_BYTES", task_bytes)
+    monkeypatch.setattr(E, "BY_POSITION", by_position)
     monkeypatch.setattr(E, "PREFETCH_ROWS", ahead)
     monkeypatch.setattr(E, "PREFETCH_LINES", lines)
     B, L, D, V = 37, 5, 64, 50

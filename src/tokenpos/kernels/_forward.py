@@ -2,11 +2,15 @@
 
 Shapes: V vocab, D model dim, N flat ids, Lp flat positions (row n uses ``pos_ids[n % Lp]``).
 
-:func:`forward_core` is one ``prange`` over tasks of ``rows`` consecutive output rows (each task is
-:func:`_rows`); :func:`forward_core_serial` runs the same rows on the calling thread, for outputs
-under ``embedding.PARALLEL_BYTES`` where a parallel launch costs more than it gives. The first
-``lines`` cache lines of the token row ``ahead`` rows ahead are prefetched into L2
-(``embedding.PREFETCH_ROWS`` / ``PREFETCH_LINES``; measured: BENCHMARKS.md). Per row:
+:func:`forward_core` is one ``prange`` over tiles of about ``rows`` output rows (each is
+:func:`_tile`): a block of positions times a block of batch rows (``N / Lp`` in all),
+visited position by position. ``by_position`` tiles take up to ``rows`` batch rows of one or a few
+positions, so one positional row stays in L1 while its batch rows pass; other tiles are blocks of
+consecutive output rows (the caller picks; measured: BENCHMARKS.md).
+:func:`forward_core_serial` runs all rows as one tile on the calling thread, for outputs under
+``embedding.PARALLEL_BYTES`` where a parallel launch costs more than it gives. The first ``lines``
+cache lines of the token row ``ahead`` visits on are prefetched into L2
+(``embedding.PREFETCH_ROWS`` / ``PREFETCH_LINES``). Per row:
 
     y[d]   = w[ids[n], d] * scale + pos[pos_ids[n % Lp], d]         (no fused multiply-add)
     out[d] = y[d] * m[d],   m = 1/(1-p) if keep(offset + n*D + d) else 0   (only when p > 0)
@@ -124,29 +128,39 @@ def _row_overload(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no 
 
 
 @njit(cache=True)
-def _rows(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream, out_addr,
-          ahead, lines, out, n0, n1):  # pragma: no cover - compiled
-    """Output rows [n0, n1) of :func:`forward_core`; returns how many were skipped as bad."""
-    N = ids.shape[0]
+def _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream, out_addr,
+          ahead, lines, out, l0, l1, b0, b1):  # pragma: no cover - compiled
+    """Output rows ``n = b * Lp + l`` for l in [l0, l1), b in [b0, b1), position by position (one
+    positional row stays in L1 while its batch rows pass); returns how many were skipped as bad."""
     V = weight.shape[0]
     D = weight.shape[1]
     Lp = pos_ids.shape[0]
     P = pos_table.shape[0]
+    nbr = b1 - b0
     row_bytes = np.uint64(D * out.itemsize)
     tmp = np.empty(D if stream else 0, out.dtype)       # the scratch row streamed stores are built in
+    fl = l0 + ahead // nbr                              # the visit ``ahead`` on: position fl, batch row fb
+    fb = b0 + ahead % nbr
     nbad = 0
-    for n in range(n0, n1):
-        r = ids[n]
-        q = pos_ids[n % Lp]
-        if (check and (r < 0 or r >= V)) or q < 0 or q >= P:
-            nbad += 1
-            continue
-        if ahead and n + ahead < N:
-            prefetch_head_l2(weight[ids[n + ahead]], lines)
-        o = tmp if stream else out[n]
-        row(weight[r], pos_table[q], has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o)
-        if stream:
-            stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
+    for l in range(l0, l1):
+        q = pos_ids[l]
+        pe = pos_table[q if 0 <= q < P else 0]
+        for b in range(b0, b1):
+            n = b * Lp + l
+            if ahead and fl < l1:
+                prefetch_head_l2(weight[ids[fb * Lp + fl]], lines)
+            fb += 1
+            if fb == b1:
+                fb = b0
+                fl += 1
+            r = ids[n]
+            if q < 0 or q >= P or (check and (r < 0 or r >= V)):
+                nbad += 1
+                continue
+            o = tmp if stream else out[n]
+            row(weight[r], pe, has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o)
+            if stream:
+                stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
     if stream:
         store_fence()
     return nbad
@@ -154,27 +168,40 @@ def _rows(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset
 
 @njit(parallel=True, cache=True)
 def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
-                 stream, out_addr, rows, ahead, lines, out):  # pragma: no cover - compiled
+                 stream, out_addr, rows, by_position, ahead, lines, out):  # pragma: no cover - compiled
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
     a bad id or position (nothing is read outside the tables).
 
-    One ``prange`` over tasks of ``rows`` consecutive output rows; the first ``lines`` lines of the
-    token row ``ahead`` rows ahead are prefetched into L2 (``ahead`` or ``lines`` 0: none).
+    One ``prange`` over tiles of about ``rows`` output rows (:func:`_tile`): with ``by_position``,
+    up to ``rows`` batch rows of as many positions as fill the rest; else up to ``rows`` positions of
+    as many batch rows as fill the rest (consecutive output rows). The first ``lines`` lines of the token
+    row ``ahead`` visits on are prefetched into L2 (``ahead`` or ``lines`` 0: none).
     """
-    N = ids.shape[0]
+    Lp = pos_ids.shape[0]
+    nb = ids.shape[0] // Lp
+    if by_position:
+        pb = min(nb, rows)
+        pl = max(1, rows // pb)
+    else:
+        pl = min(Lp, rows)
+        pb = max(1, min(nb, rows // pl))
+    nbb = (nb + pb - 1) // pb
     key = key_of(seed)                                  # the dropout key of the seed bits (thr 0: unused)
     nbad = 0
-    for task in prange((N + rows - 1) // rows):
-        nbad += _rows(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream,
-                      out_addr, ahead, lines, out, task * rows, min(N, task * rows + rows))
+    for task in prange(((Lp + pl - 1) // pl) * nbb):
+        l0 = (task // nbb) * pl
+        b0 = (task % nbb) * pb
+        nbad += _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream,
+                      out_addr, ahead, lines, out, l0, min(Lp, l0 + pl), b0, min(nb, b0 + pb))
     return nbad
 
 
 @njit(cache=True)
 def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
-                        stream, out_addr, rows, ahead, lines, out):  # pragma: no cover - compiled
-    """:func:`forward_core` on the calling thread, all rows one task: for outputs too small to pay
+                        stream, out_addr, rows, by_position, ahead, lines, out):  # pragma: no cover - compiled
+    """:func:`forward_core` on the calling thread, all rows one tile: for outputs too small to pay
     for a parallel launch (``embedding.PARALLEL_BYTES``; measured: BENCHMARKS.md). It takes the same
-    arguments, so the caller can pick either; ``rows`` is unused."""
-    return _rows(weight, ids, scale, pos_table, pos_ids, has_pos, key_of(seed), thr, inv, offset, check, stream,
-                 out_addr, ahead, lines, out, 0, ids.shape[0])
+    arguments, so the caller can pick either; ``rows`` and ``by_position`` are unused."""
+    Lp = pos_ids.shape[0]
+    return _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key_of(seed), thr, inv, offset, check, stream,
+                 out_addr, ahead, lines, out, 0, Lp, 0, ids.shape[0] // Lp)
