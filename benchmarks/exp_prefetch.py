@@ -1,10 +1,11 @@
-"""The forward core's software prefetch: how far ahead, and how much of the token row.
+"""The forward core's software prefetch: how many visits ahead.
 
-``python benchmarks/exp_prefetch.py MODE [reps] [AHEAD@LINES,...]``, MODE ``fp32``, ``dropout`` or
+``python benchmarks/exp_prefetch.py MODE [reps] [AHEAD,...]``, MODE ``fp32``, ``dropout`` or
 ``bf16``. Runs ``forward_core`` (no wrapper) on the bench's shapes (V=50257, D=768, B=16, L=512,
-ids cycled over 4 batches, huge-page table as the layers allocate it) with each prefetch setting:
-the first LINES 64-byte lines of the token row AHEAD rows ahead are prefetched into L2 (``0@0``:
-none). Interleaved with the plain parallel numba gather; prints best / median ms and x gather.
+ids cycled over 4 batches, huge-page table as the layers allocate it) with each distance: before
+each 64-byte line of a row is computed, the same line of the token row AHEAD visits on is
+prefetched into L1 (0: none). Interleaved with the plain parallel numba gather and the compute floor
+(the core on a 64-row table that stays in cache); prints best / median ms and x gather.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from tokenpos.analysis.bench_timing import time_interleaved
 from tokenpos.kernels._forward import forward_core
 from tokenpos.kernels._rng import dropout_params
 from tokenpos.kernels._threading import parallel_guard
-from tokenpos.kernels.embedding import PREFETCH_LINES, PREFETCH_ROWS, TASK_BYTES
+from tokenpos.kernels.embedding import BY_POSITION, PREFETCH_ROWS, TASK_BYTES
 from tokenpos.torch._init import empty_table
 
 V, D, L, B = 50257, 768, 512, 16
-DEFAULT = f"0@0,2@4,{PREFETCH_ROWS}@4,{PREFETCH_ROWS}@{PREFETCH_LINES},6@8,{PREFETCH_ROWS}@16,{PREFETCH_ROWS}@48"
+DEFAULT = "0,1,2,4,8"
 
 
 def main(mode: str, reps: int, settings: str) -> None:
@@ -31,12 +32,14 @@ def main(mode: str, reps: int, settings: str) -> None:
     bf16 = mode == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32
     W = empty_table(V, D, dtype=dtype).copy_(torch.from_numpy(rng.standard_normal((V, D), dtype=np.float32)))
-    P = torch.randn(L, D, generator=torch.Generator().manual_seed(1)).to(dtype)
+    P = empty_table(L, D, dtype=dtype).copy_(torch.randn(L, D, generator=torch.Generator().manual_seed(1)))
     w = W.view(torch.uint16).numpy() if bf16 else W.numpy()
     pt = P.view(torch.uint16).numpy() if bf16 else P.numpy()
     ids = [rng.integers(0, V, (B * L,)) for _ in range(4)]
     pos = np.arange(L)
-    out = np.empty((B * L, D), w.dtype)
+    out = torch.empty(B * L, D, dtype=dtype)                 # 64-byte aligned, as torch allocates
+    out = out.view(torch.uint16).numpy() if bf16 else out.numpy()
+    small = np.ascontiguousarray(w[:64])
     bits, thr, inv = dropout_params(5, 0.1) if mode == "dropout" else (np.uint64(0), np.uint64(0), 1.0)
     rows = max(1, TASK_BYTES // (D * out.itemsize))
     it = iter(range(1 << 30))
@@ -44,21 +47,22 @@ def main(mode: str, reps: int, settings: str) -> None:
     def batch() -> np.ndarray:
         return ids[next(it) % 4]
 
-    def core(ahead: int, lines: int):
+
+    def core(ahead: int, table: np.ndarray):
         def run() -> None:
             with parallel_guard():
-                forward_core(w, batch(), np.float32(27.7), pt, pos, True, bits, thr, np.float32(inv), np.uint64(0),
-                             True, False, np.uint64(0), rows, False, ahead, lines, out)
+                forward_core(table, batch() % table.shape[0], np.float32(27.7), pt, pos, True, bits, thr,
+                             np.float32(inv), np.uint64(0), True, False, np.uint64(0), rows, BY_POSITION, ahead,
+                             out)
         return run
 
     def gather() -> None:
         with parallel_guard():
             gather_rows(w, batch(), out)
 
-    impls = {"plain parallel numba gather": gather}
+    impls = {"plain parallel numba gather": gather, "compute floor (64-row table)": core(PREFETCH_ROWS, small)}
     for s in settings.split(","):
-        ahead, lines = (int(v) for v in s.split("@"))
-        impls[f"prefetch {lines:2d} lines, {ahead} rows ahead"] = core(ahead, lines)
+        impls[f"prefetch {int(s)} visits ahead"] = core(int(s), w)
     times = time_interleaved(impls, reps)
     gb, gm = min(times[next(iter(impls))]), np.median(times[next(iter(impls))])
     for name, ts in times.items():

@@ -28,7 +28,7 @@ from tokenpos.analysis.bench_timing import time_interleaved
 from tokenpos.kernels._forward import forward_core
 from tokenpos.kernels._rng import dropout_params
 from tokenpos.kernels._threading import parallel_guard
-from tokenpos.kernels.embedding import PREFETCH_LINES, PREFETCH_ROWS, TASK_BYTES
+from tokenpos.kernels.embedding import PREFETCH_ROWS, TASK_BYTES
 from tokenpos.torch._init import empty_table
 
 V, D, L, B = 50257, 768, 512, 16
@@ -57,8 +57,7 @@ def main(mode: str, reps: int) -> None:
             batch = ids[next(it) % 4] % table.shape[0]
             with parallel_guard():
                 forward_core(table, batch, np.float32(27.7), pt, pos, True, bits, thr, np.float32(inv),
-                             np.uint64(0), True, False, np.uint64(0), rows, by_position, PREFETCH_ROWS,
-                             PREFETCH_LINES, o)
+                             np.uint64(0), True, False, np.uint64(0), rows, by_position, PREFETCH_ROWS, o)
         return run
 
     def gather() -> None:

@@ -173,7 +173,7 @@ def _jit_case(quick: bool) -> list[BenchRow]:
 # entry point
 # ----------------------------------------------------------------------------------------------
 
-TIMING = ("best of interleaved, shuffled reps; before each: 25 ms settle, one untimed call "
+TIMING = ("best of interleaved, shuffled reps; before each: 25 ms settle, three untimed calls "
           "(medians in notes)")
 FULL = dict(V=50257, D=768, B=16, L=512, rB=8, rH=12, L_rope=512, Dh=64, reps=20, train_reps=8)
 QUICK = dict(FULL, reps=5, train_reps=3)   # the same workload (cache-resident shapes would flatter copy)

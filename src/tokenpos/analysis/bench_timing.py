@@ -62,23 +62,28 @@ def machine() -> str:
 
 
 SETTLE = 0.025     # seconds before each timed call: the previous impl's idle threads stop spinning
+WARM_CALLS = 3     # untimed calls after the settle: the core is back to its busy speed (measured)
 
 
-def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int, settle: float = SETTLE
-                     ) -> dict[str, list[float]]:
+def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int, settle: float = SETTLE,
+                     warm: int = WARM_CALLS) -> dict[str, list[float]]:
     """Warm each impl once, then ``reps`` interleaved rounds in a shuffled order; seconds per call.
 
     The order changes every round (fixed seed) so that no impl always runs right after the same
     neighbour: a call is slower right after one that evicted the caches and page tables.
 
-    Before each timed call the machine settles for ``settle`` seconds, then the impl runs once
-    untimed, then the timed call (both untimed steps are skipped with ``settle=0``). After a
+    Before each timed call the machine settles for ``settle`` seconds, then the impl runs ``warm``
+    times untimed, then the timed call (both untimed steps are skipped with ``settle=0``). After a
     parallel op, torch's OpenMP threads spin for about 10 ms (measured: 10 ms of CPU during a sleep
     after ``index_select``) and TBB's for about 1 ms; a numba kernel timed inside that window shares
     the cores with the spinners and took 2-3x longer in the median (BENCHMARKS.md), and a call whose
     own threads were asleep pays their wake-up. Settling lets the previous impl's threads go to
-    sleep; the untimed call wakes the impl's own. Each impl is then timed in its steady state,
-    whichever impl ran before it.
+    sleep; the untimed calls wake the impl's own. One untimed call is not enough: a core that slept
+    25 ms runs slower for a few ms after it wakes (measured on the reference VM, 15 reps each, fp32
+    forward shapes: the in-cache compute floor took 1.14 ms after one untimed call, 0.71-0.73 ms after
+    two or three, 0.70-0.72 ms with no sleep at all; the gather 1.47, 1.32 and 1.10-1.12 ms), and
+    the arithmetic-heavy rows paid more of it than the gather they are compared with. Each impl is
+    then timed in its steady state, whichever impl ran before it.
     """
     for fn in impls.values():
         fn()
@@ -95,7 +100,8 @@ def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int, settle: flo
             fn = impls[name]
             if settle:
                 time.sleep(settle)
-                fn()
+                for _ in range(warm):
+                    fn()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

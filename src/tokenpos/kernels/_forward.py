@@ -8,9 +8,11 @@ visited position by position. ``by_position`` tiles take up to ``rows`` batch ro
 positions, so one positional row stays in L1 while its batch rows pass; other tiles are blocks of
 consecutive output rows (the caller picks; measured: BENCHMARKS.md).
 :func:`forward_core_serial` runs all rows as one tile on the calling thread, for outputs under
-``embedding.PARALLEL_BYTES`` where a parallel launch costs more than it gives. The first ``lines``
-cache lines of the token row ``ahead`` visits on are prefetched into L2
-(``embedding.PREFETCH_ROWS`` / ``PREFETCH_LINES``). Per row:
+``embedding.PARALLEL_BYTES`` where a parallel launch costs more than it gives. A row is computed
+one 64-byte line at a time (:mod:`._lines`, explicit 512-bit vectors), and before each line the
+same line of the token row ``ahead`` visits on is prefetched into L1 (``embedding.PREFETCH_ROWS``):
+the next rows' random reads are spread over this row's arithmetic instead of waiting for it.
+Per row:
 
     y[d]   = w[ids[n], d] * scale + pos[pos_ids[n % Lp], d]         (no fused multiply-add)
     out[d] = y[d] * m[d],   m = 1/(1-p) if keep(offset + n*D + d) else 0   (only when p > 0)
@@ -35,32 +37,21 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from tokenpos.kernels._prefetch import prefetch_head_l2
+from tokenpos.kernels._lines import lanes, line, line_drop, line_pos, line_pos_drop
+from tokenpos.kernels._prefetch import prefetch_line
 from tokenpos.kernels._rng import GOLDEN, keep_bits_mul, key_of
 from tokenpos.kernels._stream import store_fence, stream_row
 
 
-def _row(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - compiled
-    """o[:] = dropout(w * scale (+ pe)) for one row; ``base`` is the row's first dropout counter."""
+def _tail(w, pe, has_pos, scale, key, thr, inv, base, o, d0):  # pragma: no cover - compiled
+    """o[d0:] = dropout(w * scale (+ pe)) element by element; ``base`` is element d0's dropout counter."""
     D = o.shape[0]
     zero = inv - inv
-    if has_pos:
-        if thr != 0:
-            ig = base * GOLDEN                          # counter * GOLDEN, carried by addition
-            for d in range(D):
-                o[d] = (w[d] * scale + pe[d]) * (inv if keep_bits_mul(key, ig) >= thr else zero)
-                ig += GOLDEN
-        else:
-            for d in range(D):
-                o[d] = w[d] * scale + pe[d]
-    elif thr != 0:
-        ig = base * GOLDEN
-        for d in range(D):
-            o[d] = (w[d] * scale) * (inv if keep_bits_mul(key, ig) >= thr else zero)
-            ig += GOLDEN
-    else:
-        for d in range(D):
-            o[d] = w[d] * scale
+    ig = base * GOLDEN                                  # counter * GOLDEN, carried by addition
+    for d in range(d0, D):
+        y = w[d] * scale + pe[d] if has_pos else w[d] * scale
+        o[d] = y * (inv if keep_bits_mul(key, ig) >= thr else zero) if thr != 0 else y
+        ig += GOLDEN
 
 
 @intrinsic
@@ -94,42 +85,65 @@ def _to_bf16(typingctx, y):  # pragma: no cover - compiled
     return sig, codegen
 
 
-def _row_bf16(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - compiled
-    """:func:`_row` for bf16 bits: widen, compute in float32 (``scale``/``inv`` float32), round once."""
+def _tail_bf16(w, pe, has_pos, scale, key, thr, inv, base, o, d0):  # pragma: no cover - compiled
+    """:func:`_tail` for bf16 bits: widen, compute in float32 (``scale``/``inv`` float32), round once."""
     D = o.shape[0]
     zero = inv - inv
+    ig = base * GOLDEN
+    for d in range(d0, D):
+        y = _bf16_to_f32(w[d]) * scale
+        if has_pos:
+            y = y + _bf16_to_f32(pe[d])
+        o[d] = _to_bf16(y * (inv if keep_bits_mul(key, ig) >= thr else zero) if thr != 0 else y)
+        ig += GOLDEN
+
+
+def tail(w, pe, has_pos, scale, key, thr, inv, base, o, d0):  # pragma: no cover - typing stub
+    """The rest of a row after its whole lines: :func:`_tail`, or :func:`_tail_bf16` for bf16 bits."""
+
+
+@overload(tail, inline="always")
+def _tail_overload(w, pe, has_pos, scale, key, thr, inv, base, o, d0):  # pragma: no cover - compiled
+    return _tail_bf16 if isinstance(w.dtype, types.Integer) else _tail
+
+
+@njit(inline="always", cache=True)
+def row(w, pe, has_pos, scale, key, thr, inv, base, o, nxt):  # pragma: no cover - compiled
+    """o[:] = dropout(w * scale (+ pe)) for one row; ``base`` is the row's first dropout counter.
+
+    One 64-byte line at a time (:mod:`._lines`), each step first prefetching the same line of
+    ``nxt`` (the token row a later visit reads) into L1, so the next row's reads overlap this row's
+    arithmetic; then :func:`tail` for the elements after the last whole line."""
+    D = o.shape[0]
+    step = lanes(o)
+    d1 = D - D % step
+    ig = base * GOLDEN
+    gstep = np.uint64(step) * GOLDEN
     if has_pos:
         if thr != 0:
-            ig = base * GOLDEN
-            for d in range(D):
-                y = _bf16_to_f32(w[d]) * scale + _bf16_to_f32(pe[d])
-                o[d] = _to_bf16(y * (inv if keep_bits_mul(key, ig) >= thr else zero))
-                ig += GOLDEN
+            for d in range(0, d1, step):
+                prefetch_line(nxt, d)
+                line_pos_drop(o, w, pe, scale, key, thr, inv, ig, d)
+                ig += gstep
         else:
-            for d in range(D):
-                o[d] = _to_bf16(_bf16_to_f32(w[d]) * scale + _bf16_to_f32(pe[d]))
+            for d in range(0, d1, step):
+                prefetch_line(nxt, d)
+                line_pos(o, w, pe, scale, key, thr, inv, ig, d)
     elif thr != 0:
-        ig = base * GOLDEN
-        for d in range(D):
-            o[d] = _to_bf16((_bf16_to_f32(w[d]) * scale) * (inv if keep_bits_mul(key, ig) >= thr else zero))
-            ig += GOLDEN
+        for d in range(0, d1, step):
+            prefetch_line(nxt, d)
+            line_drop(o, w, pe, scale, key, thr, inv, ig, d)
+            ig += gstep
     else:
-        for d in range(D):
-            o[d] = _to_bf16(_bf16_to_f32(w[d]) * scale)
-
-
-def row(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - typing stub
-    """One output row: :func:`_row` for float tables, :func:`_row_bf16` for uint16 bf16 bits."""
-
-
-@overload(row, inline="always")
-def _row_overload(w, pe, has_pos, scale, key, thr, inv, base, o):  # pragma: no cover - compiled
-    return _row_bf16 if isinstance(w.dtype, types.Integer) else _row
+        for d in range(0, d1, step):
+            prefetch_line(nxt, d)
+            line(o, w, pe, scale, key, thr, inv, ig, d)
+    tail(w, pe, has_pos, scale, key, thr, inv, base + np.uint64(d1), o, d1)
 
 
 @njit(cache=True)
 def _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream, out_addr,
-          ahead, lines, out, l0, l1, b0, b1):  # pragma: no cover - compiled
+          ahead, out, l0, l1, b0, b1):  # pragma: no cover - compiled
     """Output rows ``n = b * Lp + l`` for l in [l0, l1), b in [b0, b1), position by position (one
     positional row stays in L1 while its batch rows pass); returns how many were skipped as bad."""
     V = weight.shape[0]
@@ -147,8 +161,7 @@ def _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset
         pe = pos_table[q if 0 <= q < P else 0]
         for b in range(b0, b1):
             n = b * Lp + l
-            if ahead and fl < l1:
-                prefetch_head_l2(weight[ids[fb * Lp + fl]], lines)
+            nxt = weight[ids[fb * Lp + fl]] if ahead and fl < l1 else weight[0]
             fb += 1
             if fb == b1:
                 fb = b0
@@ -158,7 +171,7 @@ def _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset
                 nbad += 1
                 continue
             o = tmp if stream else out[n]
-            row(weight[r], pe, has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o)
+            row(weight[r], pe, has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o, nxt)
             if stream:
                 stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
     if stream:
@@ -168,14 +181,14 @@ def _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset
 
 @njit(parallel=True, cache=True)
 def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
-                 stream, out_addr, rows, by_position, ahead, lines, out):  # pragma: no cover - compiled
+                 stream, out_addr, rows, by_position, ahead, out):  # pragma: no cover - compiled
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
     a bad id or position (nothing is read outside the tables).
 
     One ``prange`` over tiles of about ``rows`` output rows (:func:`_tile`): with ``by_position``,
     up to ``rows`` batch rows of as many positions as fill the rest; else up to ``rows`` positions of
-    as many batch rows as fill the rest (consecutive output rows). The first ``lines`` lines of the token
-    row ``ahead`` visits on are prefetched into L2 (``ahead`` or ``lines`` 0: none).
+    as many batch rows as fill the rest (consecutive output rows). The token row ``ahead`` visits
+    on is prefetched line by line while a row is computed (0: none).
     """
     Lp = pos_ids.shape[0]
     nb = ids.shape[0] // Lp
@@ -192,16 +205,16 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv
         l0 = (task // nbb) * pl
         b0 = (task % nbb) * pb
         nbad += _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream,
-                      out_addr, ahead, lines, out, l0, min(Lp, l0 + pl), b0, min(nb, b0 + pb))
+                      out_addr, ahead, out, l0, min(Lp, l0 + pl), b0, min(nb, b0 + pb))
     return nbad
 
 
 @njit(cache=True)
 def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
-                        stream, out_addr, rows, by_position, ahead, lines, out):  # pragma: no cover - compiled
+                        stream, out_addr, rows, by_position, ahead, out):  # pragma: no cover - compiled
     """:func:`forward_core` on the calling thread, all rows one tile: for outputs too small to pay
     for a parallel launch (``embedding.PARALLEL_BYTES``; measured: BENCHMARKS.md). It takes the same
     arguments, so the caller can pick either; ``rows`` and ``by_position`` are unused."""
     Lp = pos_ids.shape[0]
     return _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key_of(seed), thr, inv, offset, check, stream,
-                 out_addr, ahead, lines, out, 0, Lp, 0, ids.shape[0] // Lp)
+                 out_addr, ahead, out, 0, Lp, 0, ids.shape[0] // Lp)

@@ -56,12 +56,6 @@ def prefetch_row_l2(row):  # pragma: no cover - compiled
 
 
 @njit(inline="always", cache=True)
-def prefetch_head_l2(row, lines):  # pragma: no cover - compiled
-    """Prefetch the first ``lines`` 64-byte lines of a contiguous 1-D row into L2.
-
-    For a gather of rows: a few lines start the fetch, and the L2 streamer follows the rest of
-    the row; a whole-row prefetch into L1 fills the line-fill buffers instead (BENCHMARKS.md).
-    """
-    step = max(1, 64 // row.itemsize)
-    for j in range(0, min(row.shape[0], lines * step), step):
-        _prefetch_element_l2(row, j)
+def prefetch_line(row, i):  # pragma: no cover - compiled
+    """Prefetch the 64-byte line holding ``row[i]`` (a contiguous 1-D row) into L1."""
+    _prefetch_element(row, i)

@@ -43,9 +43,8 @@ PREFETCH_AHEAD = 2        # backward: gathered grad rows prefetched ahead into L
 PREFETCH_FAR = 16         # ... and this far ahead into L2 (0 turns it off)
 TASK_BYTES = 1 << 16      # forward: output bytes per parallel task
 PARALLEL_BYTES = 1 << 18  # forward: smaller outputs (half with dropout) run on the calling thread
-PREFETCH_ROWS = 4         # forward: the token row this many rows ahead is prefetched (0 turns it off) ...
-PREFETCH_LINES = 8        # ... its first lines, into L2 (the L2 streamer follows the rest of the row)
-BY_POSITION = True        # forward: float32/64 with positions, no dropout, visits position by position
+PREFETCH_ROWS = 2         # forward: the token row this many visits on is prefetched, a line per line computed
+BY_POSITION = True        # forward: tiles visit position by position (a positional row stays in L1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -243,11 +242,10 @@ def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid:
     stream = bool(stream) and addr % out.itemsize == 0
     work = out.nbytes * (2 if p else 1)                # the dropout hash: about twice the work per byte
     core = forward_core if work >= PARALLEL_BYTES else forward_core_serial
-    by_position = BY_POSITION and has_pos and not p and not bf16   # measured: BENCHMARKS.md
     with parallel_guard():
         return core(w, flat_ids, typ(scale), pt, pid, has_pos, bits, thr, typ(inv),  # type: ignore[no-any-return]
-                    np.uint64(int(offset)), bool(check), stream, np.uint64(addr), rows, by_position,
-                    PREFETCH_ROWS, PREFETCH_LINES, out)
+                    np.uint64(int(offset)), bool(check), stream, np.uint64(addr), rows, BY_POSITION,
+                    PREFETCH_ROWS, out)
 
 
 def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p: float = 0.0, seed: int = 0,

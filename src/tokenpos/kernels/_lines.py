@@ -1,0 +1,136 @@
+"""One 64-byte line of an embedding output row at a time, as explicit LLVM vector IR.
+
+LLVM's loop vectoriser targets 256-bit registers on Intel server cores (``prefer-256-bit``) even
+where 512-bit ones exist; explicit ``<16 x float>`` IR is lowered to full 512-bit instructions. Each
+function here computes the :func:`lanes` elements ``d .. d + lanes - 1`` of one output row (one
+64-byte line of the table row: 16 float32, 8 float64 or 32 bf16 values) with exactly the
+element-by-element formula of :mod:`._forward` (no fused multiply-add, the same order):
+
+    y = w[d] * scale (+ pe[d]);   o[d] = y * (inv if keep(key, (base + d) * GOLDEN) >= thr else 0)
+
+bf16 rows (uint16 bits) are widened exactly to float32 and rounded once (round to nearest even,
+NaN -> 0x7FC0), as :func:`._forward._tail_bf16` does. The dropout hash is the splitmix64
+finaliser of :mod:`._rng` on 64-bit lanes, bit for bit. The unit of work is a line so that the
+caller can prefetch one line of a later row per line it computes (:func:`._forward.row`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from tokenpos.tables.dropout import GOLDEN, MIX1, MIX2
+
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+LINE = 64                 # bytes of table row per step: one cache line
+
+
+def lanes_of(dtype: Any) -> int:
+    """Elements per step for a row of numba dtype ``dtype``: one 64-byte line (16 float32, 8
+    float64, 32 bf16 bits)."""
+    return LINE // (dtype.bitwidth // 8)
+
+
+def _s64(v: int) -> int:
+    """A uint64 value as the signed i64 constant LLVM IR spells."""
+    v = int(v) & (2**64 - 1)
+    return v - 2**64 if v >= 2**63 else v
+
+
+def _splat(builder, value, n):
+    vt = ir.VectorType(value.type, n)
+    v = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(_I32, n), [0] * n))
+
+
+def _vec_i64(values):
+    return ir.Constant(ir.VectorType(_I64, len(values)), [ir.Constant(_I64, _s64(v)) for v in values])
+
+
+def _keep_mask(builder, key, ig, thr, n):
+    """<n x i1>: lane k keeps when keep_bits(key, ig + k * GOLDEN) >= thr (all uint64, wrapping)."""
+    z = builder.add(_splat(builder, ig, n), _vec_i64([k * int(GOLDEN) for k in range(n)]))
+    z = builder.xor(z, _splat(builder, key, n))
+    for shift, mul in ((30, MIX1), (27, MIX2)):
+        z = builder.mul(builder.xor(z, builder.lshr(z, _vec_i64([shift] * n))), _vec_i64([mul] * n))
+    z = builder.xor(z, builder.lshr(z, _vec_i64([31] * n)))
+    return builder.icmp_unsigned(">=", builder.lshr(z, _vec_i64([40] * n)), _splat(builder, thr, n))
+
+
+def _vptr(context, builder, aryty, ary, d, vt):
+    """A ``<n x T>*`` to element ``d`` of a 1-D array (no bounds check, no wrap-around)."""
+    a = context.make_array(aryty)(context, builder, ary)
+    p = cgutils.get_item_pointer(context, builder, aryty, a, [d], wraparound=False)
+    return builder.bitcast(p, vt.as_pointer())
+
+
+def _widen_bf16(builder, bits, n):
+    """<n x i16> bf16 bits -> <n x float> of the same values (``bits << 16``)."""
+    u = builder.shl(builder.zext(bits, ir.VectorType(_I32, n)), ir.Constant(ir.VectorType(_I32, n), [16] * n))
+    return builder.bitcast(u, ir.VectorType(ir.FloatType(), n))
+
+
+def _round_bf16(builder, y, n):
+    """<n x float> -> <n x i16> bf16 bits: round to nearest even, NaN -> 0x7FC0."""
+    vi = ir.VectorType(_I32, n)
+    u = builder.bitcast(y, vi)
+    lsb = builder.and_(builder.lshr(u, ir.Constant(vi, [16] * n)), ir.Constant(vi, [1] * n))
+    r = builder.lshr(builder.add(builder.add(u, ir.Constant(vi, [0x7FFF] * n)), lsb), ir.Constant(vi, [16] * n))
+    r = builder.trunc(r, ir.VectorType(ir.IntType(16), n))
+    nan = builder.fcmp_unordered("uno", y, y)
+    return builder.select(nan, ir.Constant(r.type, [0x7FC0] * n), r)
+
+
+def _line_codegen(has_pos: bool, drop: bool):
+    def codegen(context, builder, signature, args):
+        oty, wty, pty = signature.args[:3]
+        o, w, pe, scale, key, thr, inv, ig, d = args
+        bf16 = isinstance(wty.dtype, types.Integer)
+        n = lanes_of(wty.dtype)
+        ety = context.get_value_type(wty.dtype)
+        align = wty.dtype.bitwidth // 8
+        vt = ir.VectorType(ety, n)
+        wv = builder.load(_vptr(context, builder, wty, w, d, vt), align=align)
+        y = builder.fmul(_widen_bf16(builder, wv, n) if bf16 else wv, _splat(builder, scale, n))
+        if has_pos:
+            pv = builder.load(_vptr(context, builder, pty, pe, d, vt), align=align)
+            y = builder.fadd(y, _widen_bf16(builder, pv, n) if bf16 else pv)
+        if drop:
+            zero = ir.Constant(y.type, [ir.Constant(y.type.element, 0.0)] * n)
+            y = builder.fmul(y, builder.select(_keep_mask(builder, key, ig, thr, n), _splat(builder, inv, n), zero))
+        builder.store(_round_bf16(builder, y, n) if bf16 else y, _vptr(context, builder, oty, o, d, vt), align=align)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _make_line(has_pos: bool, drop: bool):
+    def typer(typingctx, o, w, pe, scale, key, thr, inv, ig, d):
+        return types.void(o, w, pe, scale, key, thr, inv, ig, d), _line_codegen(has_pos, drop)
+
+    return intrinsic(typer)
+
+
+# o[d : d + lanes] of one output row; ``ig`` is (base + d) * GOLDEN, the lane-0 dropout counter
+# times GOLDEN (uint64, wrapping). Arguments: (o, w, pe, scale, key, thr, inv, ig, d); pe, key,
+# thr, inv and ig are ignored where the name says the line has no positions or no dropout.
+line = _make_line(False, False)
+line_pos = _make_line(True, False)
+line_drop = _make_line(False, True)
+line_pos_drop = _make_line(True, True)
+
+
+@intrinsic
+def lanes(typingctx, row):  # pragma: no cover - compiled
+    """The vector width, in elements, of the line functions for a 1-D row (a compile-time constant)."""
+    n = lanes_of(row.dtype)
+
+    def codegen(context, builder, signature, args):
+        return ir.Constant(_I64, n)
+
+    return types.int64(row), codegen
