@@ -259,6 +259,31 @@ def test_dropout_propagates_nan_and_inf_like_torch(dtype, rng) -> None:
         assert np.isnan(rows).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("D", [16, 37, 64])
+@pytest.mark.parametrize("p", [0.0, 0.5])
+@pytest.mark.parametrize("has_pos", [True, False])
+def test_whole_lines_and_tails_write_the_same_bits_as_the_reference(dtype, D: int, p: float, has_pos: bool,
+                                                                      rng) -> None:
+    """Rows are computed a 64-byte line at a time (512-bit vectors) and their tails element by
+    element: both give the reference's bits on special values (NaN, +-Inf, -0, subnormals, the
+    largest finite), with the dropout mask on every lane."""
+    info = np.finfo(dtype)
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, info.smallest_subnormal, -info.smallest_subnormal,
+                        info.tiny, info.max, -info.max, 1.0, -1.5], dtype)
+    V, L = 9, 4
+    w = rng.standard_normal((V, D)).astype(dtype)
+    w[:3] = rng.choice(special, (3, D))                     # rows of special values, lanes and tail alike
+    pt = rng.choice(special, (L, D)) if has_pos else None
+    ids = rng.integers(0, V, (5, L))
+    kw = dict(scale=float(info.max) if D == 37 else 0.5, pos_table=pt, pos_ids=np.arange(L) if has_pos else None,
+              dropout_p=p, seed=123, dropout_offset=7)
+    with np.errstate(all="ignore"):
+        want = embedding_forward_ref(w, ids, **kw)
+    got = embedding_forward(w, ids, **kw)
+    assert got.tobytes() == want.tobytes()
+
+
 def test_backward_with_huge_ids_uses_a_sort(rng) -> None:
     """A stray huge id does not allocate a V-sized table; results match the reference."""
     ids = np.array([[5, 2**40, 5], [7, 2**40, 3]])
