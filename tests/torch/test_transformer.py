@@ -361,6 +361,26 @@ def test_a_call_under_a_default_device_does_not_poison_the_shared_positions():
     torch.testing.assert_close(emb(ids), inside, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kernels", [True, False])
+def test_shared_tensors_written_through_saved_tensors_do_not_change_later_calls(kernels: bool):
+    """The default positions and the no-dropout seed are shared CPU tensors, and a graph saves them
+    for backward, where ``grad_fn.saved_tensors`` hands them out. Written in place there, they are
+    replaced before the next call reads them, and the written graph's backward refuses to run."""
+    emb = tpt.TransformerEmbedding(50, 16, 32, positional="learned", seed=0)
+    ids = torch.randint(0, 50, (2, 7))
+    with tokenpos.use_kernels(kernels):
+        want = emb(ids).detach().clone()
+        out = emb(ids)
+        small = [t for t in out.grad_fn.saved_tensors if t.dim() <= 1]   # the positions (7,), the seed ()
+        assert [tuple(t.shape) for t in small] == [(7,), ()]
+        for t in small:
+            t.add_(3)                                                      # int64, in place
+        torch.testing.assert_close(emb(ids), want, rtol=0, atol=0)       # positions 0..6, no dropout
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+        emb(ids).sum().backward()                                          # a fresh graph trains
+
+
 def test_importing_under_inference_mode_leaves_training_working():
     """Module-level tensors (the shared no-dropout seed) must not be inference tensors even when
     tokenpos.torch is first imported inside ``torch.inference_mode()``: autograd saves them."""

@@ -48,10 +48,16 @@ def _cpu_arange(start: int, stop: int) -> torch.Tensor:
 
 def default_positions(start: int, length: int, like: torch.Tensor) -> torch.Tensor:
     """``start + arange(length)`` (int64) on ``like``'s device. On the CPU in eager mode, one shared
-    tensor per (start, length): the ops never write their inputs, and nothing hands it to the user,
-    so it is never changed (a ``torch.arange`` per call costs 30-100 us when caches are cold)."""
+    tensor per (start, length) (a ``torch.arange`` per call costs 30-100 us when caches are cold):
+    the ops never write their inputs. A caller can still reach it, through a graph's
+    ``grad_fn.saved_tensors``; if it was written there (its version counter moved), the cache is
+    dropped and rebuilt, so a later call never reads changed positions."""
     if like.is_cpu and not torch.compiler.is_compiling():
-        return _cpu_arange(start, start + length)
+        pos = _cpu_arange(start, start + length)
+        if pos._version:                                # written in place by someone: not ours any more
+            _cpu_arange.cache_clear()
+            pos = _cpu_arange(start, start + length)
+        return pos
     return torch.arange(start, start + length, device=like.device)
 
 

@@ -56,14 +56,24 @@ class _Embedding(torch.autograd.Function):
 _EMBEDDING = _direct_apply(_Embedding)
 
 
-with torch.inference_mode(False):       # a normal tensor (autograd saves it), on the CPU whatever the default device
-    _NO_SEED_CPU = torch.zeros((), dtype=torch.int64, device="cpu")    # read only: every call without dropout
+def _cpu_zero() -> torch.Tensor:
+    with torch.inference_mode(False):   # a normal tensor (autograd saves it), on the CPU whatever the default device
+        return torch.zeros((), dtype=torch.int64, device="cpu")
+
+
+_NO_SEED_CPU = _cpu_zero()              # every CPU call without dropout; the ops never write it
 
 
 def no_seed(like: torch.Tensor) -> torch.Tensor:
-    """The 0-d int64 seed of a call without dropout, on ``like``'s device (never written, so one CPU
-    tensor serves every CPU call)."""
-    return _NO_SEED_CPU if like.is_cpu else torch.zeros((), dtype=torch.int64, device=like.device)
+    """The 0-d int64 seed of a call without dropout, on ``like``'s device. One CPU tensor serves every
+    CPU call; a caller can reach it through a graph's ``grad_fn.saved_tensors``, so if it was written
+    there (its version counter moved) a fresh zero replaces it."""
+    global _NO_SEED_CPU
+    if not like.is_cpu:
+        return torch.zeros((), dtype=torch.int64, device=like.device)
+    if not torch.compiler.is_compiling() and _NO_SEED_CPU._version:    # (a traced graph cannot read versions)
+        _NO_SEED_CPU = _cpu_zero()
+    return _NO_SEED_CPU
 
 
 def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None,
