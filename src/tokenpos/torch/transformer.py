@@ -37,7 +37,7 @@ from tokenpos.torch.ops import embed
 from tokenpos.torch.ops.entry import no_seed
 from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
-from tokenpos.torch.token import TokenEmbedding, checked_ids, token_rows
+from tokenpos.torch.token import TokenEmbedding, _pad, checked_ids, token_rows
 
 
 @functools.lru_cache(maxsize=64)
@@ -279,10 +279,6 @@ class TransformerEmbedding(TokenposModule):
         if self.dropout:
             s += f", dropout={self.dropout}"
         return s
-
-
-def _pad(padding_idx: int | None) -> int:
-    return -1 if padding_idx is None else padding_idx
 
 
 EmbeddingLayer = TransformerEmbedding
