@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenpos.kernels import embedding_forward
+from tokenpos.kernels import embedding_backward, embedding_forward
 from tokenpos.kernels._rng import keep_mask
 from tokenpos.tables.dropout import dropout_keep_mask
 
@@ -20,15 +20,34 @@ def test_keep_mask_matches_tables(seed: int, p: float, offset: int) -> None:
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_forward_mask_is_tables_mask(p: float, dtype: type) -> None:
-    """With a table of ones and no scale, the output is exactly keep / (1 - p)."""
-    weight = np.ones((5, 33), dtype)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, "bf16"])
+@pytest.mark.parametrize("D", [33, 64, 96])
+@pytest.mark.parametrize("offset", [3, 4])
+def test_forward_mask_is_tables_mask(p: float, dtype, D: int, offset: int) -> None:
+    """With a table of ones and no scale, the output is exactly keep / (1 - p): whole 64-byte lines
+    whose first counter is even (one hash per two lanes) or odd (one per lane), and tails."""
+    bf16 = dtype == "bf16"
+    weight = np.full((5, D), 0x3F80, np.uint16) if bf16 else np.ones((5, D), dtype)   # bf16 bits of 1.0
     ids = np.array([[0, 1, 2, 3], [4, 4, 0, 1], [2, 2, 2, 2]])
-    out = embedding_forward(weight, ids, dropout_p=p, seed=99, dropout_offset=3)
-    mask = dropout_keep_mask(99, out.shape, p, offset=3)
+    out = embedding_forward(weight, ids, dropout_p=p, seed=99, dropout_offset=offset, bf16=bf16)
+    mask = dropout_keep_mask(99, out.shape, p, offset=offset)
     assert np.array_equal(out != 0, mask)
-    assert np.all(out[mask] == dtype(1.0 / (1.0 - p)))
+    kept = np.float32(1.0 / (1.0 - p)) if bf16 else dtype(1.0 / (1.0 - p))
+    if bf16:
+        kept = (np.array([kept]).view(np.uint32) + 0x7FFF + ((np.array([kept]).view(np.uint32) >> 16) & 1)) >> 16
+    assert np.all(out[mask] == kept)
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+@pytest.mark.parametrize("D", [1, 33, 64])
+def test_backward_mask_is_tables_mask(offset: int, D: int) -> None:
+    """The backward recomputes the forward's mask (pairs of counters, an odd first one, a tail)."""
+    ids = np.array([[0, 1, 2], [2, 1, 0]])
+    g = np.ones((2, 3, D))
+    uniq, rows, _ = embedding_backward(g, ids, dropout_p=0.3, seed=11, dropout_offset=offset)
+    m = dropout_keep_mask(11, g.shape, 0.3, offset=offset) / 0.7
+    want = np.stack([m[ids == u].sum(axis=0) for u in uniq])
+    np.testing.assert_allclose(rows, want, rtol=1e-12)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])

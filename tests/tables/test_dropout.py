@@ -22,18 +22,33 @@ def _mix(z: int) -> int:
 
 
 def keep_python(seed: int, i: int, p: float) -> bool:
-    """The documented formula with Python integers: keep iff uniform24(hash(seed, i)) >= p."""
+    """The documented formula with Python integers: keep iff uniform24(word i % 2 of hash(seed, i // 2)) >= p."""
     key = _mix(((seed & SEED_MASK) + GOLDEN) & M64)
-    z = _mix(key ^ ((i * GOLDEN) & M64))
-    return (z >> 40) / 2**24 >= p
+    z = _mix(key ^ (((i // 2) * GOLDEN) & M64))
+    word = (z >> (32 * (i % 2))) & 0xFFFFFFFF
+    return (word >> 8) / 2**24 >= p
 
 
 @pytest.mark.parametrize("seed", [0, 1, 12345, SEED_MASK - 1])
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-def test_matches_the_formula(seed, p):
-    mask = dropout_keep_mask(seed, (64,), p, offset=1000)
-    expected = [keep_python(seed, 1000 + i, p) for i in range(64)]
+@pytest.mark.parametrize("offset", [0, 1000, 1001])
+def test_matches_the_formula(seed, p, offset):
+    mask = dropout_keep_mask(seed, (65,), p, offset=offset)
+    expected = [keep_python(seed, offset + i, p) for i in range(65)]
     np.testing.assert_array_equal(mask, expected)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+@pytest.mark.parametrize("odd", [0, 1])
+def test_the_two_counters_of_one_hash_are_independent(p, odd):
+    """Counters 2j and 2j + 1 share one hash (its two words): both are dropped at rate p**2, and
+    a pair's two decisions are uncorrelated, as are the neighbours across pairs (odd = 1)."""
+    n = 400_000
+    m = dropout_keep_mask(9, (n + 1,), p)[odd:odd + n].reshape(-1, 2)
+    both = (~m[:, 0] & ~m[:, 1]).mean()
+    assert abs(both - p * p) < 5 * np.sqrt(p * p * (1 - p * p) / (n // 2))
+    corr = np.corrcoef(m[:, 0], m[:, 1])[0, 1]
+    assert abs(corr) < 5 / np.sqrt(n // 2)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])

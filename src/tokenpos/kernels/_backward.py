@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from tokenpos.kernels._prefetch import prefetch_row, prefetch_row_l2
-from tokenpos.kernels._rng import GOLDEN, keep_bits_mul, key_of
+from tokenpos.kernels._rng import key_of, multiplier_row
 
 
 @njit(cache=True)
@@ -87,6 +87,7 @@ def _segment_sum_core(grad, order, starts, seed, thr, offset, factor, ahead, far
     key = key_of(seed)
     for s in prange(S):
         acc = np.zeros(D, np.float64)
+        m = np.empty(D if thr != 0 else 0, np.float64)    # the row's dropout multiplier (1 or 0)
         for j in range(starts[s], starts[s + 1]):
             if ahead > 0 and j + ahead < M:
                 prefetch_row(grad[order[j + ahead]])
@@ -95,10 +96,9 @@ def _segment_sum_core(grad, order, starts, seed, thr, offset, factor, ahead, far
             n = order[j]
             g = grad[n]
             if thr != 0:                                 # grad * m (a multiply: NaN stays NaN)
-                ig = (offset + np.uint64(n * D)) * GOLDEN
+                multiplier_row(key, thr, 1.0, offset + np.uint64(n * D), m)
                 for d in range(D):
-                    acc[d] += g[d] * (1.0 if keep_bits_mul(key, ig) >= thr else 0.0)
-                    ig += GOLDEN
+                    acc[d] += g[d] * m[d]
             else:
                 for d in range(D):
                     acc[d] += g[d]

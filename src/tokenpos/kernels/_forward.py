@@ -39,7 +39,7 @@ from numba.extending import intrinsic, overload
 
 from tokenpos.kernels._lines import lanes, line, line_drop, line_pos, line_pos_drop
 from tokenpos.kernels._prefetch import prefetch_line
-from tokenpos.kernels._rng import GOLDEN, keep_bits_mul, key_of
+from tokenpos.kernels._rng import keep_bits, key_of
 from tokenpos.kernels._stream import store_fence, stream_row
 
 
@@ -47,11 +47,9 @@ def _tail(w, pe, has_pos, scale, key, thr, inv, base, o, d0):  # pragma: no cove
     """o[d0:] = dropout(w * scale (+ pe)) element by element; ``base`` is element d0's dropout counter."""
     D = o.shape[0]
     zero = inv - inv
-    ig = base * GOLDEN                                  # counter * GOLDEN, carried by addition
     for d in range(d0, D):
         y = w[d] * scale + pe[d] if has_pos else w[d] * scale
-        o[d] = y * (inv if keep_bits_mul(key, ig) >= thr else zero) if thr != 0 else y
-        ig += GOLDEN
+        o[d] = y * (inv if keep_bits(key, base + np.uint64(d - d0)) >= thr else zero) if thr != 0 else y
 
 
 @intrinsic
@@ -89,13 +87,11 @@ def _tail_bf16(w, pe, has_pos, scale, key, thr, inv, base, o, d0):  # pragma: no
     """:func:`_tail` for bf16 bits: widen, compute in float32 (``scale``/``inv`` float32), round once."""
     D = o.shape[0]
     zero = inv - inv
-    ig = base * GOLDEN
     for d in range(d0, D):
         y = _bf16_to_f32(w[d]) * scale
         if has_pos:
             y = y + _bf16_to_f32(pe[d])
-        o[d] = _to_bf16(y * (inv if keep_bits_mul(key, ig) >= thr else zero) if thr != 0 else y)
-        ig += GOLDEN
+        o[d] = _to_bf16(y * (inv if keep_bits(key, base + np.uint64(d - d0)) >= thr else zero) if thr != 0 else y)
 
 
 def tail(w, pe, has_pos, scale, key, thr, inv, base, o, d0):  # pragma: no cover - typing stub
@@ -117,27 +113,23 @@ def row(w, pe, has_pos, scale, key, thr, inv, base, o, nxt):  # pragma: no cover
     D = o.shape[0]
     step = lanes(o)
     d1 = D - D % step
-    ig = base * GOLDEN
-    gstep = np.uint64(step) * GOLDEN
     if has_pos:
         if thr != 0:
             for d in range(0, d1, step):
                 prefetch_line(nxt, d)
-                line_pos_drop(o, w, pe, scale, key, thr, inv, ig, d)
-                ig += gstep
+                line_pos_drop(o, w, pe, scale, key, thr, inv, base + np.uint64(d), d)
         else:
             for d in range(0, d1, step):
                 prefetch_line(nxt, d)
-                line_pos(o, w, pe, scale, key, thr, inv, ig, d)
+                line_pos(o, w, pe, scale, key, thr, inv, base, d)
     elif thr != 0:
         for d in range(0, d1, step):
             prefetch_line(nxt, d)
-            line_drop(o, w, pe, scale, key, thr, inv, ig, d)
-            ig += gstep
+            line_drop(o, w, pe, scale, key, thr, inv, base + np.uint64(d), d)
     else:
         for d in range(0, d1, step):
             prefetch_line(nxt, d)
-            line(o, w, pe, scale, key, thr, inv, ig, d)
+            line(o, w, pe, scale, key, thr, inv, base, d)
     tail(w, pe, has_pos, scale, key, thr, inv, base + np.uint64(d1), o, d1)
 
 

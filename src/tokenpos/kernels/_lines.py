@@ -6,11 +6,12 @@ function here computes the :func:`lanes` elements ``d .. d + lanes - 1`` of one 
 64-byte line of the table row: 16 float32, 8 float64 or 32 bf16 values) with exactly the
 element-by-element formula of :mod:`._forward` (no fused multiply-add, the same order):
 
-    y = w[d] * scale (+ pe[d]);   o[d] = y * (inv if keep(key, (base + d) * GOLDEN) >= thr else 0)
+    y = w[d] * scale (+ pe[d]);   o[d] = y * (inv if bits(key, base + d) >= thr else 0)
 
 bf16 rows (uint16 bits) are widened exactly to float32 and rounded once (round to nearest even,
-NaN -> 0x7FC0), as :func:`._forward._tail_bf16` does. The dropout hash is the splitmix64
-finaliser of :mod:`._rng` on 64-bit lanes, bit for bit. The unit of work is a line so that the
+NaN -> 0x7FC0), as :func:`._forward._tail_bf16` does. The dropout bits are :mod:`._rng`'s, bit for
+bit: the splitmix64 finaliser on 64-bit lanes, one hash per two output lanes (both 32-bit words of
+it) when the line's first counter is even, one per lane otherwise. The unit of work is a line so that the
 caller can prefetch one line of a later row per line it computes (:func:`._forward.row`).
 """
 
@@ -52,14 +53,46 @@ def _vec_i64(values):
     return ir.Constant(ir.VectorType(_I64, len(values)), [ir.Constant(_I64, _s64(v)) for v in values])
 
 
-def _keep_mask(builder, key, ig, thr, n):
-    """<n x i1>: lane k keeps when keep_bits(key, ig + k * GOLDEN) >= thr (all uint64, wrapping)."""
-    z = builder.add(_splat(builder, ig, n), _vec_i64([k * int(GOLDEN) for k in range(n)]))
-    z = builder.xor(z, _splat(builder, key, n))
+def _mix(builder, z, n):
+    """The splitmix64 finaliser of :mod:`._rng` on <n x i64> lanes (wrapping, logical shifts)."""
     for shift, mul in ((30, MIX1), (27, MIX2)):
         z = builder.mul(builder.xor(z, builder.lshr(z, _vec_i64([shift] * n))), _vec_i64([mul] * n))
-    z = builder.xor(z, builder.lshr(z, _vec_i64([31] * n)))
-    return builder.icmp_unsigned(">=", builder.lshr(z, _vec_i64([40] * n)), _splat(builder, thr, n))
+    return builder.xor(z, builder.lshr(z, _vec_i64([31] * n)))
+
+
+def _keep_even(builder, key, c, thr, n):
+    """<n x i1> for counters c .. c + n - 1, ``c`` even: n / 2 hashes, each word of one giving a lane."""
+    h = n // 2
+    jg = builder.mul(builder.lshr(c, ir.Constant(_I64, 1)), ir.Constant(_I64, _s64(GOLDEN)))
+    z = builder.add(_splat(builder, jg, h), _vec_i64([k * int(GOLDEN) for k in range(h)]))
+    z = _mix(builder, builder.xor(z, _splat(builder, key, h)), h)
+    words = builder.bitcast(z, ir.VectorType(_I32, n))    # little-endian: lane 2k the low word of hash k
+    bits = builder.lshr(words, ir.Constant(ir.VectorType(_I32, n), [8] * n))
+    return builder.icmp_unsigned(">=", bits, _splat(builder, builder.trunc(thr, _I32), n))
+
+
+def _keep_any(builder, key, c, thr, n):
+    """<n x i1> for counters c .. c + n - 1, any ``c``: one hash per lane, the lane's word of it."""
+    cv = builder.add(_splat(builder, c, n), _vec_i64(list(range(n))))
+    z = builder.mul(builder.lshr(cv, _vec_i64([1] * n)), _vec_i64([GOLDEN] * n))
+    z = _mix(builder, builder.xor(z, _splat(builder, key, n)), n)
+    shift = builder.add(builder.shl(builder.and_(cv, _vec_i64([1] * n)), _vec_i64([5] * n)), _vec_i64([8] * n))
+    bits = builder.and_(builder.lshr(z, shift), _vec_i64([0xFFFFFF] * n))
+    return builder.icmp_unsigned(">=", bits, _splat(builder, thr, n))
+
+
+def _keep_mask(builder, key, c, thr, n):
+    """<n x i1>: lane k keeps when counter c + k's 24 hash bits are >= thr (:mod:`._rng`'s formula)."""
+    even = builder.icmp_unsigned("==", builder.and_(c, ir.Constant(_I64, 1)), ir.Constant(_I64, 0))
+    with builder.if_else(even, likely=True) as (then, otherwise):
+        with then:
+            m_even, bb_even = _keep_even(builder, key, c, thr, n), builder.block
+        with otherwise:
+            m_any, bb_any = _keep_any(builder, key, c, thr, n), builder.block
+    mask = builder.phi(m_even.type)
+    mask.add_incoming(m_even, bb_even)
+    mask.add_incoming(m_any, bb_any)
+    return mask
 
 
 def _vptr(context, builder, aryty, ary, d, vt):
@@ -89,7 +122,7 @@ def _round_bf16(builder, y, n):
 def _line_codegen(has_pos: bool, drop: bool):
     def codegen(context, builder, signature, args):
         oty, wty, pty = signature.args[:3]
-        o, w, pe, scale, key, thr, inv, ig, d = args
+        o, w, pe, scale, key, thr, inv, c, d = args
         bf16 = isinstance(wty.dtype, types.Integer)
         n = lanes_of(wty.dtype)
         ety = context.get_value_type(wty.dtype)
@@ -102,7 +135,7 @@ def _line_codegen(has_pos: bool, drop: bool):
             y = builder.fadd(y, _widen_bf16(builder, pv, n) if bf16 else pv)
         if drop:
             zero = ir.Constant(y.type, [ir.Constant(y.type.element, 0.0)] * n)
-            y = builder.fmul(y, builder.select(_keep_mask(builder, key, ig, thr, n), _splat(builder, inv, n), zero))
+            y = builder.fmul(y, builder.select(_keep_mask(builder, key, c, thr, n), _splat(builder, inv, n), zero))
         builder.store(_round_bf16(builder, y, n) if bf16 else y, _vptr(context, builder, oty, o, d, vt), align=align)
         return context.get_dummy_value()
 
@@ -110,15 +143,15 @@ def _line_codegen(has_pos: bool, drop: bool):
 
 
 def _make_line(has_pos: bool, drop: bool):
-    def typer(typingctx, o, w, pe, scale, key, thr, inv, ig, d):
-        return types.void(o, w, pe, scale, key, thr, inv, ig, d), _line_codegen(has_pos, drop)
+    def typer(typingctx, o, w, pe, scale, key, thr, inv, c, d):
+        return types.void(o, w, pe, scale, key, thr, inv, c, d), _line_codegen(has_pos, drop)
 
     return intrinsic(typer)
 
 
-# o[d : d + lanes] of one output row; ``ig`` is (base + d) * GOLDEN, the lane-0 dropout counter
-# times GOLDEN (uint64, wrapping). Arguments: (o, w, pe, scale, key, thr, inv, ig, d); pe, key,
-# thr, inv and ig are ignored where the name says the line has no positions or no dropout.
+# o[d : d + lanes] of one output row; ``c`` is base + d, the lane-0 dropout counter (uint64).
+# Arguments: (o, w, pe, scale, key, thr, inv, c, d); pe, key, thr, inv and c are ignored where the
+# name says the line has no positions or no dropout.
 line = _make_line(False, False)
 line_pos = _make_line(True, False)
 line_drop = _make_line(False, True)

@@ -2,8 +2,9 @@
 
 Bit-identical to the NumPy formula (the tests compare every bit):
 
-    z    = splitmix64(seed_key ^ (offset + i) * GOLDEN)     (uint64 arithmetic, wrapping)
-    keep = (z >> 40) >= ceil(p * 2**24)
+    c    = offset + i
+    z    = splitmix64(seed_key ^ (c >> 1) * GOLDEN)         (uint64 arithmetic, wrapping)
+    keep = ((z >> (32 * (c & 1) + 8)) & 0xFFFFFF) >= ceil(p * 2**24)
 
 The threshold is computed once per call in Python (by the tables function); each core derives the
 key from the seed once (:func:`key_of`) and evaluates :func:`keep_bits` per element. Every operand
@@ -20,6 +21,10 @@ from tokenpos.tables.dropout import GOLDEN, MIX1, MIX2, SEED_MASK, dropout_thres
 _S30 = np.uint64(30)
 _S27 = np.uint64(27)
 _S31 = np.uint64(31)
+_S1 = np.uint64(1)
+_S8 = np.uint64(8)
+_S5 = np.uint64(5)
+_M24 = np.uint64(0xFFFFFF)
 _S40 = np.uint64(40)
 
 
@@ -39,15 +44,28 @@ def key_of(seed):  # pragma: no cover - compiled
 
 @njit(inline="always", cache=True)
 def keep_bits(key, idx):  # pragma: no cover - compiled
-    """The 24 high bits of the hash of flat element counter ``idx`` (both uint64)."""
-    return mix64(key ^ (idx * GOLDEN)) >> _S40
+    """The 24 hash bits of counter ``idx`` (both uint64): a word of the hash of the pair ``idx >> 1``."""
+    return (mix64(key ^ ((idx >> _S1) * GOLDEN)) >> (((idx & _S1) << _S5) + _S8)) & _M24
 
 
 @njit(inline="always", cache=True)
-def keep_bits_mul(key, idx_golden):  # pragma: no cover - compiled
-    """:func:`keep_bits` given ``idx * GOLDEN`` (wrapping) already: a loop over consecutive counters
-    can carry that product by adding GOLDEN, which saves one 64-bit multiply per element."""
-    return mix64(key ^ idx_golden) >> _S40
+def multiplier_row(key, thr, inv, c0, m):  # pragma: no cover - compiled
+    """m[d] = inv if counter ``c0 + d`` keeps else 0 (``m`` 1-D float): one hash per pair of counters."""
+    n = m.shape[0]
+    zero = inv - inv
+    d = 0
+    if n and c0 & _S1:                                  # an odd first counter: the high word of its pair
+        m[0] = inv if keep_bits(key, c0) >= thr else zero
+        d = 1
+    jg = ((c0 + np.uint64(d)) >> _S1) * GOLDEN          # the pair's index * GOLDEN, carried by addition
+    while d + 1 < n:
+        z = mix64(key ^ jg)
+        m[d] = inv if ((z >> _S8) & _M24) >= thr else zero
+        m[d + 1] = inv if (z >> _S40) >= thr else zero
+        jg += GOLDEN
+        d += 2
+    if d < n:
+        m[d] = inv if keep_bits(key, c0 + np.uint64(d)) >= thr else zero
 
 
 @njit(parallel=False, cache=True)

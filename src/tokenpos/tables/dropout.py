@@ -4,9 +4,16 @@ This makes dropout reproducible from a seed, lets backward recompute the mask in
 it, and lets a parallel kernel compute any element independently. The NumPy reference below and
 the numba kernels share this exact formula.
 
-    z    = splitmix64(seed_key ^ (offset + i) * GOLDEN)     (uint64 arithmetic, wrapping)
-    u_i  = (z >> 40) / 2**24                                (uniform on [0, 1), 24 bits)
+    c    = offset + i                                       (the element's counter)
+    z    = splitmix64(seed_key ^ (c >> 1) * GOLDEN)         (uint64 arithmetic, wrapping)
+    u_i  = ((z >> (32 * (c & 1) + 8)) & 0xFFFFFF) / 2**24   (uniform on [0, 1), 24 bits)
     keep = u_i >= p
+
+One hash serves two neighbouring counters: counter ``2j`` takes the top 24 bits of the low 32-bit
+word of hash ``j``, counter ``2j + 1`` those of the high word. splitmix64's output bits are
+independent to the tests of BigCrush, so the two halves are two independent uniforms; sharing
+halves the hash's cost (two 64-bit multiplies per two elements), which was most of the fused
+forward's arithmetic (measured: BENCHMARKS.md).
 
 Dropout itself is a multiply, everywhere (NumPy, torch, the numba kernels):
 
@@ -42,17 +49,25 @@ def seed_key(seed: int) -> np.uint64:
 
 
 def dropout_threshold(p: float) -> int:
-    """Integer threshold t such that keep iff (z >> 40) >= t, i.e. u >= p on the 24-bit grid."""
+    """Integer threshold t such that keep iff the element's 24 hash bits are >= t, i.e. u >= p on the
+    24-bit grid."""
     return math.ceil(p * (1 << 24))                 # exact: p * 2**24 only shifts the exponent
+
+
+def keep_bits(seed: int, offset: int, n: int) -> np.ndarray:
+    """(n,) uint64: the 24 hash bits of counters ``offset .. offset + n - 1`` (the formula above)."""
+    first, last = offset >> 1, (offset + n + 1) >> 1          # the hashes (counter pairs) covering them
+    j = np.arange(first, max(first, last), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = _mix(seed_key(seed) ^ (j * GOLDEN))
+    words = np.stack([z & np.uint64(0xFFFFFFFF), z >> np.uint64(32)], axis=-1).reshape(-1)   # counter order
+    return words[offset & 1: (offset & 1) + n] >> np.uint64(8)
 
 
 def dropout_keep_mask(seed: int, shape: tuple[int, ...], p: float, offset: int = 0) -> np.ndarray:
     """Boolean keep mask of ``shape``; element with C-order flat index i uses counter offset + i."""
     n = int(np.prod(shape, dtype=np.int64))
-    idx = np.arange(offset, offset + n, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        z = _mix(seed_key(seed) ^ (idx * GOLDEN))
-    return ((z >> np.uint64(40)) >= np.uint64(dropout_threshold(p))).reshape(shape)
+    return (keep_bits(seed, offset, n) >= np.uint64(dropout_threshold(p))).reshape(shape)
 
 
 def draw_seed(rng: np.random.Generator) -> int:

@@ -5,8 +5,9 @@ complement, and a logical right shift is an arithmetic shift followed by a mask.
 plain tensor op, so it also runs on GPUs and under ``torch.compile``; the seed may be a Python int
 or a 0-dim int64 tensor (drawn inside a compiled graph).
 
-    z    = splitmix64(seed_key ^ (offset + i) * GOLDEN)
-    keep = (z >>> 40) >= ceil(p * 2**24)
+    c    = offset + i
+    z    = splitmix64(seed_key ^ (c >> 1) * GOLDEN)          (one hash per pair of counters)
+    keep = ((z >>> (32 * (c & 1) + 8)) & 0xFFFFFF) >= ceil(p * 2**24)
     out  = x * m,   m = 1 / (1 - p) if keep else 0        (a multiply: NaN stays NaN)
 
 Shapes: any ``shape``; the element with C-order flat index i uses counter ``offset + i``.
@@ -54,11 +55,13 @@ def dropout_keep_mask_torch(seed: Any, shape: tuple[int, ...], p: float, offset:
     for s in shape:
         n *= int(s)
     key = seed_key_torch(seed, device)
+    first, odd = offset >> 1, offset & 1                 # the pairs of counters offset .. offset + n - 1
     # ``+ (key & 0)`` makes the counter data-dependent: inductor (torch 2.13, CPU) otherwise folds
     # ``arange * GOLDEN`` into an index expression that overflows and corrupts the heap.
-    idx = torch.arange(offset, offset + n, dtype=torch.int64, device=device) + (key & 0)
-    z = _mix(key ^ (idx * _GOLDEN))
-    return (_shr(z, 40) >= dropout_threshold(p)).reshape(shape)
+    j = torch.arange(first, first + (n + odd + 1) // 2, dtype=torch.int64, device=device) + (key & 0)
+    z = _mix(key ^ (j * _GOLDEN))
+    words = torch.stack([z & 0xFFFFFFFF, _shr(z, 32)], dim=-1).reshape(-1)[odd:odd + n]   # counter order
+    return ((words >> 8) >= dropout_threshold(p)).reshape(shape)
 
 
 def dropout_multiplier_torch(seed: Any, shape: tuple[int, ...], p: float, offset: int = 0,

@@ -3,8 +3,9 @@
 It is :mod:`tokenpos.tables.dropout` restated on uint64 lanes (wrapping arithmetic, logical shifts):
 
     key  = splitmix64((seed & (2**63 - 1)) + GOLDEN)          (per call, from the 0-d seed tensor)
-    z    = splitmix64(key ^ (flat_index * GOLDEN))             flat_index = offset + n * D + d
-    keep = (z >> 40) >= ceil(p * 2**24)
+    c    = flat_index = offset + n * D + d
+    z    = splitmix64(key ^ ((c >> 1) * GOLDEN))               (one hash per pair of counters)
+    keep = ((z >> (32 * (c & 1) + 8)) & 0xFFFFFF) >= ceil(p * 2**24)
     m    = 1 / (1 - p) if keep else 0.0                        (fp32; the caller multiplies: x * m)
 
 The seed is read from device memory (a 0-d int64 tensor), so a launch never syncs with the host and a
@@ -44,8 +45,9 @@ def dropout_key(seed_ptr):
 @triton.jit
 def dropout_multiplier(key, flat_index, threshold, inv_keep):
     """fp32 multiplier m (same shape as ``flat_index``, any integer dtype): ``inv_keep`` if kept else 0."""
-    z = splitmix64(key ^ (flat_index.to(tl.uint64) * 0x9E3779B97F4A7C15))
-    keep = (z >> 40) >= threshold
+    c = flat_index.to(tl.uint64)
+    z = splitmix64(key ^ ((c >> 1) * 0x9E3779B97F4A7C15))
+    keep = ((z >> (((c & 1) << 5) + 8)) & 0xFFFFFF) >= threshold
     return tl.where(keep, inv_keep, 0.0).to(tl.float32)
 
 
