@@ -95,6 +95,34 @@ def _keep_mask(builder, key, c, thr, n):
     return mask
 
 
+def _keep_halves(builder, key, c, thr, h):
+    """(even, odd) <h x i1> masks of counters c + 2k and c + 2k + 1 (k < h): for ``c`` even the two
+    words of hash k, no shuffle; else :func:`_keep_any`'s lanes, split."""
+    even = builder.icmp_unsigned("==", builder.and_(c, ir.Constant(_I64, 1)), ir.Constant(_I64, 0))
+    with builder.if_else(even, likely=True) as (then, otherwise):
+        with then:
+            jg = builder.mul(builder.lshr(c, ir.Constant(_I64, 1)), ir.Constant(_I64, _s64(GOLDEN)))
+            z = builder.add(_splat(builder, jg, h), _vec_i64([k * int(GOLDEN) for k in range(h)]))
+            z = _mix(builder, builder.xor(z, _splat(builder, key, h)), h)
+            t = _splat(builder, thr, h)
+            lo = builder.lshr(builder.and_(z, _vec_i64([0xFFFFFFFF] * h)), _vec_i64([8] * h))
+            e1 = builder.icmp_unsigned(">=", lo, t)
+            o1 = builder.icmp_unsigned(">=", builder.lshr(z, _vec_i64([40] * h)), t)
+            bb1 = builder.block
+        with otherwise:
+            m = _keep_any(builder, key, c, thr, 2 * h)
+            e2 = builder.shuffle_vector(m, m, ir.Constant(ir.VectorType(_I32, h), [2 * k for k in range(h)]))
+            o2 = builder.shuffle_vector(m, m, ir.Constant(ir.VectorType(_I32, h), [2 * k + 1 for k in range(h)]))
+            bb2 = builder.block
+    out = []
+    for a, b in ((e1, e2), (o1, o2)):
+        phi = builder.phi(a.type)
+        phi.add_incoming(a, bb1)
+        phi.add_incoming(b, bb2)
+        out.append(phi)
+    return out[0], out[1]
+
+
 def _vptr(context, builder, aryty, ary, d, vt):
     """A ``<n x T>*`` to element ``d`` of a 1-D array (no bounds check, no wrap-around)."""
     a = context.make_array(aryty)(context, builder, ary)
@@ -102,41 +130,65 @@ def _vptr(context, builder, aryty, ary, d, vt):
     return builder.bitcast(p, vt.as_pointer())
 
 
-def _widen_bf16(builder, bits, n):
-    """<n x i16> bf16 bits -> <n x float> of the same values (``bits << 16``)."""
-    u = builder.shl(builder.zext(bits, ir.VectorType(_I32, n)), ir.Constant(ir.VectorType(_I32, n), [16] * n))
-    return builder.bitcast(u, ir.VectorType(ir.FloatType(), n))
-
-
-def _round_bf16(builder, y, n):
-    """<n x float> -> <n x i16> bf16 bits: round to nearest even, NaN -> 0x7FC0."""
-    vi = ir.VectorType(_I32, n)
+def _round_bf16_word(builder, y, h, high):
+    """<h x float> -> <h x i32> holding its bf16 bits (round to nearest even, NaN -> 0x7FC0) in the
+    word's high half (``high``) or low half, the other half zero."""
+    vi = ir.VectorType(_I32, h)
     u = builder.bitcast(y, vi)
-    lsb = builder.and_(builder.lshr(u, ir.Constant(vi, [16] * n)), ir.Constant(vi, [1] * n))
-    r = builder.lshr(builder.add(builder.add(u, ir.Constant(vi, [0x7FFF] * n)), lsb), ir.Constant(vi, [16] * n))
-    r = builder.trunc(r, ir.VectorType(ir.IntType(16), n))
+    lsb = builder.and_(builder.lshr(u, ir.Constant(vi, [16] * h)), ir.Constant(vi, [1] * h))
+    r = builder.add(builder.add(u, ir.Constant(vi, [0x7FFF] * h)), lsb)
+    r = builder.and_(r, ir.Constant(vi, [0xFFFF0000] * h)) if high else builder.lshr(r, ir.Constant(vi, [16] * h))
     nan = builder.fcmp_unordered("uno", y, y)
-    return builder.select(nan, ir.Constant(r.type, [0x7FC0] * n), r)
+    return builder.select(nan, ir.Constant(vi, [0x7FC00000 if high else 0x7FC0] * h), r)
+
+
+def _line_bf16(context, builder, signature, args, has_pos, drop):
+    """A line of 32 bf16 values as 16 32-bit words: the low halves (even elements) widen by ``<< 16``,
+    the high halves (odd elements) by masking the low half off; both are computed in float32 and
+    rounded back into their halves. No lane crosses a word, so nothing is shuffled (little-endian)."""
+    oty, wty, pty = signature.args[:3]
+    o, w, pe, scale, key, thr, inv, c, d = args
+    h = LINE // 4
+    vi, vf = ir.VectorType(_I32, h), ir.VectorType(ir.FloatType(), h)
+
+    def halves(ary_ty, ary):
+        v = builder.load(_vptr(context, builder, ary_ty, ary, d, vi), align=2)
+        ev = builder.bitcast(builder.shl(v, ir.Constant(vi, [16] * h)), vf)
+        od = builder.bitcast(builder.and_(v, ir.Constant(vi, [0xFFFF0000] * h)), vf)
+        return ev, od
+
+    s = _splat(builder, scale, h)
+    ye, yo = (builder.fmul(x, s) for x in halves(wty, w))
+    if has_pos:
+        pe_e, pe_o = halves(pty, pe)
+        ye, yo = builder.fadd(ye, pe_e), builder.fadd(yo, pe_o)
+    if drop:
+        me, mo = _keep_halves(builder, key, c, thr, h)
+        iv, zero = _splat(builder, inv, h), ir.Constant(vf, [ir.Constant(ir.FloatType(), 0.0)] * h)
+        ye, yo = builder.fmul(ye, builder.select(me, iv, zero)), builder.fmul(yo, builder.select(mo, iv, zero))
+    word = builder.or_(_round_bf16_word(builder, ye, h, False), _round_bf16_word(builder, yo, h, True))
+    builder.store(word, _vptr(context, builder, oty, o, d, vi), align=2)
+    return context.get_dummy_value()
 
 
 def _line_codegen(has_pos: bool, drop: bool):
     def codegen(context, builder, signature, args):
         oty, wty, pty = signature.args[:3]
+        if isinstance(wty.dtype, types.Integer):
+            return _line_bf16(context, builder, signature, args, has_pos, drop)
         o, w, pe, scale, key, thr, inv, c, d = args
-        bf16 = isinstance(wty.dtype, types.Integer)
         n = lanes_of(wty.dtype)
         ety = context.get_value_type(wty.dtype)
         align = wty.dtype.bitwidth // 8
         vt = ir.VectorType(ety, n)
         wv = builder.load(_vptr(context, builder, wty, w, d, vt), align=align)
-        y = builder.fmul(_widen_bf16(builder, wv, n) if bf16 else wv, _splat(builder, scale, n))
+        y = builder.fmul(wv, _splat(builder, scale, n))
         if has_pos:
-            pv = builder.load(_vptr(context, builder, pty, pe, d, vt), align=align)
-            y = builder.fadd(y, _widen_bf16(builder, pv, n) if bf16 else pv)
+            y = builder.fadd(y, builder.load(_vptr(context, builder, pty, pe, d, vt), align=align))
         if drop:
             zero = ir.Constant(y.type, [ir.Constant(y.type.element, 0.0)] * n)
             y = builder.fmul(y, builder.select(_keep_mask(builder, key, c, thr, n), _splat(builder, inv, n), zero))
-        builder.store(_round_bf16(builder, y, n) if bf16 else y, _vptr(context, builder, oty, o, d, vt), align=align)
+        builder.store(y, _vptr(context, builder, oty, o, d, vt), align=align)
         return context.get_dummy_value()
 
     return codegen
