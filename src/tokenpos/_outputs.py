@@ -2,13 +2,17 @@
 
 A fresh large output can be memory new to the process: its first write page-faults on every page
 and the OS zeroes each one, which costs about as much as the embedding kernel itself (measured in
-BENCHMARKS.md: ``torch.empty`` faults on every call, 6144 faults for 25 MB). Below
-:data:`MIN_BYTES` the kernels take ``np.empty``: glibc's ``malloc`` keeps a freed block of up to
-32 MiB in its heap once one block that large has been freed (its dynamic mmap threshold), so the
-next output of that size reuses it without a fault (measured: 0 faults per 25 MB output after the
-second call), and a ``malloc`` costs a fraction of this cache's bookkeeping (about 30 us against
-80 us with cold caches). From :data:`MIN_BYTES` up, and on every other C library from 1 MiB up,
-:class:`OutputCache` hands out blocks that earlier outputs have released instead.
+BENCHMARKS.md: ``torch.empty`` faults on every call, 6144 faults for 25 MB). From
+:data:`MIN_BYTES` (1 MiB) up, :class:`OutputCache` hands out blocks that earlier outputs have
+released instead; smaller outputs take ``np.empty``.
+
+``malloc`` alone is not enough. glibc keeps a freed block of up to 32 MiB in its heap, so an output
+released and asked for again in a quiet process comes back without faults; but when other code in
+the process (torch's own ops, between the layers of any model) frees blocks of a similar size,
+glibc trims the top of its heap and the next output faults again: measured, a bf16 embedding
+output of 12.5 MB took 485 faults per call beside torch eager ops, and 0 from this cache
+(BENCHMARKS.md, 2026-11-23). The cache's bookkeeping costs more than a ``malloc`` with cold caches
+(about 80 us against 30 us), which the faults it saves outweigh.
 
 When a block is free again is never guessed (no reference counts are read). Each output array is
 made through a small owner object (:class:`_Owner`, via ``__array_interface__``): the array, every
@@ -22,7 +26,7 @@ callback return the block to the cache; until then no one else can be handed its
 - bounded: at most ``max_bytes`` of free blocks are kept (0 turns the cache off); to make room, the
   blocks of the size released longest ago go first, so a workload whose shapes change does not
   fill the cache with sizes it no longer asks for; blocks under ``min_bytes`` (default
-  :data:`MIN_BYTES`) are not cached, since ``malloc`` reuses them without faults.
+  :data:`MIN_BYTES`) are not cached: they are a few hundred pages at most.
 
 The one instance lives in :mod:`tokenpos._config` (``set_output_cache``), with the other
 process-wide state.
@@ -41,17 +45,8 @@ import numpy as np
 
 _Block = tuple[np.ndarray, int]   # (uint8 memory, its address)
 
-
-def _glibc() -> bool:
-    try:
-        return os.confstr("CS_GNU_LIBC_VERSION") is not None
-    except (ValueError, OSError, AttributeError):     # no such name here: not glibc
-        return False
-
-
-GLIBC_REUSE_BYTES = 32 << 20  # glibc (64-bit) keeps freed blocks up to this size in its heap
-MIN_BYTES = GLIBC_REUSE_BYTES if _glibc() else 1 << 20   # smaller outputs: np.empty (malloc reuses them)
-ALIGN = 64                    # every block starts on a cache line
+MIN_BYTES = 1 << 20               # smaller outputs: np.empty
+ALIGN = 64                        # every block starts on a cache line
 
 
 class _Owner:

@@ -62,8 +62,8 @@ def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor,
     (bf16: the 16-bit patterns), so the kernel writes into the tensor without another conversion.
 
     The memory comes from :data:`tokenpos._config.OUTPUTS`: a released block for a large output (no
-    page faults), ``np.empty`` (``malloc``, which reuses freed blocks) under its ``min_bytes`` or
-    when the cache is off; never ``torch.empty``, whose large blocks fault on every call. The
+    page faults), ``np.empty`` under its ``min_bytes`` or when the cache is off; never
+    ``torch.empty``, whose large blocks fault on every call. The
     storage cannot be resized in place, as for any tensor whose memory NumPy also sees.
     ``dtype``: float32, float64 or bfloat16 (the numba paths).
     """
