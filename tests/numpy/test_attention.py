@@ -169,6 +169,50 @@ def test_bad_inputs() -> None:
     np.testing.assert_allclose(out, scaled_dot_product_attention(q[:, :, :1], k, v, positional=rope), rtol=1e-12)
 
 
+@pytest.mark.parametrize("temperature", [None, (2, 0.7)], ids=["plain", "llama4-temperature"])
+@pytest.mark.parametrize("name", ["none", "rope", "alibi", "t5"])
+def test_positions_take_start_pos_none_or_zero_only(name: str, temperature) -> None:
+    """Given positions are used as they are: with them start_pos may be None (the default) or 0, also
+    with a KV cache (Lq < Lk, key_positions); another start_pos would be ignored, so it is a
+    ConfigError whatever the scheme (and for the Llama 4 temperature, which reads the positions)."""
+    layer = schemes()[name]()
+    q, k, v = data(2, 6, seed=7)
+    kw = {"positional": layer, "attn_temperature": temperature}
+    default = scaled_dot_product_attention(q, k, v, **kw)                       # queries at 4, 5 of 6 keys
+    given = {"positions": np.array([4, 5]), "key_positions": np.arange(6)}
+    for start in ({}, {"start_pos": None}, {"start_pos": 0}, {"start_pos": np.int64(0)}):
+        np.testing.assert_allclose(scaled_dot_product_attention(q, k, v, **kw, **given, **start), default,
+                                   **TOL["forward.float64"])
+    for bad in (4, 1, -1):
+        with pytest.raises(ConfigError, match=rf"^start_pos={bad} given with positions: positions are used as given, "
+                                              r"so start_pos would be ignored; expected start_pos=None or 0"):
+            scaled_dot_product_attention_forward(q, k, v, **kw, **given, start_pos=bad)
+
+
+def test_positions_with_a_pre_rotated_key_cache_take_no_start_pos() -> None:
+    """rotate_keys=False rotates q alone at the given positions (the layer gets start 0 from attention)."""
+    rope = RotaryEmbedding(DH)
+    q, k, v = data(5, 5, seed=5)
+    k_rot = rope.rotate(k)
+    by_start = scaled_dot_product_attention(q[:, :, 3:], k_rot, v, positional=rope, start_pos=3, rotate_keys=False)
+    by_pos = scaled_dot_product_attention(q[:, :, 3:], k_rot, v, positional=rope, positions=np.array([3, 4]),
+                                          rotate_keys=False)
+    np.testing.assert_allclose(by_pos, by_start, **TOL["forward.float64"])
+    with pytest.raises(ConfigError, match="start_pos=3 given with positions"):
+        scaled_dot_product_attention(q[:, :, 3:], k_rot, v, positional=rope, positions=np.array([3, 4]), start_pos=3,
+                                     rotate_keys=False)
+
+
+def test_query_temperature_refuses_start_pos_with_positions() -> None:
+    from tokenpos.tables.llama4 import query_temperature
+
+    want = query_temperature((2, 0.7), None, None, 2, 6)                         # queries at 4, 5
+    for start in (None, 0):
+        np.testing.assert_array_equal(query_temperature((2, 0.7), np.array([4, 5]), start, 2, 6), want)
+    with pytest.raises(ConfigError, match="start_pos=4 given with positions"):
+        query_temperature((2, 0.7), np.array([4, 5]), 4, 2, 6)
+
+
 def test_t5_bias_trains_end_to_end() -> None:
     """A few SGD steps through attention move the T5 weights and lower the loss (no hidden state)."""
     t5 = T5RelativePositionBias(H, num_buckets=8, max_distance=6, dtype=np.float64, seed=0)

@@ -159,6 +159,26 @@ def test_explicit_positions():
         layer(IDS, np.array([0, 1, 2]))
 
 
+@pytest.mark.parametrize("positional, kw", [("learned", {}), ("sinusoidal", {}), ("rope", {"num_heads": 2}),
+                                           ("learned", {"position_ids": "padding", "padding_idx": 1})],
+                         ids=["learned", "sinusoidal", "rope", "roberta"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("pos", [np.array([5, 0, 0, 2]), np.array([[5, 0, 0, 2], [1, 1, 4, 3]])], ids=["L", "BL"])
+def test_start_pos_with_positions_is_refused_and_changes_nothing(kernel_mode, positional, kw, dropout, pos):
+    """Given positions are used as they are: a nonzero start_pos would be ignored, so it is a
+    ConfigError, raised before the dropout seed is drawn or a backward cache is kept; start_pos=0
+    (any integer type) is the call without it."""
+    layer = make(positional, dropout=dropout, **kw)                          # training mode: dropout active
+    with pytest.raises(tpn.ConfigError) as err:
+        layer(IDS, pos, start_pos=3)
+    assert "start_pos=3 given with positions" in str(err.value)
+    assert layer._cache is None                                              # nothing kept for backward
+    first = make(positional, dropout=dropout, **kw)(IDS, pos)
+    np.testing.assert_array_equal(layer(IDS, pos), first)                   # the generator did not move
+    for zero in (0, np.int64(0)):
+        np.testing.assert_array_equal(make(positional, dropout=dropout, **kw)(IDS, pos, start_pos=zero), first)
+
+
 def test_roberta_padding_positions():
     layer = make("learned", padding_idx=1, position_ids="padding")
     ids = np.array([[0, 4, 5, 1, 1], [0, 6, 1, 1, 1]])   # real tokens start at padding_idx + 1

@@ -46,12 +46,13 @@ def _rng_state(backend: str, layer):
     pytest.param({"start_pos": 6}, id="positions past the table"),
     pytest.param({"positions": [0, 1, 99]}, id="given positions past the table"),
     pytest.param({"start_pos": -1}, id="negative start_pos"),
+    pytest.param({"positions": [0, 1, 2], "start_pos": 3}, id="start_pos with positions"),
 ])
 def test_a_bad_id_is_reported_before_a_bad_position(backend, kernels, call):
     layer = _layer(backend).eval()
     ids = _ids(backend, [[1, -1, 3]])
     if "positions" in call:
-        call = {"positions": _ids(backend, call["positions"])}
+        call = {**call, "positions": _ids(backend, call["positions"])}
     with tokenpos.use_kernels(kernels), pytest.raises(TokenIdError, match="token id -1 at index"):
         layer(ids, **call)
 

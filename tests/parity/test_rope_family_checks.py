@@ -46,3 +46,68 @@ def test_rope2d_bad_positions_same_message():
             layer.apply(x, x, np.zeros((4, 2), dtype=np.int64))
         messages.append(str(err.value))
     assert messages[0] == messages[1] == "positions must have shape (3, 2) or (2, 3, 2), got (4, 2)"
+
+
+# -- start_pos with positions: refused alike by every RoPE family of both backends ----------------
+
+_RNG = np.random.default_rng(5)
+_Q, _K_LONG = _RNG.standard_normal((2, 2, 5, 8)), _RNG.standard_normal((2, 2, 7, 8))
+START_POS_CASES = {   # name: (layer class name, kwargs, positions of the 5 queries, whether start_pos=None is accepted)
+    "rope": ("RotaryEmbedding", {"max_seq_len": 16}, np.array([3, 0, 7, 7, 1]), False),
+    "rope-BL": ("RotaryEmbedding", {"max_seq_len": 16}, _RNG.integers(0, 20, (2, 5)), False),
+    "mrope": ("MRotaryEmbedding", {"mrope_section": [2, 1, 1]}, _RNG.integers(0, 20, (3, 2, 5)), False),
+    "xpos": ("XPosRotaryEmbedding", {"scale_base": 16.0}, np.array([0, 3, 4, 9, 12]), False),
+    "rope2d": ("RotaryEmbedding2D", {}, _RNG.integers(0, 6, (5, 2)), True),
+}
+START_POS_METHODS = {   # method: the layers that have it (xPos's torch rotate always refuses, for another reason)
+    "apply": tuple(START_POS_CASES),
+    "apply-kv": ("rope", "rope-BL", "mrope"),          # keys at their own positions (a KV cache)
+    "apply_forward": tuple(START_POS_CASES),           # NumPy only
+    "rotate": ("rope", "rope-BL", "mrope", "rope2d"),  # torch: all four; NumPy: RoPE
+}
+
+
+def _start_pos_layers(name: str) -> list[tuple[object, object]]:
+    import tokenpos.numpy as tpn
+    import tokenpos.torch as tpt
+
+    cls, kw, _, _ = START_POS_CASES[name]
+    return [(getattr(tpn, cls)(8, **kw), np.asarray), (getattr(tpt, cls)(8, **kw), torch.from_numpy)]   # NumPy, torch
+
+
+def _start_pos_call(layer, method: str, name: str, conv):
+    pos, q = conv(START_POS_CASES[name][2]), conv(_Q)
+    if method == "apply":
+        return lambda **kw: layer.apply(q, q * 0.5, pos, **kw)
+    if method == "apply-kv":
+        return lambda **kw: layer.apply(q, conv(_K_LONG), pos, key_positions=conv(np.arange(7)), **kw)
+    if method == "apply_forward":
+        return lambda **kw: layer.apply_forward(q, q * 0.5, pos, **kw)[:2]
+    return lambda **kw: layer.rotate(q, pos, **kw)
+
+
+@pytest.mark.parametrize("name, method", [(n, m) for m, names in START_POS_METHODS.items() for n in names])
+def test_start_pos_with_positions_is_refused_alike_and_changes_nothing(name: str, method: str) -> None:
+    """Given positions are used as they are, so a nonzero start_pos would be ignored: a ConfigError with
+    the same text in both backends, raised before a layer keeps anything for backward; start_pos=0 (and
+    None for 2-D RoPE, whose default it is) gives the call without it."""
+    none_ok, messages = START_POS_CASES[name][3], []
+    for layer, conv in _start_pos_layers(name):
+        if not hasattr(layer, method.split("-")[0]):                     # e.g. apply_forward is NumPy's
+            continue
+        call = _start_pos_call(layer, method, name, conv)
+        default = call()
+        last = getattr(layer, "_last", None)                            # NumPy: the backward cache of apply
+        with pytest.raises(ConfigError) as err:
+            call(start_pos=3)
+        messages.append(str(err.value))
+        assert getattr(layer, "_last", None) is last
+        for zero in (0, np.int64(0)) + ((None,) if none_ok else ()):
+            got = call(start_pos=zero)
+            for a, b in zip(got if isinstance(got, tuple) else (got,), default if isinstance(default, tuple)
+                            else (default,), strict=True):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    expected = "start_pos=None or 0" if none_ok else "start_pos=0"
+    assert messages and set(messages) == {f"start_pos=3 given with positions: positions are used as given, so "
+                                          f"start_pos would be ignored; expected {expected} (add the offset to "
+                                          f"positions instead)"}

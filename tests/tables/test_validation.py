@@ -192,6 +192,27 @@ def test_start_pos_whose_positions_overflow_int64_is_a_position_error():
         v.check_start_pos(-1, 3)
 
 
+@pytest.mark.parametrize("none_ok", [False, True])
+@pytest.mark.parametrize("start_pos", [0, np.int64(0), np.uint8(0), None, 3, np.int64(3), -1, True, False, 1.5, "3"])
+def test_start_pos_with_positions_must_be_zero(start_pos, none_ok):
+    """Positions given: start_pos 0 (any integer type; None where it is the default) passes, anything
+    else is a ConfigError naming the value and what was expected. Without positions nothing is checked
+    here (check_start_pos does that where the default positions are built)."""
+    v.check_start_pos_with_positions(start_pos, None, none_ok=none_ok)
+    ok = (start_pos is None and none_ok) or (
+        start_pos is not None and not isinstance(start_pos, (bool, float, str)) and int(start_pos) == 0)
+    if ok:
+        assert v.check_start_pos_with_positions(start_pos, np.arange(3), none_ok=none_ok) is None
+        return
+    got = repr(start_pos) if isinstance(start_pos, (bool, float, str)) or start_pos is None else int(start_pos)
+    expected = "start_pos=None or 0" if none_ok else "start_pos=0"
+    message = (f"start_pos={got} given with positions: positions are used as given, so start_pos would be "
+               f"ignored; expected {expected} (add the offset to positions instead)")
+    with pytest.raises(ConfigError) as err:
+        v.check_start_pos_with_positions(start_pos, np.arange(3), none_ok=none_ok)
+    assert str(err.value) == message
+
+
 @given(st.sampled_from([np.int8, np.int32, np.int64, np.uint16, np.uint64]), st.data())
 @settings(max_examples=60, deadline=None)
 def test_check_token_ids_values_false_leaves_only_int64_values_to_the_caller(dtype: type, data: st.DataObject

@@ -88,7 +88,9 @@ def test_errors_are_the_numpy_ones() -> None:
     from tokenpos.numpy.rotary import RotaryEmbedding as NpRotary
 
     cases = [((q, k[:, :, :2], v[:, :, :2]), {}), ((q[:, :, :1], k, v), {"start_pos": 0}),
-             ((q[:, :, :1], k, v), {"positions": torch.tensor([3])})]
+             ((q[:, :, :1], k, v), {"positions": torch.tensor([3])}),
+             ((q[:, :, :1], k, v), {"positions": torch.tensor([3]), "key_positions": torch.arange(4), "start_pos": 3}),
+             ((q, k, v), {"positions": torch.arange(4), "start_pos": 2})]
     for args, kwargs in cases:
         with pytest.raises((ConfigError, PositionError)) as t_err:
             scaled_dot_product_attention(*args, positional=rope, **kwargs)
@@ -96,6 +98,35 @@ def test_errors_are_the_numpy_ones() -> None:
             np_sdpa(*(a.numpy() for a in args), positional=NpRotary(DH),
                     **{kk: (vv.numpy() if isinstance(vv, torch.Tensor) else vv) for kk, vv in kwargs.items()})
         assert type(t_err.value) is type(n_err.value) and str(t_err.value) == str(n_err.value)
+
+
+@pytest.mark.parametrize("temperature", [None, (2, 0.7)], ids=["plain", "llama4-temperature"])
+@pytest.mark.parametrize("name", ["none", "rope", "alibi", "t5"])
+def test_positions_take_start_pos_none_or_zero_only(name: str, temperature) -> None:
+    """Given positions are used as they are: with them start_pos may be None (the default) or 0, also
+    with a KV cache (Lq < Lk, key_positions) and with pre-rotated keys; another start_pos would be
+    ignored, so it is a ConfigError whatever the scheme (the NumPy twin's text)."""
+    layer = schemes()[name]
+    q, k, v = data(2, 6, dtype=torch.float64, seed=7)
+    kw = {"positional": layer, "attn_temperature": temperature}
+    default = scaled_dot_product_attention(q, k, v, **kw)                       # queries at 4, 5 of 6 keys
+    given = {"positions": torch.tensor([4, 5]), "key_positions": torch.arange(6)}
+    for start in ({}, {"start_pos": None}, {"start_pos": 0}, {"start_pos": np.int64(0)}):
+        torch.testing.assert_close(scaled_dot_product_attention(q, k, v, **kw, **given, **start), default,
+                                   rtol=1e-12, atol=1e-12)
+    for bad in (4, 1, -1):
+        with pytest.raises(ConfigError, match=rf"^start_pos={bad} given with positions: positions are used as given, "
+                                              r"so start_pos would be ignored; expected start_pos=None or 0"):
+            scaled_dot_product_attention(q, k, v, **kw, **given, start_pos=bad)
+    if name == "rope":                                          # a cache of rotated keys: q alone is rotated
+        k_rot = layer.rotate(k)
+        by_start = scaled_dot_product_attention(q, k_rot, v, positional=layer, start_pos=4, rotate_keys=False)
+        by_pos = scaled_dot_product_attention(q, k_rot, v, positional=layer, positions=torch.tensor([4, 5]),
+                                              rotate_keys=False)
+        torch.testing.assert_close(by_pos, by_start, rtol=1e-12, atol=1e-12)
+        with pytest.raises(ConfigError, match="start_pos=4 given with positions"):
+            scaled_dot_product_attention(q, k_rot, v, positional=layer, positions=torch.tensor([4, 5]), start_pos=4,
+                                         rotate_keys=False)
 
 
 def _same_error(t_fn, n_fn, cls) -> str:

@@ -67,6 +67,23 @@ def test_bert_task_model_uses_its_base_model() -> None:
     assert tpt.from_hf(model).training is True
 
 
+def test_positions_with_a_past_length_are_refused_where_hf_ignores_it() -> None:
+    """HF's embeddings ignore past_key_values_length when position_ids are given; from_hf's layer refuses
+    positions with a nonzero start_pos (a ConfigError, nothing drawn) and matches HF with start_pos=0."""
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=20, type_vocab_size=2)
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).eval()
+    emb = tpt.from_hf(model)
+    ids, pos = torch.randint(1, 50, (2, 7)), torch.tensor([[4, 5, 6, 7, 8, 9, 10], [0, 2, 4, 6, 8, 10, 12]])
+    with torch.no_grad():
+        want = model.embeddings(input_ids=ids, position_ids=pos, past_key_values_length=3)
+        assert max_diff(emb(ids, pos), want) <= HF_ATOL
+        assert max_diff(emb(ids, pos, start_pos=0), want) <= HF_ATOL
+        with pytest.raises(tpt.ConfigError, match="start_pos=3 given with positions"):
+            emb(ids, pos, start_pos=3)
+
+
 def _roberta_like(model_type: str) -> Any:
     cfg_cls = {"roberta": transformers.RobertaConfig, "xlm-roberta": transformers.XLMRobertaConfig}[model_type]
     model_cls = {"roberta": transformers.RobertaModel, "xlm-roberta": transformers.XLMRobertaModel}[model_type]

@@ -20,7 +20,7 @@ from tests.threads import run_threads
 from tests.tolerances import TOL
 from tokenpos.kernels import embedding_forward
 from tokenpos.tables.dropout import SEED_MASK, dropout_keep_mask
-from tokenpos.tables.errors import TokenIdError
+from tokenpos.tables.errors import ConfigError, TokenIdError
 
 IDS = torch.tensor([[0, 0, 0, 5, 9, 5, 49], [3, 3, 7, 0, 11, 2, 5]])          # padding and duplicates
 
@@ -62,8 +62,8 @@ def test_kernel_path_equals_plain_path(kernel_calls, positional, scale, dropout,
                                        torch.tensor([[0, 1, 2, 3, 4, 5, 6], [15, 14, 3, 3, 0, 1, 2]])])
 @pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
 def test_explicit_positions(kernel_calls, positions, positional) -> None:
-    out_k, grads_k = run(True, positions, positional=positional, dropout=0.2, scale=True)
-    out_r, grads_r = run(False, positions, positional=positional, dropout=0.2, scale=True)
+    out_k, grads_k = run(True, positions, start_pos=0, positional=positional, dropout=0.2, scale=True)
+    out_r, grads_r = run(False, positions, start_pos=0, positional=positional, dropout=0.2, scale=True)
     assert kernel_calls["forward"] == 1
     assert torch.equal(out_k, out_r)
     for name in grads_r:
@@ -167,7 +167,34 @@ BAD_CALLS = [
     ((IDS,), {"start_pos": -1}),
     ((IDS,), {"start_pos": 1.5}),
     ((IDS,), {"start_pos": 10}),                                           # learned: 10 + 7 > 16 positions
+    ((IDS, torch.arange(7)), {"start_pos": 3}),                            # start_pos would be ignored
 ]
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "plain"])
+@pytest.mark.parametrize("positional, kw", [("learned", {}), ("sinusoidal", {}), ("rope", {"num_heads": 3}),
+                                           ("learned", {"position_ids": "padding", "padding_idx": 0})],
+                         ids=["learned", "sinusoidal", "rope", "roberta"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+@pytest.mark.parametrize("pos", [torch.tensor([4, 0, 15, 2, 2, 9, 1]),
+                                 torch.tensor([[0, 1, 2, 3, 4, 5, 6], [15, 14, 3, 3, 0, 1, 2]])], ids=["L", "BL"])
+def test_start_pos_with_positions_is_refused_and_changes_nothing(kernels, positional, kw, dropout, pos) -> None:
+    """Given positions are used as they are: a nonzero start_pos would be ignored, so it is a
+    ConfigError, raised before a dropout seed is drawn from the layer's generator; start_pos=0 (any
+    integer type) is the call without it."""
+    def fresh() -> tpt.TransformerEmbedding:                                # training mode: dropout active
+        return tpt.TransformerEmbedding(50, 12, 16, positional=positional, dropout=dropout,
+                                        generator=torch.Generator().manual_seed(7), **kw)
+
+    with tokenpos.use_kernels(kernels):
+        layer = fresh()
+        with pytest.raises(ConfigError) as err:
+            layer(IDS, pos, start_pos=3)
+        assert "start_pos=3 given with positions" in str(err.value)
+        first = fresh()(IDS, pos)
+        assert torch.equal(layer(IDS, pos), first)                           # the generator did not move
+        for zero in (0, np.int64(0)):
+            assert torch.equal(fresh()(IDS, pos, start_pos=zero), first)
 
 
 @pytest.mark.parametrize("args, kwargs", BAD_CALLS)

@@ -8,6 +8,10 @@ A layer defines ``apply_forward(q, k, positions, *, start_pos, key_positions) ->
 pair, ``_split_cache``. This base adds the layout plumbing, the functional ``apply_backward`` (the
 rotation by -angle, through ``tokenpos.numpy.functional``) and the stateful ``apply`` / ``forward`` /
 ``backward``.
+
+``positions`` None means ``start_pos + arange(L)``; given positions are used as they are, so
+``start_pos`` must then be 0 (None for 2-D RoPE, whose default it is): anything else raises
+ConfigError (``tables.validation.check_start_pos_with_positions``) before anything is kept.
 """
 
 from __future__ import annotations
@@ -100,7 +104,8 @@ class RotaryBase(Module):
     # -- stateful pair -----------------------------------------------------------------------------
     def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
               key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """Rotate q and k (B, H, L, Dh) at ``positions`` (see the layer); keeps what :meth:`backward` needs.
+        """Rotate q and k (B, H, L, Dh) at ``positions`` (see the layer; given positions need start_pos=0);
+        keeps what :meth:`backward` needs (nothing changes when an input is refused).
 
         Returns (q', k') with the input shapes and dtypes.
         """

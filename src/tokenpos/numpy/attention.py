@@ -14,7 +14,9 @@ One block, every scheme (``positional.kind``):
 Offsets: with a KV cache (Lq < Lk) query i sits at key position ``Lk - Lq + i``; the causal mask
 lets it see keys ``j <= Lk - Lq + i``. Rotary positions: queries at ``positions`` or
 ``start_pos + arange(Lq)`` (``start_pos=None`` means ``Lk - Lq``); keys at ``key_positions`` or
-``start_pos - (Lk - Lq) + arange(Lk)``, i.e. the keys end where the queries end. The KV cache holds
+``start_pos - (Lk - Lq) + arange(Lk)``, i.e. the keys end where the queries end. Given ``positions``
+are used as they are, so ``start_pos`` must then be None or 0 (anything else: ConfigError, as it
+would be ignored; add the offset to the positions instead). The KV cache holds
 keys **before** rotation (all Lk keys are rotated on every call); pass ``rotate_keys=False`` if
 your cache holds already-rotated keys (then only q is rotated).
 
@@ -37,7 +39,7 @@ from tokenpos.tables.attention import (
 from tokenpos.tables.attention_checks import check_bias_shape, check_mask_shape, check_scheme
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.llama4 import query_temperature
-from tokenpos.tables.validation import check_float_array
+from tokenpos.tables.validation import check_float_array, check_start_pos_with_positions
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,12 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
 
 def _rotate(positional: Any, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: int | None,
             key_positions: Any, rotate_keys: bool) -> tuple[np.ndarray, np.ndarray, Any]:
+    """q, k rotated at their positions, and the rotary cache. ``start_pos`` was checked against
+    ``positions`` by the caller; the layer gets start 0 with given positions (they are used as given)."""
     lq, lk = q.shape[2], k.shape[2]
-    q_start = resolve_query_start(start_pos, lq, lk)
     if positions is not None and lq != lk and key_positions is None and rotate_keys:
         raise ConfigError(key_start_message(None, lq, lk))
+    q_start = 0 if positions is not None else resolve_query_start(start_pos, lq, lk)
     if key_positions is None and positions is None:
         k_start = q_start - (lk - lq)
         if k_start < 0:
@@ -94,7 +98,8 @@ def scaled_dot_product_attention_forward(
         q, k, v: (B, H, Lq, Dh), (B, H, Lk, Dh), (B, H, Lk, Dh), Lq <= Lk.
         positional: a scheme object (its ``kind`` decides what happens) or None.
         causal: mask keys after each query (query i sees keys j <= Lk - Lq + i).
-        positions, start_pos, key_positions, rotate_keys: rotary positions (see the module docstring).
+        positions, start_pos, key_positions, rotate_keys: rotary positions (see the module docstring);
+            with ``positions`` given, ``start_pos`` must be None or 0 (else ConfigError).
         attn_mask: optional, broadcastable to (B, H, Lq, Lk): bool (True = attend) or additive floats.
         scale: logit scale, default 1 / sqrt(Dh).
         attn_temperature: Llama 4's NoPE-layer temperature ``(floor_scale, attn_scale)``: each query is
@@ -106,6 +111,7 @@ def scaled_dot_product_attention_forward(
     kind = check_scheme(positional)
     if attn_mask is not None:
         check_mask_shape(np.shape(attn_mask), (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+    check_start_pos_with_positions(start_pos, positions, none_ok=True)
     dtypes = (q.dtype, k.dtype, v.dtype)
     compute = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     rotary_cache = None

@@ -23,7 +23,7 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.mrope import mrope_angles, mrope_cos_sin, mrope_kwargs_from_hf_config, mrope_positions
 from tokenpos.tables.mrope_layer import MRopeSettings, mrope_positions_message
 from tokenpos.tables.rope_checks import check_qk_lengths
-from tokenpos.tables.validation import check_int
+from tokenpos.tables.validation import check_int, check_start_pos_with_positions
 
 
 class MRotaryEmbedding(RotaryBase):
@@ -71,6 +71,7 @@ class MRotaryEmbedding(RotaryBase):
         if positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
             return mrope_positions(np.arange(start_pos, start_pos + length, dtype=np.int64))
+        check_start_pos_with_positions(start_pos, positions)
         pos = mrope_positions(positions)
         if pos.shape[-1] != length or (pos.ndim == 3 and pos.shape[1] not in (1, batch)):
             raise ConfigError(mrope_positions_message(np.shape(positions), batch, length))
@@ -84,7 +85,7 @@ class MRotaryEmbedding(RotaryBase):
                       ) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache | None]]:
         """``(q', k', cache)``: one functional pass over q and k at the same positions; with
         ``key_positions`` (Lk,) | (3, B, Lk) | ... (a KV cache, as the attention functions pass) k is
-        rotated at its own positions."""
+        rotated at its own positions. Given ``positions`` need ``start_pos=0`` (else ConfigError)."""
         q, k = self._qk(q, k)
         if key_positions is None:
             check_qk_lengths(q.shape, k.shape)

@@ -18,6 +18,7 @@ from tokenpos.tables.mrope import mrope_angles
 from tokenpos.tables.rope2d import check_positions_2d, sincos_2d_table
 from tokenpos.tables.rope_checks import check_qk_layout, check_qk_lengths, check_same_key_positions
 from tokenpos.tables.rope_layers import check_rope2d_positions_shape, rope2d_args_from_hf_config, rope2d_layer_args
+from tokenpos.tables.validation import check_start_pos_with_positions
 
 
 class RotaryEmbedding2D(RotaryBase):
@@ -54,10 +55,11 @@ class RotaryEmbedding2D(RotaryBase):
 
     def apply_forward(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
                       key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, F.RopeCache]:
-        """``(q', k', cache)``; q and k share the patch positions (``start_pos`` is ignored: positions are
-        explicit; ``key_positions``, if given, must equal them)."""
+        """``(q', k', cache)``; q and k share the patch positions (explicit, so ``start_pos`` must be None or
+        0, else ConfigError: it would be ignored; ``key_positions``, if given, must equal them)."""
         q, k = self._qk(q, k)
         check_qk_lengths(q.shape, k.shape)
+        check_start_pos_with_positions(start_pos, positions, none_ok=True)
         pos = check_positions_2d(positions)
         check_rope2d_positions_shape(pos.shape, q.shape[0], q.shape[2])
         check_same_key_positions("2-D RoPE", pos, key_positions)
@@ -74,8 +76,9 @@ class RotaryEmbedding2D(RotaryBase):
 
     def apply(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
               key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """Rotate q and k at (row, col) positions; keeps what :meth:`backward` needs."""
-        return super().apply(q, k, positions, key_positions=key_positions)
+        """Rotate q and k at (row, col) positions (``start_pos``: None or 0, as :meth:`apply_forward`);
+        keeps what :meth:`backward` needs."""
+        return super().apply(q, k, positions, start_pos=start_pos, key_positions=key_positions)
 
     forward = apply  # type: ignore[assignment]
 

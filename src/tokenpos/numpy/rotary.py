@@ -27,7 +27,7 @@ from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, 
 from tokenpos.tables.rope_layers import RopeFromHFConfig
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.rope_state import rotary_frequencies
-from tokenpos.tables.validation import check_int, check_positions
+from tokenpos.tables.validation import check_int, check_positions, check_start_pos_with_positions
 
 # Positions up to this many times max_seq_len grow the cache; larger ones are computed directly.
 CACHE_GROWTH_LIMIT = 16
@@ -202,12 +202,14 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         if positions is None:
             start_pos = check_int("start_pos", start_pos, minimum=0)
             return np.arange(start_pos, start_pos + length, dtype=np.int64)
+        check_start_pos_with_positions(start_pos, positions)
         pos = check_positions(positions)
         return pos[0] if check_positions_shape(pos.shape, batch, length) else pos
 
     # -- rotation ---------------------------------------------------------------------------------
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: int | None = None) -> np.ndarray:
-        """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L))."""
+        """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L);
+        given positions are used as they are, so start_pos must then be 0, else ConfigError)."""
         x = to_bhld("x", x, self.head_dim, self.qk_layout, self.num_heads)
         pos = self._positions(positions, start_pos, x.shape[0], x.shape[2])
         cos, sin = self._tables([(pos, start_pos if positions is None else None)], seq_len, x.dtype)[0]
@@ -219,7 +221,8 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
 
         ``key_positions`` (Lk,) | (B, Lk) rotates k at other positions than q (a KV cache); by
         default k uses q's positions, which needs the same length. Both use one frequency variant,
-        chosen by the largest position of the call.
+        chosen by the largest position of the call. Given ``positions`` need ``start_pos=0`` (ConfigError
+        otherwise: it would be ignored); ``key_positions`` are used as given.
         """
         q, k = self._qk(q, k)
         pos_q = self._positions(positions, start_pos, q.shape[0], q.shape[2])

@@ -27,7 +27,7 @@ from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import resolve_rng
 from tokenpos.tables.positions import positions_from_padding, shared_default_positions
-from tokenpos.tables.validation import check_positions, check_token_ids
+from tokenpos.tables.validation import check_positions, check_start_pos_with_positions, check_token_ids
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,9 @@ class TransformerEmbedding(Module):
         dtype, seed, rng: parameter dtype and the explicit random source (init and dropout).
 
     Shape:
-        forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids) -> (..., D)
+        forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids) -> (..., D);
+        positions default to start_pos + arange(L); given positions are used as they are, so start_pos
+        must then be 0 (anything else: ConfigError; add the offset to the positions instead).
     """
 
     def __init__(self, vocab_size: int, d_model: int, max_seq_len: int = 512, *,
@@ -119,8 +121,10 @@ class TransformerEmbedding(Module):
         return self.token.padding_idx
 
     def _resolve_positions(self, ids: np.ndarray, positions: Any, start_pos: int) -> np.ndarray:
-        """The positions of ``ids`` (..., L): given ones (checked), RoBERTa's, or start_pos + arange(L)."""
+        """The positions of ``ids`` (..., L): given ones (checked; start_pos must then be 0), RoBERTa's, or
+        start_pos + arange(L)."""
         if positions is not None:
+            check_start_pos_with_positions(start_pos, positions)
             pos = check_positions(positions)
             if pos.shape not in (ids.shape, ids.shape[-1:]):
                 raise ConfigError(f"positions must have shape {ids.shape[-1:]} or {ids.shape}, got {pos.shape}")

@@ -24,7 +24,7 @@ from tokenpos.tables.rope_checks import (
     check_same_key_positions,
 )
 from tokenpos.tables.rope_layers import xpos_layer_args
-from tokenpos.tables.validation import check_int, check_positions
+from tokenpos.tables.validation import check_int, check_positions, check_start_pos_with_positions
 from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_scale
 
 
@@ -69,7 +69,8 @@ class XPosRotaryEmbedding(RotaryBase):
 
     def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0, key_positions: Any = None
                       ) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache | None]]:
-        """``(q', k', cache)``; q and k share positions (``key_positions``, if given, must equal them)."""
+        """``(q', k', cache)``; q and k share positions (``key_positions``, if given, must equal them; given
+        ``positions`` need ``start_pos=0``, else ConfigError)."""
         q, k = self._qk(q, k)
         b, length = q.shape[0], q.shape[2]
         check_qk_lengths(q.shape, k.shape)
@@ -79,6 +80,7 @@ class XPosRotaryEmbedding(RotaryBase):
             start_pos = check_int("start_pos", start_pos, minimum=0)
             pos = np.arange(start_pos, start_pos + length, dtype=np.int64)
         else:
+            check_start_pos_with_positions(start_pos, positions)
             pos = check_positions(positions)
             pos = pos[0] if check_positions_shape(pos.shape, b, length) else pos
         check_same_key_positions("xPos", pos, key_positions)

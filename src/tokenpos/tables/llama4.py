@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_float, check_int, check_positions
+from tokenpos.tables.validation import check_float, check_int, check_positions, check_start_pos_with_positions
 
 
 def llama4_rope_layers(num_layers: int, *, no_rope_layers: Any = None, interval: int = 4) -> list[bool]:
@@ -62,11 +62,13 @@ def query_temperature(attn_temperature: Any, positions: Any, start_pos: int | No
     """The attention functions' ``attn_temperature`` option: scales (B|1, 1, Lq, 1) in ``dtype``.
 
     Query positions: ``positions`` ((Lq,) or (B, Lq)) when given, else the attention's query start
-    (``start_pos``, default Lk - Lq: the queries are the last Lq keys) + arange(Lq).
+    (``start_pos``, default Lk - Lq: the queries are the last Lq keys) + arange(Lq). With ``positions``
+    given, ``start_pos`` must be None or 0 (ConfigError otherwise: it would be ignored), as in attention.
     """
     from tokenpos.tables.attention import resolve_query_start
 
     floor_scale, attn_scale = check_temperature(attn_temperature)
+    check_start_pos_with_positions(start_pos, positions, none_ok=True)
     if positions is None:
         pos = resolve_query_start(start_pos, lq, lk) + np.arange(lq, dtype=np.int64)
     else:

@@ -118,6 +118,30 @@ def check_start_pos(start_pos: Any, length: int) -> int:
     return start
 
 
+def check_start_pos_with_positions(start_pos: Any, positions: Any, *, none_ok: bool = False) -> None:
+    """With ``positions`` given, ``start_pos`` must be 0 (or None where ``none_ok``: the functions whose
+    default it is, e.g. the attention functions and 2-D RoPE): positions are used as given, so any
+    other start_pos would be silently ignored. Nothing to check when ``positions`` is None.
+
+    Both backends call this before any state changes (a dropout seed drawn, a backward cache kept).
+
+    Raises:
+        ConfigError: ``positions`` given with another ``start_pos`` (a nonzero integer, a bool, a
+            float, a string, or None where None is not the default).
+    """
+    if positions is None or (type(start_pos) is int and start_pos == 0):     # the common calls, at once
+        return
+    if start_pos is None and none_ok:
+        return
+    integral = isinstance(start_pos, numbers.Integral) and not isinstance(start_pos, bool)
+    if integral and int(start_pos) == 0:                                     # np.int64(0) and the like
+        return
+    got = int(start_pos) if integral else repr(start_pos)
+    expected = "start_pos=None or 0" if none_ok else "start_pos=0"
+    raise ConfigError(f"start_pos={got} given with positions: positions are used as given, so start_pos would "
+                      f"be ignored; expected {expected} (add the offset to positions instead)")
+
+
 def check_probability(name: str, value: Any) -> float:
     """A dropout probability in [0, 1)."""
     if type(value) is float and 0.0 <= value < 1.0:       # the common case, without the ABC checks

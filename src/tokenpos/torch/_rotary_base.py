@@ -8,6 +8,10 @@ A layer defines ``_rotate_bhld(q, k, positions, start_pos, key_positions) -> (q'
 :meth:`RotaryBase._rotate_pair`). This base adds ``apply`` / ``forward`` (``apply(fn)`` with one
 callable stays ``nn.Module.apply``), the layout plumbing, and the non-persistent frequency buffers:
 float64 (float32 on MPS), reloaded from ``tokenpos.tables`` when ``.half()`` / ``.to(dtype)`` cast them.
+
+``positions`` None means ``start_pos + arange(L)``; given positions are used as they are, so
+``start_pos`` must then be 0 (None for 2-D RoPE, whose default it is): anything else raises
+ConfigError (``tables.validation.check_start_pos_with_positions``), as in the NumPy twin.
 """
 
 from __future__ import annotations
@@ -132,7 +136,8 @@ class RotaryBase(TokenposModule):
 
     def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
               key_positions: Any = None) -> Any:
-        """Rotate q and k at ``positions`` (see the layer); returns (q', k') with the input shapes and dtypes.
+        """Rotate q and k at ``positions`` (see the layer; given positions need start_pos=0); returns (q', k')
+        with the input shapes and dtypes.
 
         ``apply(fn)`` with a single callable is ``nn.Module.apply`` (``model.apply(init_fn)`` recurses
         through every child, this one included), so that idiom keeps working.

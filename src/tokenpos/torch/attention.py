@@ -8,7 +8,8 @@ what happens ("rotary" rotates q and k, "bias" adds ``bias(Lq, Lk)``, "additive"
 with a KV cache (Lq < Lk) query i sits at key position ``Lk - Lq + i``, the causal mask follows
 that offset, and the cache holds keys before rotation (``rotate_keys=False`` if yours holds rotated
 keys). Rotary positions: queries at ``positions`` or ``start_pos + arange(Lq)`` (``start_pos=None``
-means ``Lk - Lq``), keys at ``key_positions`` or ending where the queries end.
+means ``Lk - Lq``), keys at ``key_positions`` or ending where the queries end; with ``positions``
+given, ``start_pos`` must be None or 0 (else ConfigError: it would be ignored).
 
 The logits, softmax and weighted sum run in float32 at least (float64 for float64 inputs); the
 output is cast to q's dtype. Fully masked rows give zeros. With ``positions=None`` every shape
@@ -26,6 +27,7 @@ from tokenpos.tables.attention import attention_shape_message, key_start_message
 from tokenpos.tables.attention_checks import check_bias_shape, check_mask_shape, check_scheme
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.llama4 import query_temperature
+from tokenpos.tables.validation import check_start_pos_with_positions
 from tokenpos.torch._checks import check_float_tensor
 
 
@@ -40,10 +42,12 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 def _rotate(positional: Any, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: int | None,
             key_positions: Any, rotate_keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k rotated at their positions. ``start_pos`` was checked against ``positions`` by the caller;
+    the layer gets start 0 with given positions (they are used as given)."""
     lq, lk = q.shape[2], k.shape[2]
-    q_start = resolve_query_start(start_pos, lq, lk)
     if positions is not None and lq != lk and key_positions is None and rotate_keys:
         raise ConfigError(key_start_message(None, lq, lk))
+    q_start = 0 if positions is not None else resolve_query_start(start_pos, lq, lk)
     if not rotate_keys:
         return positional.rotate(q, positions, start_pos=q_start), k
     if positions is None and key_positions is None:
@@ -67,7 +71,8 @@ def scaled_dot_product_attention(
         q, k, v: (B, H, Lq, Dh), (B, H, Lk, Dh), (B, H, Lk, Dh), Lq <= Lk.
         positional: a scheme object (its ``kind`` decides what happens) or None.
         causal: query i sees keys j <= Lk - Lq + i.
-        positions, start_pos, key_positions, rotate_keys: rotary positions (module docstring).
+        positions, start_pos, key_positions, rotate_keys: rotary positions (module docstring); with
+            ``positions`` given, ``start_pos`` must be None or 0 (else ConfigError).
         attn_mask: optional, broadcastable to (B, H, Lq, Lk): bool (True = attend) or additive floats.
         scale: logit scale, default 1 / sqrt(Dh).
         attn_temperature: Llama 4's NoPE-layer temperature ``(floor_scale, attn_scale)`` (see the NumPy
@@ -77,6 +82,7 @@ def scaled_dot_product_attention(
     kind = check_scheme(positional)
     if attn_mask is not None:
         check_mask_shape(tuple(attn_mask.shape), (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+    check_start_pos_with_positions(start_pos, positions, none_ok=True)
     out_dtype = q.dtype
     compute = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))
     if kind == "rotary":

@@ -19,7 +19,7 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.mrope import mrope_kwargs_from_hf_config
 from tokenpos.tables.mrope_layer import MRopeSettings, mrope_positions_message
 from tokenpos.tables.rope_checks import check_qk_lengths
-from tokenpos.tables.validation import check_int
+from tokenpos.tables.validation import check_int, check_start_pos_with_positions
 from tokenpos.torch import ops
 from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._rotary_base import RotaryBase
@@ -75,6 +75,7 @@ class MRotaryEmbedding(RotaryBase):
             start_pos = check_int("start_pos", start_pos, minimum=0)
             pos = torch.arange(start_pos, start_pos + length, device=self.inv_freq.device)
         else:
+            check_start_pos_with_positions(start_pos, positions)
             pos = check_position_tensor(positions, device=self.inv_freq.device)
         shape = tuple(pos.shape)
         ok = shape[-1:] == (length,) and (len(shape) < 3 or (len(shape) == 3 and shape[0] == 3 and shape[1] in
@@ -85,7 +86,8 @@ class MRotaryEmbedding(RotaryBase):
         return pos if pos.dim() == 3 else pos.expand(3, *shape)
 
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: Any = None) -> torch.Tensor:
-        """Rotate one tensor x (B, H, L, Dh) at positions (3, B, L) | (B, L) | (L,) | None (start_pos + arange)."""
+        """Rotate one tensor x (B, H, L, Dh) at positions (3, B, L) | (B, L) | (L,) | None (start_pos + arange;
+        given positions need start_pos=0, else ConfigError)."""
         x = self._check("x", x)
         cos, sin = self._pairs(self._positions(positions, start_pos, x.shape[0], x.shape[2]))
         return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), False))

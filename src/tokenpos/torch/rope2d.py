@@ -15,6 +15,7 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope2d import rope2d_inv_freq, sincos_2d_table
 from tokenpos.tables.rope_checks import check_qk_layout, check_qk_lengths
 from tokenpos.tables.rope_layers import check_rope2d_positions_shape, rope2d_args_from_hf_config, rope2d_layer_args
+from tokenpos.tables.validation import check_start_pos_with_positions
 from tokenpos.torch._checks import calc_dtype as _calc
 from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._module import TokenposModule
@@ -59,13 +60,14 @@ class RotaryEmbedding2D(RotaryBase):
         return torch.cos(ang), torch.sin(ang)
 
     def rotate(self, x: Any, positions: Any = None, *, start_pos: Any = None, seq_len: Any = None) -> torch.Tensor:
-        """Rotate one tensor x (B, H, N, Dh) at (row, col) positions (N, 2) | (B, N, 2)."""
-        return self.apply(x, x, positions)[0]  # type: ignore[no-any-return]
+        """Rotate one tensor x (B, H, N, Dh) at (row, col) positions (N, 2) | (B, N, 2) (``start_pos``:
+        None or 0, as :meth:`apply`)."""
+        return self.apply(x, x, positions, start_pos=start_pos)[0]  # type: ignore[no-any-return]
 
     def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: Any = None,  # type: ignore[override]
               key_positions: Any = None) -> Any:
-        """Rotate q and k at (row, col) positions (``start_pos`` ignored; ``key_positions`` must equal them);
-        ``apply(fn)`` is nn.Module's."""
+        """Rotate q and k at (row, col) positions (explicit, so ``start_pos`` must be None or 0, else
+        ConfigError: it would be ignored; ``key_positions`` must equal them); ``apply(fn)`` is nn.Module's."""
         return super().apply(q, k, positions, start_pos=start_pos, key_positions=key_positions)
 
     forward = apply
@@ -76,6 +78,7 @@ class RotaryEmbedding2D(RotaryBase):
         check_qk_lengths(tuple(q.shape), tuple(k.shape))
         if positions is None:
             raise ConfigError("2-D RoPE needs positions of shape (N, 2) or (B, N, 2) (row, col); got None")
+        check_start_pos_with_positions(start_pos, positions, none_ok=True)
         pos = check_position_tensor(positions, device=self.inv_freq.device)
         check_rope2d_positions_shape(tuple(pos.shape), q.shape[0], q.shape[2])
         self._same_key_positions("2-D RoPE", pos, key_positions)

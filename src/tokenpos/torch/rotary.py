@@ -39,7 +39,7 @@ from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, 
 from tokenpos.tables.rope_layers import RopeFromHFConfig
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.rope_state import rotary_frequencies
-from tokenpos.tables.validation import check_int
+from tokenpos.tables.validation import check_int, check_start_pos_with_positions
 from tokenpos.torch import ops
 from tokenpos.torch._checks import calc_dtype as _calc_dtype
 from tokenpos.torch._checks import check_position_tensor, is_compiling
@@ -261,6 +261,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         if positions is None:
             return self._pairs_range(self._start(start_pos), x.shape[2], seq_len,
                                      x.dtype if x.dtype in (torch.float32, torch.float64) else None)
+        check_start_pos_with_positions(start_pos, positions)
         pos = self._positions(positions, x.shape[0], x.shape[2])
         with self._guard():
             return self._pairs_positions(pos, seq_len)
@@ -268,7 +269,8 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
     # -- rotation: one tokenpos::rope / rope_qk op call --------------------------------------------
     def rotate(self, x: torch.Tensor, positions: Any = None, *, start_pos: int = 0,
                seq_len: int | None = None) -> torch.Tensor:
-        """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L))."""
+        """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L);
+        given positions are used as they are, so start_pos must then be 0, else ConfigError)."""
         x = self._check("x", x)
         cos, sin = self._pairs_of(x, positions, start_pos, seq_len)
         return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), self.interleaved))
@@ -279,7 +281,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
 
         ``key_positions`` (Lk,) | (B, Lk) rotates k at other positions (a KV cache); by default k
         uses q's positions (one ``tokenpos::rope_qk`` call). One frequency variant serves both
-        (chosen by the largest position).
+        (chosen by the largest position). Given ``positions`` need ``start_pos=0`` (ConfigError otherwise).
         """
         q, k = self._qk(q, k)
         if key_positions is None:
@@ -290,6 +292,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
             start_pos = self._start(start_pos)
             pos_q = torch.arange(start_pos, start_pos + q.shape[2], device=self.inv_freq.device)
         else:
+            check_start_pos_with_positions(start_pos, positions)
             pos_q = self._positions(positions, q.shape[0], q.shape[2])
         pos_k = pos_q if key_positions is None else self._positions(key_positions, k.shape[0], k.shape[2])
         need = torch.maximum(pos_q.max(), pos_k.max()) + 1 if pos_q.numel() and pos_k.numel() else 0

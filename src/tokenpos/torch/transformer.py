@@ -20,7 +20,7 @@ import torch
 from tokenpos.tables.dropout import SEED_MASK
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_start_pos
+from tokenpos.tables.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.torch._checks import (
     check_position_tensor,
     check_token_id_tensor,
@@ -87,7 +87,9 @@ class TransformerEmbedding(TokenposModule):
     reproduces a run.
 
     Shape:
-        forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids) -> (..., D)
+        forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids) -> (..., D);
+        positions default to start_pos + arange(L); given positions are used as they are, so start_pos
+        must then be 0 (anything else: ConfigError; add the offset to the positions instead).
 
     state_dict: ``token.weight``, ``position.weight`` (learned), ``token_type.weight``
     (num_token_types > 0), ``norm.weight`` and ``norm.bias`` (layernorm) / ``norm.weight`` (rmsnorm).
@@ -144,8 +146,10 @@ class TransformerEmbedding(TokenposModule):
 
     # -- inputs (checked once, here) -------------------------------------------------------------
     def _resolve_positions(self, ids: torch.Tensor, positions: Any, start_pos: int) -> torch.Tensor:
-        """The positions of ``ids`` (..., L): given ones (checked), RoBERTa's, or start_pos + arange(L)."""
+        """The positions of ``ids`` (..., L): given ones (checked; start_pos must then be 0), RoBERTa's, or
+        start_pos + arange(L)."""
         if positions is not None:
+            check_start_pos_with_positions(start_pos, positions)
             pos = check_position_tensor(positions, device=ids.device)
             if tuple(pos.shape) not in (tuple(ids.shape), tuple(ids.shape[-1:])):
                 raise ConfigError(f"positions must have shape {tuple(ids.shape[-1:])} or {tuple(ids.shape)}, "

@@ -15,7 +15,7 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope import rope_inv_freq
 from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
 from tokenpos.tables.rope_layers import xpos_layer_args
-from tokenpos.tables.validation import check_int
+from tokenpos.tables.validation import check_int, check_start_pos_with_positions
 from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_zeta
 from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._rotary_base import RotaryBase
@@ -67,7 +67,7 @@ class XPosRotaryEmbedding(RotaryBase):
     def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k (B, H, L, Dh) rotated and scaled; ``key_positions`` (the attention functions pass it) must
-        equal q's positions."""
+        equal q's positions; given ``positions`` need ``start_pos=0`` (else ConfigError)."""
         q, k = self._qk(q, k)
         b, length = q.shape[0], q.shape[2]
         check_qk_lengths(tuple(q.shape), tuple(k.shape))
@@ -75,6 +75,7 @@ class XPosRotaryEmbedding(RotaryBase):
             start_pos = check_int("start_pos", start_pos, minimum=0)
             pos = torch.arange(start_pos, start_pos + length, device=self.inv_freq.device)
         else:
+            check_start_pos_with_positions(start_pos, positions)
             pos = check_position_tensor(positions, device=self.inv_freq.device)
             pos = pos[0] if check_positions_shape(tuple(pos.shape), b, length) else pos
         self._same_key_positions("xPos", pos, key_positions)
