@@ -50,14 +50,14 @@ class ForwardCase:
     def batch(self) -> np.ndarray:
         return self.ids[next(self._it) % len(self.ids)]
 
-    def core(self, table: np.ndarray, *, by_position: bool = BY_POSITION, ahead: int = PREFETCH_ROWS
-             ) -> Callable[[], None]:
-        """The forward core on ``table`` (the (V, D) table, or ``small`` for the compute floor)."""
+    def core(self, table: np.ndarray, *, by_position: bool = BY_POSITION, ahead: int = PREFETCH_ROWS,
+             fn: Callable[..., int] = forward_core) -> Callable[[], None]:
+        """The forward core ``fn`` on ``table`` (the (V, D) table, or ``small`` for the compute floor)."""
         batches = [ids % table.shape[0] for ids in self.ids]      # ids into ``table``, made before timing
 
         def run() -> None:
             with parallel_guard():
-                forward_core(table, batches[next(self._it) % len(batches)], np.float32(27.7), self.pt, self.pos, True,
+                fn(table, batches[next(self._it) % len(batches)], np.float32(27.7), self.pt, self.pos, True,
                              self.bits, self.thr, self.inv, np.uint64(0), True, False, np.uint64(0), self.rows,
                              by_position, ahead, self.out)
         return run
