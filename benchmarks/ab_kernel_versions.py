@@ -3,9 +3,9 @@
 Usage: ``python benchmarks/ab_kernel_versions.py REV MODE [reps]``, MODE ``fp32``, ``dropout`` or
 ``bf16``.
 
-REV's ``kernels/_forward.py``, ``_lines.py`` and ``_rng.py`` are taken with ``git show`` into a
-temporary directory and imported under other names (``_prefetch`` and ``_stream`` come from the
-current tree). Both cores run on the bench's shapes and tables (:mod:`_forward_case`), interleaved
+REV's ``kernels/_forward.py`` and its helpers (``_lines``, ``_rng``, ``_prefetch``, ``_stream``)
+are taken with ``git show`` into a temporary directory and imported under other names. Both cores
+run on the bench's shapes and tables (:mod:`_forward_case`), interleaved
 in ``tokenpos bench``'s conditions (``time_interleaved``) with the plain parallel numba gather, and
 each also on the 64-row table that stays in cache (the compute floor: its arithmetic and writes
 without the random reads). Prints best / median ms and x gather. Before 2026-11-23 the masks of
@@ -26,7 +26,7 @@ from _forward_case import ForwardCase, print_vs_gather
 from tokenpos.analysis.bench_timing import time_interleaved
 from tokenpos.kernels._forward import forward_core
 
-MODULES = ("_forward", "_lines", "_rng")
+MODULES = ("_forward", "_lines", "_rng", "_prefetch", "_stream")
 
 
 def load_old(rev: str):
