@@ -8,9 +8,8 @@
   position values on non-CPU devices to check their range (one host sync per call). CPU tensors are
   always checked; nothing is read inside ``torch.compile`` or ``torch.func`` transforms.
 - ``set_output_cache(max_bytes)`` / ``output_cache_bytes()``: the cache of released output blocks
-  (:data:`OUTPUTS`, :mod:`tokenpos._outputs`). The kernels' large CPU outputs (32 MiB and more
-  with glibc, whose ``malloc`` already reuses smaller freed blocks without faults; 1 MiB and more
-  elsewhere: the embedding forward, RoPE) reuse memory that earlier outputs released, so a fresh
+  (:data:`OUTPUTS`, :mod:`tokenpos._outputs`). The kernels' CPU outputs of 1 MiB and more (the
+  embedding forward, RoPE) reuse memory that earlier outputs released, so a fresh
   output does not page-fault. A block is reused only after every array, tensor, view and DLPack
   capsule of the old output is gone (a ``weakref`` callback on its owner; no reference counts are read). At most
   ``max_bytes`` of free blocks are kept, default :data:`DEFAULT_OUTPUT_CACHE` (256 MiB); 0 turns
