@@ -60,15 +60,12 @@ def _mix(builder, z, n):
     return builder.xor(z, builder.lshr(z, _vec_i64([31] * n)))
 
 
-def _keep_even(builder, key, c, thr, n):
-    """<n x i1> for counters c .. c + n - 1, ``c`` even: n / 2 hashes, each word of one giving a lane."""
-    h = n // 2
+def _pair_hashes(builder, key, c, h):
+    """<h x i64>: the hashes of the counter pairs ``(c >> 1) + k``, k < h (``c`` even: the pairs of
+    counters c .. c + 2h - 1; lane k's low word is counter c + 2k's, its high word c + 2k + 1's)."""
     jg = builder.mul(builder.lshr(c, ir.Constant(_I64, 1)), ir.Constant(_I64, _s64(GOLDEN)))
     z = builder.add(_splat(builder, jg, h), _vec_i64([k * int(GOLDEN) for k in range(h)]))
-    z = _mix(builder, builder.xor(z, _splat(builder, key, h)), h)
-    words = builder.bitcast(z, ir.VectorType(_I32, n))    # little-endian: lane 2k the low word of hash k
-    bits = builder.lshr(words, ir.Constant(ir.VectorType(_I32, n), [8] * n))
-    return builder.icmp_unsigned(">=", bits, _splat(builder, builder.trunc(thr, _I32), n))
+    return _mix(builder, builder.xor(z, _splat(builder, key, h)), h)
 
 
 def _keep_any(builder, key, c, thr, n):
@@ -81,46 +78,50 @@ def _keep_any(builder, key, c, thr, n):
     return builder.icmp_unsigned(">=", bits, _splat(builder, thr, n))
 
 
-def _keep_mask(builder, key, c, thr, n):
-    """<n x i1>: lane k keeps when counter c + k's 24 hash bits are >= thr (:mod:`._rng`'s formula)."""
+def _by_parity(builder, c, if_even, if_odd):
+    """The values ``if_even()`` builds when counter ``c`` is even, else ``if_odd()``'s (tuples of
+    the same types): one branch, one phi per value."""
     even = builder.icmp_unsigned("==", builder.and_(c, ir.Constant(_I64, 1)), ir.Constant(_I64, 0))
     with builder.if_else(even, likely=True) as (then, otherwise):
         with then:
-            m_even, bb_even = _keep_even(builder, key, c, thr, n), builder.block
+            a, bb_a = if_even(), builder.block
         with otherwise:
-            m_any, bb_any = _keep_any(builder, key, c, thr, n), builder.block
-    mask = builder.phi(m_even.type)
-    mask.add_incoming(m_even, bb_even)
-    mask.add_incoming(m_any, bb_any)
-    return mask
+            b, bb_b = if_odd(), builder.block
+    out = []
+    for x, y in zip(a, b, strict=True):
+        phi = builder.phi(x.type)
+        phi.add_incoming(x, bb_a)
+        phi.add_incoming(y, bb_b)
+        out.append(phi)
+    return out
+
+
+def _keep_mask(builder, key, c, thr, n):
+    """<n x i1>: lane k keeps when counter c + k's 24 hash bits are >= thr (:mod:`._rng`'s formula);
+    for ``c`` even, n / 2 hashes whose two words give two lanes each."""
+    def even():
+        words = builder.bitcast(_pair_hashes(builder, key, c, n // 2), ir.VectorType(_I32, n))  # little-endian
+        bits = builder.lshr(words, ir.Constant(ir.VectorType(_I32, n), [8] * n))
+        return (builder.icmp_unsigned(">=", bits, _splat(builder, builder.trunc(thr, _I32), n)),)
+
+    return _by_parity(builder, c, even, lambda: (_keep_any(builder, key, c, thr, n),))[0]
 
 
 def _keep_halves(builder, key, c, thr, h):
     """(even, odd) <h x i1> masks of counters c + 2k and c + 2k + 1 (k < h): for ``c`` even the two
     words of hash k, no shuffle; else :func:`_keep_any`'s lanes, split."""
-    even = builder.icmp_unsigned("==", builder.and_(c, ir.Constant(_I64, 1)), ir.Constant(_I64, 0))
-    with builder.if_else(even, likely=True) as (then, otherwise):
-        with then:
-            jg = builder.mul(builder.lshr(c, ir.Constant(_I64, 1)), ir.Constant(_I64, _s64(GOLDEN)))
-            z = builder.add(_splat(builder, jg, h), _vec_i64([k * int(GOLDEN) for k in range(h)]))
-            z = _mix(builder, builder.xor(z, _splat(builder, key, h)), h)
-            t = _splat(builder, thr, h)
-            lo = builder.lshr(builder.and_(z, _vec_i64([0xFFFFFFFF] * h)), _vec_i64([8] * h))
-            e1 = builder.icmp_unsigned(">=", lo, t)
-            o1 = builder.icmp_unsigned(">=", builder.lshr(z, _vec_i64([40] * h)), t)
-            bb1 = builder.block
-        with otherwise:
-            m = _keep_any(builder, key, c, thr, 2 * h)
-            e2 = builder.shuffle_vector(m, m, ir.Constant(ir.VectorType(_I32, h), [2 * k for k in range(h)]))
-            o2 = builder.shuffle_vector(m, m, ir.Constant(ir.VectorType(_I32, h), [2 * k + 1 for k in range(h)]))
-            bb2 = builder.block
-    out = []
-    for a, b in ((e1, e2), (o1, o2)):
-        phi = builder.phi(a.type)
-        phi.add_incoming(a, bb1)
-        phi.add_incoming(b, bb2)
-        out.append(phi)
-    return out[0], out[1]
+    def even():
+        z, t = _pair_hashes(builder, key, c, h), _splat(builder, thr, h)
+        lo = builder.lshr(builder.and_(z, _vec_i64([0xFFFFFFFF] * h)), _vec_i64([8] * h))
+        return builder.icmp_unsigned(">=", lo, t), builder.icmp_unsigned(">=", builder.lshr(z, _vec_i64([40] * h)), t)
+
+    def odd():
+        m = _keep_any(builder, key, c, thr, 2 * h)
+        return tuple(builder.shuffle_vector(m, m, ir.Constant(ir.VectorType(_I32, h), [2 * k + j for k in range(h)]))
+                     for j in (0, 1))
+
+    me, mo = _by_parity(builder, c, even, odd)
+    return me, mo
 
 
 def _vptr(context, builder, aryty, ary, d, vt):
