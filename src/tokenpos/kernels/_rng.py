@@ -7,7 +7,8 @@ Bit-identical to the NumPy formula (the tests compare every bit):
     keep = ((z >> (32 * (c & 1) + 8)) & 0xFFFFFF) >= ceil(p * 2**24)
 
 The threshold is computed once per call in Python (by the tables function); each core derives the
-key from the seed once (:func:`key_of`) and evaluates :func:`keep_bits` per element. Every operand
+key from the seed once (:func:`key_of`) and evaluates :func:`keep_bits` per element (row tails), or
+one hash per pair of elements (:func:`multiplier_row`; the vector lines of :mod:`._lines`). Every operand
 is uint64: numba would promote a uint64/int64 mix to float64 and silently lose bits.
 """
 
