@@ -81,6 +81,11 @@ TE_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], type[Exception]]] = {
     "token_type_shape": ({"num_token_types": 2}, {"token_type_ids": np.zeros(3, np.int64)}, ConfigError),
     "token_type_without_table": ({}, {"token_type_ids": np.zeros_like(IDS)}, ConfigError),
     "roberta_start_pos_beyond": ({"padding_idx": 0, "position_ids": "padding"}, {"start_pos": 5}, PositionError),
+    # RoBERTa's positions run to padding_idx + start_pos + L: both backends check that span
+    "roberta_start_pos_overflow": ({"padding_idx": 9, "position_ids": "padding", "positional": "sinusoidal"},
+                                   {"start_pos": 2**63 - 1 - 5}, PositionError),
+    "roberta_start_pos_overflow_by_one": ({"padding_idx": 1, "position_ids": "padding", "positional": "sinusoidal"},
+                                          {"start_pos": 2**63 - 1 - 4}, PositionError),
     "start_pos_with_positions": ({}, {"positions": np.array([0, 1, 2]), "start_pos": 3}, ConfigError),
     "start_pos_np_with_positions": ({}, {"positions": np.array([0, 1, 2]), "start_pos": np.int64(3)}, ConfigError),
     "start_pos_none_with_positions": ({}, {"positions": np.array([0, 1, 2]), "start_pos": None}, ConfigError),

@@ -62,7 +62,9 @@ def default_positions(start: int, length: int, like: torch.Tensor) -> torch.Tens
 
 
 def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int = 0) -> torch.Tensor:
-    """RoBERTa's positions (``tables.positions.positions_from_padding`` in torch ops), int64 like ids."""
+    """RoBERTa's positions (``tables.positions.positions_from_padding`` in torch ops), int64 like ids;
+    ``start_pos`` checked as there (the positions run to padding_idx + start_pos + L)."""
+    start_pos = check_start_pos(start_pos, padding_idx + 1 + (ids.shape[-1] if ids.dim() else 1))
     mask = (ids != padding_idx).long()
     return (torch.cumsum(mask, dim=-1) + start_pos) * mask + padding_idx
 
@@ -157,11 +159,11 @@ class TransformerEmbedding(TokenposModule):
         position = self.position
         limit = position.max_seq_len if isinstance(position, LearnedPositionalEmbedding) else None  # rows of a table
         if positions is None:
-            start_pos = check_start_pos(start_pos, ids.shape[-1])
             pad = self.token.padding_idx if self.position_ids == "padding" else None
             if pad is not None:                                        # the constructor ensures pad is set
-                pos = positions_from_padding(ids, pad, start_pos)
+                pos = positions_from_padding(ids, pad, start_pos)      # checks start_pos for its longer span
             else:
+                start_pos = check_start_pos(start_pos, ids.shape[-1])
                 pos = default_positions(start_pos, ids.shape[-1], ids)
                 if limit is None or start_pos + ids.shape[-1] <= limit:
                     return pos                                         # in range by construction
