@@ -1,0 +1,21 @@
+"""The static checks run with the tests: ruff (lint, import order) and mypy (types) over the code.
+
+Both tools are test extras pinned to a minor version, so a new release cannot fail CI by itself.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("command", [["ruff", "check", "src", "tests", "benchmarks"], ["mypy", "src"]],
+                         ids=["ruff", "mypy"])
+def test_the_code_passes(command: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}"
