@@ -86,10 +86,11 @@ def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = 
     """
     if seed is None:
         seed = no_seed(weight)
-    if torch.compiler.is_compiling() or transforms_active():
+    compiling = torch.compiler.is_compiling()
+    if compiling or transforms_active():
         if check_ids:                         # what can be read here (not traced or vmapped values)
             check_token_id_tensor(ids, weight.shape[0])
-        if torch.compiler.is_compiling():
+        if compiling:
             return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)
         return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
     if torch.is_grad_enabled() and (weight.requires_grad or (table is not None and table.requires_grad)):
