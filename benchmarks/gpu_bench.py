@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_bench: triton is not installed (`pip install -e .[gpu]`).", file=sys.stderr)
         return 2
     if args.json:
-        from tokenpos.cli._output import check_output_path
+        from tokenpos._files import check_output_path
         check_output_path(args.json)
     rows = rope_case(args, device, torch.bfloat16) + embedding_case(args, device, torch.bfloat16)
     if args.smoke:
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print(report(rows))
     if args.json:
-        from tokenpos.cli._output import atomic_write_text
+        from tokenpos._files import atomic_write_text
         atomic_write_text(args.json, json.dumps({"header": header, "rows": rows}, indent=2))
     return 0
 
