@@ -89,7 +89,7 @@ def main(quick: bool) -> None:
         _sweep("embedding backward, p=0.1", [{"BLOCK_D cap": c, "num_warps": nw}
                                               for c, nw in itertools.product((512, 2048, 4096), (4, 8, 16))],
                bwd, {"copy of the dense gradients": _ms(lambda: dense.copy_(dsrc))},
-               {"BLOCK_D cap": 512, "num_warps": 4})
+               {"BLOCK_D cap": E.SEGMENT_BLOCK_D, "num_warps": E.SEGMENT_WARPS})
         E.BLOCK_N, E._block_d = saved[0], saved[1]
         LAUNCH_OPTIONS.clear()
         LAUNCH_OPTIONS.update(saved[3])

@@ -53,12 +53,13 @@ def _variants() -> dict[str, tuple]:
             "w_ptr": w, "ids_ptr": "*i64", "t_ptr": t, "pos_ptr": "*i64", "seed_ptr": "*i64", "out_ptr": w,
             "N": I32, "D": I32, "V": I32, "P": I32, "NPOS": I32, "stride_w": I32, "stride_t": I32, "scale": "fp32",
             "inv_keep": "fp32", "threshold": I32, "offset": "i64"},
-            {"HAS_POS": True, "HAS_DROPOUT": True, "BLOCK_N": 16, "BLOCK_D": 128})
+            {"HAS_POS": True, "HAS_DROPOUT": True, "PAIRS": w != "*fp16", "BLOCK_N": 16, "BLOCK_D": 128})
         if w != "*fp16":                                                        # same code as bf16 but the cast
-            v[f"segment_sum{w}"] = ("embedding", "_segment_sum_kernel", {
-                "grad_ptr": w, "perm_ptr": "*i64", "bounds_ptr": "*i64", "seed_ptr": "*i64", "out_ptr": w,
-                "D": I32, "scale": "fp32", "inv_keep": "fp32", "threshold": I32, "offset": I32, "skip_row": I32},
-                {"HAS_DROPOUT": True, "BLOCK_D": 128, "ROWS": 8})
+            for pairs in (True, False):                                        # one hash per pair / per element
+                v[f"segment_sum{w}{pairs}"] = ("embedding", "_segment_sum_kernel", {
+                    "grad_ptr": w, "perm_ptr": "*i64", "bounds_ptr": "*i64", "seed_ptr": "*i64", "out_ptr": w,
+                    "D": I32, "scale": "fp32", "inv_keep": "fp32", "threshold": I32, "offset": I32, "skip_row": I32},
+                    {"HAS_DROPOUT": True, "PAIRS": pairs, "BLOCK_D": 128, "ROWS": 8})
     for x, t, f64, interleaved in [("*bf16", "*fp32", False, False), ("*fp32", "*fp64", True, True)]:
         v[f"rope{x}{t}{interleaved}"] = ("rope", "_rope_kernel", {
             "q_ptr": x, "k_ptr": x, "oq_ptr": x, "ok_ptr": x, "cos_ptr": t, "sin_ptr": t,

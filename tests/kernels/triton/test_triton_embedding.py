@@ -91,12 +91,13 @@ def test_low_precision_forward_is_fp32_rounded_once(dtype, device, gen) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 123456789, 2**63 - 1, -5])
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-def test_dropout_mask_is_bit_identical_to_numpy(seed, p, device) -> None:
-    N, D = 7, 37
+@pytest.mark.parametrize("D,offset", [(37, 11), (64, 12), (64, 11)])   # one hash per element / per pair
+def test_dropout_mask_is_bit_identical_to_numpy(seed, p, D, offset, device) -> None:
+    N = 7
     w = torch.ones(3, D)
     ids = torch.zeros(N, dtype=torch.int64)
-    got = embedding_forward(w.to(device), ids.to(device), None, None, 1.0, p, torch.tensor(seed), offset=11)
-    keep = dropout_keep_mask(seed, (N, D), p, offset=11)
+    got = embedding_forward(w.to(device), ids.to(device), None, None, 1.0, p, torch.tensor(seed), offset=offset)
+    keep = dropout_keep_mask(seed, (N, D), p, offset=offset)
     np.testing.assert_array_equal(got.cpu().numpy() != 0, keep)
     np.testing.assert_array_equal(got.cpu().numpy()[keep], np.float32(1.0 / (1.0 - p)))
 

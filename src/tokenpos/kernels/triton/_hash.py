@@ -51,6 +51,22 @@ def dropout_multiplier(key, flat_index, threshold, inv_keep):
     return tl.where(keep, inv_keep, 0.0).to(tl.float32)
 
 
+@triton.jit
+def dropout_multiplier_tile(key, flat_index, threshold, inv_keep, ROWS: tl.constexpr, COLS: tl.constexpr,
+                            PAIRS: tl.constexpr):
+    """:func:`dropout_multiplier` of a (ROWS, COLS) tile of counters. With ``PAIRS`` (every row's first
+    counter even, COLS even) one hash serves each pair of neighbouring counters, as the formula allows
+    (counter 2j takes the low word of hash j, 2j + 1 the high word): half the 64-bit multiplies."""
+    if PAIRS:
+        even, _ = tl.split(tl.reshape(flat_index.to(tl.uint64), (ROWS, COLS // 2, 2)))   # (ROWS, COLS/2)
+        z = splitmix64(key ^ ((even >> 1) * 0x9E3779B97F4A7C15))
+        m_even = tl.where(((z >> 8) & 0xFFFFFF) >= threshold, inv_keep, 0.0).to(tl.float32)
+        m_odd = tl.where((z >> 40) >= threshold, inv_keep, 0.0).to(tl.float32)
+        return tl.reshape(tl.join(m_even, m_odd), (ROWS, COLS))
+    else:
+        return dropout_multiplier(key, flat_index, threshold, inv_keep)
+
+
 def dropout_args(p: float) -> tuple[int, float]:
     """Host side: (threshold on the 24-bit grid, 1/(1-p) as a Python float, 0.0 when p == 1)."""
     p = check_float("dropout p", p, low=0.0, high=1.0)                         # ConfigError otherwise

@@ -28,18 +28,20 @@ import triton
 import triton.language as tl
 
 from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS, round_to
-from tokenpos.kernels.triton._hash import dropout_args, dropout_key, dropout_multiplier, seed_tensor
+from tokenpos.kernels.triton._hash import dropout_args, dropout_key, dropout_multiplier_tile, seed_tensor
 from tokenpos.tables.errors import ConfigError
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_N = 16          # forward: ids per program
 SEGMENT_ROWS = 8      # backward: gradient rows loaded per step, so a frequent id's long segment is not a serial chain
+SEGMENT_BLOCK_D = 2048   # backward: columns per program, and its warps (measured on an H100: 1.47x faster
+SEGMENT_WARPS = 8        # than 512 columns and 4 warps, benchmarks/exp_gpu_tiles.py)
 
 
 @triton.jit
 def _embedding_forward_kernel(w_ptr, ids_ptr, t_ptr, pos_ptr, seed_ptr, out_ptr,
                               N, D, V, P, NPOS, stride_w, stride_t, scale, inv_keep, threshold, offset,
-                              HAS_POS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                              HAS_POS: tl.constexpr, HAS_DROPOUT: tl.constexpr, PAIRS: tl.constexpr,
                               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)   # (BN,)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)                   # (BD,)
@@ -58,14 +60,15 @@ def _embedding_forward_kernel(w_ptr, ids_ptr, t_ptr, pos_ptr, seed_ptr, out_ptr,
         y = y + t
     flat = rows[:, None] * D + cols[None, :]                                   # (BN, BD) int64
     if HAS_DROPOUT:
-        y = y * dropout_multiplier(dropout_key(seed_ptr), flat + offset, threshold, inv_keep)
+        y = y * dropout_multiplier_tile(dropout_key(seed_ptr), flat + offset, threshold, inv_keep,
+                                        BLOCK_N, BLOCK_D, PAIRS)
     tl.store(out_ptr + flat, round_to(y, out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
 @triton.jit
 def _segment_sum_kernel(grad_ptr, perm_ptr, bounds_ptr, seed_ptr, out_ptr,
                         D, scale, inv_keep, threshold, offset, skip_row,
-                        HAS_DROPOUT: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+                        HAS_DROPOUT: tl.constexpr, PAIRS: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
     v = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)                   # (BD,)
     cmask = cols < D
@@ -82,7 +85,7 @@ def _segment_sum_kernel(grad_ptr, perm_ptr, bounds_ptr, seed_ptr, out_ptr,
         off = n[:, None] * D + cols[None, :]                                    # (ROWS, BD)
         g = tl.load(grad_ptr + off, mask=jm[:, None] & cmask[None, :], other=0.0).to(tl.float32)
         if HAS_DROPOUT:
-            g = g * dropout_multiplier(key, off + offset, threshold, inv_keep)
+            g = g * dropout_multiplier_tile(key, off + offset, threshold, inv_keep, ROWS, BLOCK_D, PAIRS)
         acc = acc + tl.sum(g, axis=0)
     acc = acc * scale
     tl.store(out_ptr + v.to(tl.int64) * D + cols, round_to(acc, out_ptr.dtype.element_ty), mask=cmask)
@@ -90,6 +93,12 @@ def _segment_sum_kernel(grad_ptr, perm_ptr, bounds_ptr, seed_ptr, out_ptr,
 
 def _block_d(D: int, cap: int) -> int:
     return min(triton.next_power_of_2(max(D, 1)), cap)
+
+
+def _pairs(D: int, offset: int, block_d: int) -> bool:
+    """Whether every tile row's dropout counters start even (D and offset even), so the kernels can
+    hash pairs of counters (:func:`._hash.dropout_multiplier_tile`)."""
+    return D % 2 == 0 and int(offset) % 2 == 0 and block_d >= 2
 
 
 def _check_float(name: str, t: torch.Tensor) -> None:
@@ -153,7 +162,8 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     _embedding_forward_kernel[grid](
         weight, flat_ids, tab, flat_pos, seed_tensor(seed, weight.device), out,
         N, D, V, P, npos, weight.stride(0), tab.stride(0), float(scale), inv_keep, threshold, int(offset),
-        HAS_POS=has_pos, HAS_DROPOUT=p > 0.0, BLOCK_N=BLOCK_N, BLOCK_D=block_d, **LAUNCH_OPTIONS)
+        HAS_POS=has_pos, HAS_DROPOUT=p > 0.0, PAIRS=_pairs(D, offset, block_d), BLOCK_N=BLOCK_N, BLOCK_D=block_d,
+        **LAUNCH_OPTIONS)
     return out
 
 
@@ -167,10 +177,11 @@ def _segment_sum(grad2d: torch.Tensor, keys: torch.Tensor, num_rows: int, scale:
     if num_rows == 0 or D == 0:
         return out
     threshold, inv_keep = dropout_args(p)
-    block_d = _block_d(D, 512)                                                  # tiles of ROWS x 512
+    block_d = _block_d(D, SEGMENT_BLOCK_D)                                      # tiles of ROWS x SEGMENT_BLOCK_D
     _segment_sum_kernel[(num_rows, triton.cdiv(D, block_d))](
         grad2d, perm, bounds, seed, out, D, float(scale), inv_keep, threshold, int(offset), int(skip_row),
-        HAS_DROPOUT=p > 0.0, BLOCK_D=block_d, ROWS=SEGMENT_ROWS, **LAUNCH_OPTIONS)
+        HAS_DROPOUT=p > 0.0, PAIRS=_pairs(D, offset, block_d), BLOCK_D=block_d, ROWS=SEGMENT_ROWS,
+        **{"num_warps": SEGMENT_WARPS, **LAUNCH_OPTIONS})
     return out
 
 
