@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS, round_to
+from tokenpos.kernels.triton._grid import cdiv, next_power_of_2
 from tokenpos.tables.errors import ConfigError
 
 BLOCK_V = 1024
@@ -84,7 +85,7 @@ def cross_entropy_stats(logits: torch.Tensor, targets: torch.Tensor, vocab_start
     N, Vs = logits.shape
     out = torch.empty((N, 3), dtype=torch.float32, device=logits.device)
     if N:
-        block = min(triton.next_power_of_2(max(Vs, 1)), BLOCK_V)
+        block = min(next_power_of_2(max(Vs, 1)), BLOCK_V)
         _stats_kernel[(N,)](logits, targets.contiguous(), out, Vs, logits.stride(0), int(vocab_start),
                             BLOCK=block, **LAUNCH_OPTIONS)
     return out
@@ -107,8 +108,8 @@ def cross_entropy_backward(logits: torch.Tensor, targets: torch.Tensor, lse: tor
     N, Vs = logits.shape
     out = logits if inplace else torch.empty_like(logits)
     if N and Vs:
-        block = min(triton.next_power_of_2(max(Vs, 1)), BLOCK_V)
-        _backward_kernel[(N, triton.cdiv(Vs, block))](
+        block = min(next_power_of_2(max(Vs, 1)), BLOCK_V)
+        _backward_kernel[(N, cdiv(Vs, block))](
             logits, targets.contiguous(), lse.float().contiguous(), grad_loss.contiguous(), out, Vs,
             logits.stride(0), out.stride(0), int(vocab_start), int(ignore_index), BLOCK=block, **LAUNCH_OPTIONS)
     return out

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS, round_to
+from tokenpos.kernels.triton._grid import cdiv, next_power_of_2
 from tokenpos.kernels.triton._hash import dropout_args, dropout_key, dropout_multiplier_tile, seed_tensor
 from tokenpos.tables.errors import ConfigError
 
@@ -92,7 +93,7 @@ def _segment_sum_kernel(grad_ptr, perm_ptr, bounds_ptr, seed_ptr, out_ptr,
 
 
 def _block_d(D: int, cap: int) -> int:
-    return min(triton.next_power_of_2(max(D, 1)), cap)
+    return min(next_power_of_2(max(D, 1)), cap)
 
 
 def _pairs(D: int, offset: int, block_d: int) -> bool:
@@ -158,7 +159,7 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     if N == 0 or D == 0:
         return out
     block_d = _block_d(D, 256)                                                  # tiles of <= 16 x 256 elements
-    grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(D, block_d))
+    grid = (cdiv(N, BLOCK_N), cdiv(D, block_d))
     _embedding_forward_kernel[grid](
         weight, flat_ids, tab, flat_pos, seed_tensor(seed, weight.device), out,
         N, D, V, P, npos, weight.stride(0), tab.stride(0), float(scale), inv_keep, threshold, int(offset),
@@ -178,7 +179,7 @@ def _segment_sum(grad2d: torch.Tensor, keys: torch.Tensor, num_rows: int, scale:
         return out
     threshold, inv_keep = dropout_args(p)
     block_d = _block_d(D, SEGMENT_BLOCK_D)                                      # tiles of ROWS x SEGMENT_BLOCK_D
-    _segment_sum_kernel[(num_rows, triton.cdiv(D, block_d))](
+    _segment_sum_kernel[(num_rows, cdiv(D, block_d))](
         grad2d, perm, bounds, seed, out, D, float(scale), inv_keep, threshold, int(offset), int(skip_row),
         HAS_DROPOUT=p > 0.0, PAIRS=_pairs(D, offset, block_d), BLOCK_D=block_d, ROWS=SEGMENT_ROWS,
         **{"num_warps": SEGMENT_WARPS, **LAUNCH_OPTIONS})

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS, round_to
+from tokenpos.kernels.triton._grid import cdiv, next_power_of_2
 from tokenpos.tables.errors import ConfigError
 
 BLOCK_L = 16
@@ -124,14 +125,14 @@ def _launch(q, k, oq, ok, HK: int, cos, sin, interleaved: bool, neg_sin: bool) -
     if B * (H + HK) * L == 0 or (F == 0 and not copy_tail):
         return
     f64 = torch.float64 in (q.dtype, cos.dtype)
-    grid = (B * (H + HK), triton.cdiv(L, BLOCK_L))
+    grid = (B * (H + HK), cdiv(L, BLOCK_L))
     _rope_kernel[grid](
         q, k, oq, ok, cos, sin, H, HK, L, F, tail,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         oq.stride(0), oq.stride(1), oq.stride(2), ok.stride(0), ok.stride(1), ok.stride(2),
         scb, cos.stride(-2),
         INTERLEAVED=bool(interleaved), NEG_SIN=neg_sin, COPY_TAIL=copy_tail, F64=f64, BLOCK_L=BLOCK_L,
-        BLOCK_F=triton.next_power_of_2(max(F, 1)), BLOCK_T=min(triton.next_power_of_2(max(tail, 1)), 128),
+        BLOCK_F=next_power_of_2(max(F, 1)), BLOCK_T=min(next_power_of_2(max(tail, 1)), 128),
         **LAUNCH_OPTIONS)
 
 
