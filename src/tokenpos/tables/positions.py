@@ -34,6 +34,12 @@ def _shared_default_positions(seq_len: int, start_pos: int) -> np.ndarray:
     return pos
 
 
+def check_padding_start(start_pos: Any, padding_idx: int, length: int) -> int:
+    """``start_pos`` checked over the whole span of RoBERTa's positions, which run to
+    ``padding_idx + start_pos + length`` (both backends call this, so they raise alike)."""
+    return check_start_pos(start_pos, padding_idx + 1 + length)
+
+
 def positions_from_padding(ids: Any, padding_idx: int, start_pos: int = 0) -> np.ndarray:
     """RoBERTa's positions (HF ``create_position_ids_from_input_ids``).
 
@@ -46,6 +52,6 @@ def positions_from_padding(ids: Any, padding_idx: int, start_pos: int = 0) -> np
         int64 array of the same shape.
     """
     ids = np.asarray(ids)
-    start_pos = check_start_pos(start_pos, padding_idx + 1 + (ids.shape[-1] if ids.ndim else 1))
+    start_pos = check_padding_start(start_pos, padding_idx, ids.shape[-1] if ids.ndim else 1)
     mask = (ids != padding_idx).astype(np.int64)
     return (np.cumsum(mask, axis=-1) + start_pos) * mask + padding_idx

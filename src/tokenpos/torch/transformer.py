@@ -20,6 +20,7 @@ import torch
 from tokenpos.tables.dropout import SEED_MASK
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.positions import check_padding_start
 from tokenpos.tables.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.torch._checks import (
     check_position_tensor,
@@ -64,7 +65,7 @@ def default_positions(start: int, length: int, like: torch.Tensor) -> torch.Tens
 def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int = 0) -> torch.Tensor:
     """RoBERTa's positions (``tables.positions.positions_from_padding`` in torch ops), int64 like ids;
     ``start_pos`` checked as there (the positions run to padding_idx + start_pos + L)."""
-    start_pos = check_start_pos(start_pos, padding_idx + 1 + (ids.shape[-1] if ids.dim() else 1))
+    start_pos = check_padding_start(start_pos, padding_idx, ids.shape[-1] if ids.dim() else 1)
     mask = (ids != padding_idx).long()
     return (torch.cumsum(mask, dim=-1) + start_pos) * mask + padding_idx
 
