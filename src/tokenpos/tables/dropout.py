@@ -57,7 +57,7 @@ def dropout_threshold(p: float) -> int:
 def keep_bits(seed: int, offset: int, n: int) -> np.ndarray:
     """(n,) uint64: the 24 hash bits of counters ``offset .. offset + n - 1`` (the formula above)."""
     first, last = offset >> 1, (offset + n + 1) >> 1          # the hashes (counter pairs) covering them
-    j = np.arange(first, max(first, last), dtype=np.uint64)
+    j = np.arange(first, last, dtype=np.uint64)
     with np.errstate(over="ignore"):
         z = _mix(seed_key(seed) ^ (j * GOLDEN))
     words = np.stack([z & np.uint64(0xFFFFFFFF), z >> np.uint64(32)], axis=-1).reshape(-1)   # counter order
