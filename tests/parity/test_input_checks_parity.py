@@ -147,3 +147,64 @@ def test_every_block_refuses_a_bad_id_with_the_shared_error(backend, kernels, co
     layer = _layer(backend, **CONFIGS[config]).eval()
     with tokenpos.use_kernels(kernels), pytest.raises(TokenIdError, match=f"token id {bad} at index"):
         layer(_ids(backend, [[2, bad, 3]]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@KERNELS
+@pytest.mark.parametrize("config", list(CONFIGS), ids=list(CONFIGS))
+def test_a_bad_id_in_training_takes_back_the_dropout_seed(backend, kernels, config):
+    """With dropout the seed is drawn before the op that checks the ids (the kernel, in its gather
+    loop): when that op raises, the draw is taken back, so the generator is where it was and the
+    next good call draws the seed it would have drawn."""
+    def make():
+        return _layer(backend, dropout=0.5, **CONFIGS[config]).train()
+
+    layer, twin = make(), make()
+    good = _ids(backend, [[2, 4, 3]])
+    before = _rng_state(backend, layer)
+    with tokenpos.use_kernels(kernels):
+        with pytest.raises(TokenIdError, match="token id 10 at index"):
+            layer(_ids(backend, [[2, 10, 3]]))
+        after = _rng_state(backend, layer)
+        assert (after == before) if backend == "numpy" else torch.equal(after, before)
+        out = layer(good)
+        if backend == "torch":                  # torch's layers share the global generator: rewind it
+            torch.set_rng_state(before)
+        expected = twin(good)
+    if backend == "torch":
+        out, expected = out.detach().numpy(), expected.detach().numpy()
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_a_bad_id_in_training_takes_back_the_seed_of_an_explicit_torch_generator():
+    gen = torch.Generator().manual_seed(5)
+    layer = tpt.TransformerEmbedding(10, 8, 8, dropout=0.5, generator=gen).train()
+    before, global_before = gen.get_state(), torch.get_rng_state()
+    with pytest.raises(TokenIdError):
+        layer(torch.tensor([[2, -1, 3]]))
+    assert torch.equal(gen.get_state(), before) and torch.equal(torch.get_rng_state(), global_before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_call_does_not_rewind_draws_made_by_others_in_between(backend, monkeypatch):
+    """Another draw from the same generator between the seed and the failure (another thread): the
+    generator is left where it is, so those numbers are never handed out twice."""
+    layer = _layer(backend, dropout=0.5).train()
+    if backend == "numpy":
+        import tokenpos.numpy.transformer as mod
+        real, draw = mod.F.embedding_forward, (lambda: layer._rng.random())
+    else:
+        import tokenpos.torch.transformer as mod
+        real, draw = mod.embed, (lambda: torch.rand(1))
+
+    def other_thread_draws_then_op_fails(*args, **kwargs):
+        draw()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mod.F if backend == "numpy" else mod, "embedding_forward" if backend == "numpy" else "embed",
+                        other_thread_draws_then_op_fails)
+    before = _rng_state(backend, layer)
+    with pytest.raises(TokenIdError):
+        layer(_ids(backend, [[2, 10, 3]]))
+    after = _rng_state(backend, layer)
+    assert (after != before) if backend == "numpy" else not torch.equal(after, before)

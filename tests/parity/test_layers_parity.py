@@ -75,6 +75,7 @@ class _OneSeed:
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
+        self.bit_generator = np.random.PCG64(0)   # the state a layer snapshots before drawing
 
     def integers(self, *args: Any, **kwargs: Any) -> int:
         return self.seed

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpos.tables import dropout_keep_mask
-from tokenpos.tables.dropout import SEED_MASK, draw_seed
+from tokenpos.tables.dropout import SEED_MASK, draw_seed, undo_draw_seed
 
 FAST = settings(max_examples=40, deadline=None)
 M64 = (1 << 64) - 1
@@ -160,3 +160,27 @@ def test_every_implementation_propagates_nan_with_bit_identical_masks():
     xt = torch.from_numpy(x.copy()).requires_grad_()
     dropout_torch(xt, p, seed).backward(torch.full(shape, float("nan")))
     assert torch.isnan(xt.grad).all()                       # backward is grad * m too
+
+
+@pytest.mark.parametrize("bit_generator", [np.random.PCG64, np.random.MT19937, np.random.Philox])
+def test_undo_draw_seed_takes_back_the_one_draw_since_the_snapshot(bit_generator) -> None:
+    rng = np.random.Generator(bit_generator(7))
+    before = rng.bit_generator.state
+    first = draw_seed(rng)
+    undo_draw_seed(rng, before)
+    assert draw_seed(rng) == first                      # the generator is where it was: same seed again
+
+
+@pytest.mark.parametrize("bit_generator", [np.random.PCG64, np.random.MT19937])
+def test_undo_draw_seed_leaves_a_generator_that_others_drew_from(bit_generator) -> None:
+    """Another draw between the snapshot and the undo (another thread): rewinding would hand that
+    draw's numbers out twice, so the state is left as it is."""
+    rng = np.random.Generator(bit_generator(7))
+    before = rng.bit_generator.state
+    draw_seed(rng)
+    rng.random()                                        # someone else's draw
+    after = rng.bit_generator.state
+    undo_draw_seed(rng, before)
+    expected = np.random.Generator(bit_generator(7))
+    expected.bit_generator.state = after
+    assert rng.random() == expected.random()

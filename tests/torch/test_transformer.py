@@ -199,7 +199,8 @@ def test_start_pos_with_positions_is_refused_and_changes_nothing(kernels, positi
 
 @pytest.mark.parametrize("args, kwargs", BAD_CALLS)
 def test_errors_and_rng_untouched_on_both_paths(args, kwargs) -> None:
-    """Every check runs before a dropout seed is drawn, with the same error on both paths."""
+    """A failed call leaves the generator as it was (every check but the ids' runs before the dropout
+    seed is drawn; the op that checks the ids takes the draw back), with the same error on both paths."""
     errors = []
     for kernels in (True, False):
         tokenpos.set_kernels(kernels)

@@ -38,6 +38,7 @@ import threading
 
 import numba
 from numba.core import config as _numba_config
+from numba.np.ufunc import parallel as _numba_parallel  # (imported by numba itself)
 
 _lock = threading.Lock()
 _chosen: str | None = None        # what configure() asked numba for (None: left to the user/numba)
@@ -67,8 +68,7 @@ def _load_tbb() -> bool:
 
 
 def _launched() -> bool:
-    from numba.np.ufunc import parallel
-    return bool(getattr(parallel, "_is_initialized", False))
+    return bool(getattr(_numba_parallel, "_is_initialized", False))
 
 
 def configure() -> str | None:

@@ -241,11 +241,12 @@ def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid:
     addr = out.__array_interface__["data"][0] if stream else 0
     stream = bool(stream) and addr % out.itemsize == 0
     work = out.nbytes * (2 if p else 1)                # the dropout hash: about twice the work per byte
-    core = forward_core if work >= PARALLEL_BYTES else forward_core_serial
+    args = (w, flat_ids, typ(scale), pt, pid, has_pos, bits, thr, typ(inv), np.uint64(int(offset)), bool(check),
+            stream, np.uint64(addr), rows, BY_POSITION, PREFETCH_ROWS, out)
+    if work < PARALLEL_BYTES:
+        return forward_core_serial(*args)  # type: ignore[no-any-return]
     with parallel_guard():
-        return core(w, flat_ids, typ(scale), pt, pid, has_pos, bits, thr, typ(inv),  # type: ignore[no-any-return]
-                    np.uint64(int(offset)), bool(check), stream, np.uint64(addr), rows, BY_POSITION,
-                    PREFETCH_ROWS, out)
+        return forward_core(*args)  # type: ignore[no-any-return]
 
 
 def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p: float = 0.0, seed: int = 0,

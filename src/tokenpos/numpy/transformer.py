@@ -22,7 +22,7 @@ from tokenpos.numpy.module import Module, Parameter
 from tokenpos.numpy.norm import build_norm
 from tokenpos.numpy.schemes import build_shortcut
 from tokenpos.numpy.token import TokenEmbedding
-from tokenpos.tables.dropout import draw_seed
+from tokenpos.tables.dropout import draw_seed, undo_draw_seed
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import resolve_rng
@@ -134,13 +134,13 @@ class TransformerEmbedding(Module):
             return positions_from_padding(ids, pad, start_pos)
         return shared_default_positions(ids.shape[-1], start_pos)         # read-only: nothing here writes it
 
-    def _inputs(self, ids: np.ndarray, positions: Any, start_pos: int, token_type_ids: Any, defer: bool
+    def _inputs(self, ids: np.ndarray, positions: Any, start_pos: int, token_type_ids: Any
                 ) -> tuple[np.ndarray, np.ndarray | None, tuple[Any, Any, Any]]:
-        """Checks everything but the ids' values (``defer``: the op checks those); returns (positions,
-        token types, (table, its row of each position, the table's Parameter) or Nones).
+        """Checks everything but the ids' values (the op checks those); returns (positions, token
+        types, (table, its row of each position, the table's Parameter) or Nones).
 
-        With ``defer``, any error here is preceded by the ids' own check: a bad id is reported
-        first, as when the ids are checked up front, so kernels on and off raise the same error.
+        Any error here is preceded by the ids' own check: a bad id is reported first, as when the
+        ids are checked up front, so kernels on and off raise the same error.
         """
         try:
             if ids.ndim not in (1, 2):
@@ -150,8 +150,7 @@ class TransformerEmbedding(Module):
             lookup = (self.position.table_for(pos, ids.shape, in_range=self._in_range(
                 positions, start_pos, ids.shape[-1])) if self.position.kind == "additive" else (None, None, None))
         except ValueError:                                                      # every typed error
-            if defer:
-                check_token_ids(ids, self.vocab_size)
+            check_token_ids(ids, self.vocab_size)
             raise
         return pos, tt, lookup
 
@@ -179,26 +178,33 @@ class TransformerEmbedding(Module):
                 token_type_ids: Any = None) -> np.ndarray:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any state changes.
 
-        The ids' values are checked once: by the embedding op when no dropout seed is drawn before
-        it (its kernel inside the gather loop, its plain path first; nothing has changed when it
-        raises), else here, first. Either way a bad id is reported before any other bad input.
+        The ids' values are checked once, by the first embedding op (its kernel inside the gather
+        loop, its plain path first), and a bad id is reported before any other bad input. A call
+        that raises changes nothing: the dropout seed drawn before the op is taken back
+        (``undo_draw_seed``).
         """
-        w, p = self.token.weight.data, (self.dropout if self.training else 0.0)
-        defer = p == 0.0                                                        # the op checks the values
-        ids = check_token_ids(ids, self.vocab_size, values=not defer)
-        pos, tt, (table, index, table_param) = self._inputs(ids, positions, start_pos, token_type_ids, defer)
-        seed = draw_seed(self._rng) if p > 0.0 else 0                          # the last state change
-        late = self.norm is not None or tt is not None                          # dropout after the sum and norm
+        p = self.dropout if self.training else 0.0
+        ids = check_token_ids(ids, self.vocab_size, values=False)              # the op checks the values
+        pos, tt, (table, index, table_param) = self._inputs(ids, positions, start_pos, token_type_ids)
+        before = self._rng.bit_generator.state if p > 0.0 else None
+        seed = draw_seed(self._rng) if p > 0.0 else 0
+        w, late = self.token.weight.data, self.norm is not None or tt is not None   # late: dropout after norm
         s, pad_pos = self.token.multiplier, getattr(self.position, "padding_idx", None)
         c_pos = c_tt = c_norm = c_drop = None
-        if tt is None:
-            x, c_emb = F.embedding_forward(                                     # W[ids] * s + P[pos]
-                w, ids, scale=s, table=table, pos=index, p=0.0 if late else p, seed=seed,
-                padding_idx=self.token.padding_idx, table_padding_idx=pad_pos,
-                table_grad=table_param is not None and table_param.requires_grad, check_ids=defer)
-        else:                                                                   # HF's (BERT's) order:
-            x, c_emb = F.embedding_forward(w, ids, scale=s, padding_idx=self.token.padding_idx,  # W[ids] * s
-                                           check_ids=defer)
+        try:                                                # the first op checks the ids' values
+            if tt is None:
+                x, c_emb = F.embedding_forward(                                 # W[ids] * s + P[pos]
+                    w, ids, scale=s, table=table, pos=index, p=0.0 if late else p, seed=seed,
+                    padding_idx=self.token.padding_idx, table_padding_idx=pad_pos,
+                    table_grad=table_param is not None and table_param.requires_grad, check_ids=True)
+            else:                                                               # HF's (BERT's) order:
+                x, c_emb = F.embedding_forward(w, ids, scale=s, padding_idx=self.token.padding_idx,  # W[ids] * s
+                                               check_ids=True)
+        except ValueError:                                  # a bad id or position: the draw is taken back
+            if before is not None:
+                undo_draw_seed(self._rng, before)
+            raise
+        if tt is not None:
             t, c_tt = F.embedding_forward(self.token_type.weight.data, tt)      # type: ignore[union-attr]
             x = x + t                                                           # + T[token_type_ids]
             if table is not None and index is not None:                         # + P[pos]

@@ -80,3 +80,27 @@ def dropout_torch(x: torch.Tensor, p: float, seed: Any, offset: int = 0) -> torc
     wide = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
     m = dropout_multiplier_torch(seed, tuple(x.shape), p, offset, x.device, wide)
     return (x.to(wide) * m).to(x.dtype)
+
+
+def draw_seed_torch(generator: torch.Generator | None) -> torch.Tensor:
+    """A fresh 63-bit dropout seed: a 0-d int64 CPU tensor drawn from ``generator`` (None: torch's
+    global CPU generator, so ``torch.manual_seed`` reproduces a run)."""
+    return torch.randint(0, SEED_MASK, (), generator=generator, dtype=torch.int64)
+
+
+def seed_snapshot(generator: torch.Generator | None) -> tuple[torch.Generator, torch.Generator]:
+    """(the generator :func:`draw_seed_torch` draws from, a copy of its state now): taken before a
+    draw that a failing call must take back (:func:`undo_seed_draw`). A copy costs a few us, a
+    separate check of every id before the draw several times that."""
+    gen = torch.default_generator if generator is None else generator
+    return gen, gen.clone_state()
+
+
+def undo_seed_draw(gen: torch.Generator, before: torch.Generator) -> None:
+    """Puts ``gen`` back to ``before`` when the one draw since was this call's own seed, so a call
+    that raises leaves the generator as it found it. If another thread drew from ``gen`` in between,
+    its state is left alone: rewinding would hand that thread's numbers out a second time."""
+    replay = before.clone_state()
+    draw_seed_torch(replay)
+    if torch.equal(replay.get_state(), gen.get_state()):
+        gen.set_state(before.get_state())

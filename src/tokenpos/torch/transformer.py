@@ -29,7 +29,7 @@ from tokenpos.torch._checks import (
     resolve_dtype,
     values_readable,
 )
-from tokenpos.torch._dropout import dropout_torch
+from tokenpos.torch._dropout import draw_seed_torch, dropout_torch, seed_snapshot, undo_seed_draw
 from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.learned import LearnedPositionalEmbedding
@@ -220,22 +220,30 @@ class TransformerEmbedding(TokenposModule):
                 token_type_ids: Any = None) -> torch.Tensor:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any work.
 
-        The ids' values are checked once: by the op when the block is one op and nothing changes
-        before it (its kernel inside the gather loop, else first), else here, first. Either way a
-        bad id is reported before any other bad input.
+        The ids' values are checked once: by the op when the block is one op (its kernel inside the
+        gather loop, else first), else here, first. Either way a bad id is reported before any other
+        bad input, and a call that raises leaves the generator as it was (the dropout seed it drew is
+        taken back: ``undo_seed_draw``).
         """
         token, position = self.token, self.position
         weight = token.weight
         p = self.dropout if self.training else 0.0
         fuses = self.fuses
-        early = p > 0.0 or not fuses                   # a dropout seed is drawn, or several ops follow
+        early = not fuses                              # several ops follow: check the ids first
         ids = checked_ids(ids, token.vocab_size, weight, values=early)
         pos, tt, table = self._inputs(ids, positions, start_pos, token_type_ids, fuses, defer=not early)
         if table is not None or (fuses and position.kind != "additive"):
-            # dropout(W[ids] * s + P[pos]) in one op
-            return embed(weight, ids, table, pos if table is not None else None, scale=token.multiplier,
-                         p=p, seed=self._dropout_seed(p, ids), padding_idx=_pad(token.padding_idx),
-                         check_ids=not early)
+            # dropout(W[ids] * s + P[pos]) in one op, which checks the ids (the kernel in its gather loop)
+            args = (weight, ids, table, pos if table is not None else None)
+            kw = dict(scale=token.multiplier, p=p, padding_idx=_pad(token.padding_idx), check_ids=True)
+            if p == 0.0 or is_compiling():
+                return embed(*args, seed=self._dropout_seed(p, ids), **kw)
+            gen, before = seed_snapshot(self.generator)
+            try:
+                return embed(*args, seed=self._dropout_seed(p, ids), **kw)
+            except ValueError:                          # a bad id or position: the draw is taken back
+                undo_seed_draw(gen, before)
+                raise
         x = token_rows(token, ids, check_ids=not early)                              # (..., L, D)
         if self.token_type is not None:
             x = x + (self.token_type.weight[0] if tt is None else token_rows(self.token_type, tt))
@@ -278,7 +286,7 @@ class TransformerEmbedding(TokenposModule):
             return no_seed(like)
         if is_compiling():                                  # in-graph draw (generators do not trace)
             return torch.randint(0, SEED_MASK, (), device=like.device, dtype=torch.int64)
-        seed = torch.randint(0, SEED_MASK, (), generator=self.generator, dtype=torch.int64)
+        seed = draw_seed_torch(self.generator)
         return seed if like.is_cpu else seed.to(like.device)
 
     def extra_repr(self) -> str:
