@@ -27,6 +27,7 @@ float16/bfloat16 inputs, ``m`` and the product are float32, rounded once to the 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -76,7 +77,7 @@ def draw_seed(rng: np.random.Generator) -> int:
     return int(rng.integers(0, SEED_MASK, dtype=np.int64))
 
 
-def undo_draw_seed(rng: np.random.Generator, before: dict[str, Any]) -> None:
+def undo_draw_seed(rng: np.random.Generator, before: Mapping[str, Any]) -> None:
     """Puts ``rng`` back to ``before`` (its ``bit_generator.state`` taken just before a
     :func:`draw_seed`) when that draw is the only one since, so a call that raises after drawing
     its seed leaves the generator as it found it. If anything else drew from ``rng`` in between

@@ -234,15 +234,14 @@ class TransformerEmbedding(TokenposModule):
         pos, tt, table = self._inputs(ids, positions, start_pos, token_type_ids, fuses, defer=not early)
         if table is not None or (fuses and position.kind != "additive"):
             # dropout(W[ids] * s + P[pos]) in one op, which checks the ids (the kernel in its gather loop)
-            args = (weight, ids, table, pos if table is not None else None)
-            kw = dict(scale=token.multiplier, p=p, padding_idx=_pad(token.padding_idx), check_ids=True)
-            if p == 0.0 or is_compiling():
-                return embed(*args, seed=self._dropout_seed(p, ids), **kw)
-            gen, before = seed_snapshot(self.generator)
+            before = seed_snapshot(self.generator) if p > 0.0 and not is_compiling() else None
+            seed = self._dropout_seed(p, ids)
             try:
-                return embed(*args, seed=self._dropout_seed(p, ids), **kw)
+                return embed(weight, ids, table, pos if table is not None else None, scale=token.multiplier, p=p,
+                             seed=seed, padding_idx=_pad(token.padding_idx), check_ids=True)
             except ValueError:                          # a bad id or position: the draw is taken back
-                undo_seed_draw(gen, before)
+                if before is not None:
+                    undo_seed_draw(*before)
                 raise
         x = token_rows(token, ids, check_ids=not early)                              # (..., L, D)
         if self.token_type is not None:
