@@ -1,8 +1,9 @@
 """The Python time of each route to the kernels, outside the compiled core, in the bench's conditions.
 
-``python benchmarks/exp_overhead.py [reps]``. Each impl runs as the bench runs it (a 25 ms settle,
-one untimed call, then the timed call), so the timed call follows the impl's own 25 MB of output
-writes and finds the interpreter's and torch's code out of L1/L2. The compiled core
+``python benchmarks/exp_overhead.py [reps]``. The embedding cases climb from the raw kernel to the
+torch op (``ops.embed``, with autograd in training) and the public layers. Each impl runs as the
+bench runs it (a 25 ms settle, one untimed call, then the timed call), so the timed call follows
+the impl's own 25 MB of output writes and finds the interpreter's and torch's code out of L1/L2. The compiled core
 (``forward_core`` / ``_rope_core``) is timed inside the call; what remains is the route's own
 cost. It does not depend on the memory bandwidth the other guests leave, so it is stable on a
 busy machine where whole-call times are not. Prints medians and bests in us.
@@ -22,6 +23,7 @@ import tokenpos.kernels.embedding as ke
 import tokenpos.kernels.rope as kr
 import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
+from tokenpos.torch.ops import embed
 
 V, D, L, B = 50257, 768, 512, 16
 H, Dh = 12, 64
@@ -53,9 +55,12 @@ def _embedding_impls(dtype: torch.dtype, p: float) -> dict[str, Callable[[], Any
     def nxt() -> int:
         return next(it) % 4
 
+    tp, seed = torch.arange(L), torch.tensor(5)
     impls: dict[str, Callable[[], Any]] = {
         "kernel (out=)": lambda: ke.embedding_forward(w, nb[nxt()], scale=s, pos_table=pt, pos_ids=pos,
                                                       dropout_p=p, seed=5, out=buf, bf16=bf16),
+        "torch op": lambda: alive.__setitem__("o", embed(emb.token.weight, batches[nxt()], emb.position.weight, tp,
+                                                         scale=s, p=p, seed=seed, check_ids=True)),
         "torch layer": lambda: alive.__setitem__("t", emb(batches[nxt()])),
     }
     if not bf16:
@@ -99,8 +104,8 @@ def main(reps: int = 40) -> None:
              "dropout": lambda: _embedding_impls(torch.float32, 0.1),
              "bf16": lambda: _embedding_impls(torch.bfloat16, 0.0),
              "rope": _rope_impls}
-    with torch.no_grad():
-        for case, make in cases.items():
+    for case, make in cases.items():
+        with torch.set_grad_enabled(case == "dropout"):      # as the bench runs them: training with dropout
             for name, (ts, core) in measure(make(), acc, reps).items():
                 us, cus = np.array(ts) * 1e6, np.array(core) * 1e6
                 print(f"{case:8s} {name:14s} outside the core: median {np.median(us):6.1f} us, best {us.min():6.1f} us;"
