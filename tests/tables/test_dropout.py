@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -184,3 +186,17 @@ def test_undo_draw_seed_leaves_a_generator_that_others_drew_from(bit_generator) 
     expected = np.random.Generator(bit_generator(7))
     expected.bit_generator.state = after
     assert rng.random() == expected.random()
+
+
+def test_undo_draw_seed_checks_and_restores_under_the_generators_lock() -> None:
+    """No draw can fall between the check and the restore: both wait for the lock every draw takes."""
+    rng = np.random.default_rng(3)
+    before = rng.bit_generator.state
+    draw_seed(rng)
+    with rng.bit_generator.lock:                        # a draw in progress elsewhere
+        worker = threading.Thread(target=undo_draw_seed, args=(rng, before))
+        worker.start()
+        worker.join(0.2)
+        assert worker.is_alive()                        # waiting for the lock, nothing restored yet
+    worker.join()
+    assert rng.bit_generator.state == before

@@ -81,12 +81,15 @@ def undo_draw_seed(rng: np.random.Generator, before: Mapping[str, Any]) -> None:
     """Puts ``rng`` back to ``before`` (its ``bit_generator.state`` taken just before a
     :func:`draw_seed`) when that draw is the only one since, so a call that raises after drawing
     its seed leaves the generator as it found it. If anything else drew from ``rng`` in between
-    (another thread), it is left alone: rewinding would hand out those numbers a second time."""
+    (another thread), it is left alone: rewinding would hand out those numbers a second time. The
+    check and the restore hold the bit generator's lock, which its draws take too, so no draw can
+    fall between them."""
     replay = np.random.Generator(type(rng.bit_generator)())
     replay.bit_generator.state = before
     draw_seed(replay)
-    if _same_state(replay.bit_generator.state, rng.bit_generator.state):
-        rng.bit_generator.state = before
+    with rng.bit_generator.lock:
+        if _same_state(replay.bit_generator.state, rng.bit_generator.state):
+            rng.bit_generator.state = before
 
 
 def _same_state(a: Any, b: Any) -> bool:
