@@ -176,7 +176,8 @@ class TransformerEmbedding(Module):
 
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
                 token_type_ids: Any = None) -> np.ndarray:
-        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any state changes.
+        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input but the ids' values is checked before
+        any state changes.
 
         The ids' values are checked once, by the first embedding op (its kernel inside the gather
         loop, its plain path first), and a bad id is reported before any other bad input. A call

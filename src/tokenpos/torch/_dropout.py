@@ -97,16 +97,16 @@ def seed_snapshot(generator: torch.Generator | None) -> tuple[torch.Generator, t
 
 
 def undo_seed_draw(gen: torch.Generator, before: torch.Generator) -> None:
-    """Puts ``gen`` back to ``before`` when the one draw since was this call's own seed, so a call
-    that raises leaves the generator as it found it. If another thread drew from ``gen`` in between,
-    its state is left alone: rewinding would hand that thread's numbers out a second time.
+    """Puts ``gen`` back to ``before`` (:func:`seed_snapshot`'s copy, used up here) when the one draw
+    since was this call's own seed, so a call that raises leaves the generator as it found it. If
+    another thread drew from ``gen`` in between, its state is left alone: rewinding would hand that
+    thread's numbers out a second time.
 
     torch offers no lock around a generator's state, so a draw another thread makes in the few
     microseconds between the check and the restore below would be taken back too (its numbers come
     again once). Only a failing call opens that window (NumPy's generator lock closes it there:
     ``tables.dropout.undo_draw_seed``)."""
-    replay, state = before.clone_state(), before.get_state()
-    draw_seed_torch(replay)
-    expected = replay.get_state()                      # gen's state if this call's draw was the only one
-    if torch.equal(gen.get_state(), expected):
+    state = before.get_state()
+    draw_seed_torch(before)                            # the private copy replays this call's draw
+    if torch.equal(gen.get_state(), before.get_state()):
         gen.set_state(state)
