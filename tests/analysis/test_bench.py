@@ -131,3 +131,26 @@ def test_cli_prints_every_row_with_best_and_median_ratios(tmp_path, monkeypatch,
     pub = [r for r in saved["rows"] if r["impl"] == "tokenpos torch (public layer)"][0]
     assert pub["ratio_vs_kernel"] == pytest.approx(0.8)
     assert pub["median_ratios"]["kernel"] == pytest.approx(1.125 / 1.375)
+
+
+def test_spread_is_the_largest_median_over_best_of_the_timed_rows() -> None:
+    from tokenpos.analysis.bench_timing import BenchRow, spread
+
+    rows = [BenchRow("forward", "a", 1.0, 1.0, None, None, median_seconds=1.2),
+            BenchRow("forward", "b", 2.0, 1.0, None, None, median_seconds=5.0),
+            BenchRow("forward", "note: skipped", float("nan"), float("nan"), None, None, "skipped")]
+    assert spread(rows) == pytest.approx(2.5)
+    assert math.isnan(spread(rows[2:]))
+
+
+@pytest.mark.parametrize("slow_rep, warned", [(1.2, False), (3.0, True)])   # medians 1.1x / 2.0x the best
+def test_cli_warns_when_the_run_was_noisy(monkeypatch, capsys, slow_rep: float, warned: bool) -> None:
+    from tokenpos.analysis.bench_timing import BenchReport, bench_rows
+    from tokenpos.cli import bench as cli_bench
+
+    rows = bench_rows("forward", {COPY: [1.0, slow_rep], GATHER: [1.0, 1.0]}, 1e6, limit=(GATHER,))
+    monkeypatch.setattr(bench, "run_bench", lambda **kw: BenchReport("m", "tokenpos bench", {}, rows))
+    monkeypatch.setenv("COLUMNS", "250")
+    args = argparse.Namespace(json=None, quick=False, compile=None, cases=None, no_progress=True)
+    assert cli_bench.run(args) == 0
+    assert ("the machine was busy during this run" in capsys.readouterr().out) == warned

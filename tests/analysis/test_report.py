@@ -209,3 +209,13 @@ def test_report_without_a_run_of_ones_own_shows_the_checked_in_study_with_interv
     page = build_report(tmp_path / "rep", mode="quick", bench=False).read_text(encoding="utf-8")
     assert "extrapolation_full.json" in page and "95% Student-t interval over seeds" in page
     assert "checked-in study" in page and "sliding" in page              # both protocols' tables
+
+
+@pytest.mark.parametrize("slow_rep, busy", [(1.2, False), (3.0, True)])
+def test_the_bench_section_says_when_the_machine_was_busy(slow_rep: float, busy: bool) -> None:
+    from tokenpos.analysis.bench_timing import COPY, GATHER, BenchReport, bench_rows
+    from tokenpos.analysis.report import bench_html
+
+    rows = bench_rows("forward", {COPY: [1.0, slow_rep], GATHER: [1.0, 1.0]}, 1e6, limit=(GATHER,))
+    page = bench_html(BenchReport("m", "tokenpos bench --quick", {}, rows), "default")
+    assert ("the machine was busy during this run" in page) == busy

@@ -5,6 +5,7 @@ Shared by every case in :mod:`tokenpos.analysis.bench`; returns data, never prin
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import subprocess
@@ -141,6 +142,20 @@ def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandw
                              note, m, ratio(ref(min, limit), b) if bandwidth else None,
                              ratio(ref(min, (compiled,)), b), meds, ratio(ref(min, kernel), b)))
     return rows
+
+
+NOISY = 1.5   # a run whose rows' median is this many times their best was taken on a busy machine
+
+
+def spread(rows: list[BenchRow]) -> float:
+    """The largest median / best over the timed rows (1.0: every rep alike; nan: no timed row).
+
+    On a shared machine the CPU time a guest gets moves within seconds (BENCHMARKS.md,
+    ``benchmarks/exp_clock.py``), and with it every ratio: a run with a large spread says little
+    about one row against another."""
+    pairs = [(getattr(r, "median_seconds", None), r.seconds) for r in rows]
+    vals = [m / b for m, b in pairs if m is not None and b is not None and math.isfinite(b) and b > 0]
+    return max(vals) if vals else float("nan")
 
 
 def note_rows(case: str, notes: dict[str, str]) -> list[BenchRow]:
