@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import tokenpos.torch as tpt
 from tokenpos.tables.dropout import SEED_MASK, dropout_keep_mask
-from tokenpos.torch._dropout import draw_seed_torch, seed_snapshot, undo_seed_draw
+from tokenpos.torch._dropout import copy_by_state, draw_seed_torch, seed_snapshot, undo_seed_draw
 
 
 @settings(max_examples=40, deadline=None)
@@ -83,3 +83,14 @@ def test_undo_seed_draw_leaves_a_generator_that_others_drew_from() -> None:
     after = gen.get_state()
     undo_seed_draw(g, before)
     assert torch.equal(gen.get_state(), after)
+
+
+def test_a_copy_by_state_draws_what_the_generator_draws() -> None:
+    """The snapshot of torch releases without ``Generator.clone_state``; undo works with it too."""
+    gen = torch.Generator().manual_seed(11)
+    copy = copy_by_state(gen)
+    assert torch.equal(draw_seed_torch(copy), draw_seed_torch(gen))
+    before = copy_by_state(gen)
+    first = draw_seed_torch(gen)
+    undo_seed_draw(gen, before)
+    assert torch.equal(draw_seed_torch(gen), first)

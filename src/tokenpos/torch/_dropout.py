@@ -93,7 +93,15 @@ def seed_snapshot(generator: torch.Generator | None) -> tuple[torch.Generator, t
     draw that a failing call must take back (:func:`undo_seed_draw`). A copy costs a few us, a
     separate check of every id before the draw several times that."""
     gen = torch.default_generator if generator is None else generator
-    return gen, gen.clone_state()
+    return gen, (gen.clone_state() if hasattr(gen, "clone_state") else copy_by_state(gen))
+
+
+def copy_by_state(gen: torch.Generator) -> torch.Generator:
+    """A new generator on ``gen``'s device in ``gen``'s state: ``clone_state`` for torch releases
+    without it (it came after 2.2, the oldest torch tokenpos supports)."""
+    copy = torch.Generator(device=gen.device)
+    copy.set_state(gen.get_state())
+    return copy
 
 
 def undo_seed_draw(gen: torch.Generator, before: torch.Generator) -> None:
