@@ -158,6 +158,15 @@ def spread(rows: list[BenchRow]) -> float:
     return max(vals) if vals else float("nan")
 
 
+def busy_note(rows: list[BenchRow]) -> str | None:
+    """The warning to print with a run whose :func:`spread` exceeds :data:`NOISY`, else None."""
+    worst = spread(rows)
+    if not worst > NOISY:
+        return None
+    return (f"the machine was busy during this run: a row's median took up to {worst:.1f}x its best rep, "
+            "so one run's ratios can move by 0.1 or more; compare several runs")
+
+
 def note_rows(case: str, notes: dict[str, str]) -> list[BenchRow]:
     """Rows for impls that could not run (the note says why)."""
     return [BenchRow(case, k, float("nan"), float("nan"), None, None, v) for k, v in notes.items()]

@@ -134,7 +134,7 @@ def _num(x: Any, fmt: str) -> str:
 
 def bench_html(rep: Any, mode: str) -> str:
     """The BenchReport as a table: time per call, throughput, and the ratios measured in the same run."""
-    from tokenpos.analysis.bench_timing import NOISY, spread
+    from tokenpos.analysis.bench_timing import busy_note
 
     rows = [[r.case, r.impl, _num(None if r.seconds is None else r.seconds * 1e3, ".3f"), _num(r.gbps, ".2f"),
              _num(r.ratio_vs_copy, ".2f"), _num(r.ratio_vs_reference, ".2f"), getattr(r, "note", "") or ""]
@@ -145,10 +145,9 @@ def bench_html(rep: Any, mode: str) -> str:
         value = getattr(rep, name, None)
         if value:
             meta.append(f"{name}: {value}")
-    worst = spread(rep.rows)
-    if worst > NOISY:
-        meta.append(f"the machine was busy during this run (a row's median took up to {worst:.1f}x its best rep): "
-                    "compare ratios across several runs")
+    busy = busy_note(rep.rows)
+    if busy:
+        meta.append(busy)
     return (H.paragraphs(["; ".join(str(m) for m in meta)], "note")
             + H.table(["case", "impl", "ms / call", "GB/s", "x copy", "x reference", "note"], rows,
                       numeric={2, 3, 4, 5},

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tokenpos._files import atomic_write_text, check_output_path
     from tokenpos.analysis.bench import run_bench
-    from tokenpos.analysis.bench_timing import NOISY, spread
+    from tokenpos.analysis.bench_timing import busy_note
     from tokenpos.cli._ui import console, progress_bars
 
     if args.json:
@@ -85,10 +85,9 @@ def run(args: argparse.Namespace) -> int:
                       _pair(r.ratio_vs_limit, m.get("limit")), _pair(r.ratio_vs_compile, m.get("compile")),
                       _pair(r.ratio_vs_reference, m.get("eager")), _pair(r.ratio_vs_kernel, m.get("kernel")), note)
     con.print(table)
-    worst = spread(report.rows)
-    if worst > NOISY:
-        con.print(f"[yellow]the machine was busy during this run: a row's median took up to {worst:.1f}x its "
-                  f"best rep, so one run's ratios can move by 0.1 or more; compare several runs.[/yellow]")
+    busy = busy_note(report.rows)
+    if busy:
+        con.print(f"[yellow]{busy}.[/yellow]")
     if args.json:
         atomic_write_text(args.json, json.dumps(dataclasses.asdict(report), indent=2, default=str))
         con.print(f"wrote {args.json}")
