@@ -1,4 +1,4 @@
-"""The forward-core experiments' shared set-up (``exp_visit``, ``exp_prefetch``, ``exp_settle``).
+"""The forward-core experiments' shared set-up (``exp_prefetch``, ``exp_settle``, ``ab_kernel_versions``).
 
 The bench's shapes (V=50257, D=768, B=16, L=512, ids cycled over 4 batches), tables allocated as the
 layers allocate them (huge pages, 64-byte aligned), the core called without its Python wrapper, the
@@ -17,7 +17,7 @@ from tokenpos.analysis.bench_cases import gather_rows
 from tokenpos.kernels._forward import forward_core
 from tokenpos.kernels._rng import dropout_params
 from tokenpos.kernels._threading import parallel_guard
-from tokenpos.kernels.embedding import BY_POSITION, PREFETCH_ROWS, TASK_BYTES
+from tokenpos.kernels.embedding import TASK_BYTES, prefetch_rows
 from tokenpos.torch._init import empty_table
 
 V, D, L, B = 50257, 768, 512, 16
@@ -50,16 +50,17 @@ class ForwardCase:
     def batch(self) -> np.ndarray:
         return self.ids[next(self._it) % len(self.ids)]
 
-    def core(self, table: np.ndarray, *, by_position: bool = BY_POSITION, ahead: int = PREFETCH_ROWS,
+    def core(self, table: np.ndarray, *, ahead: int | None = None,
              fn: Callable[..., int] = forward_core) -> Callable[[], None]:
         """The forward core ``fn`` on ``table`` (the (V, D) table, or ``small`` for the compute floor)."""
         batches = [ids % table.shape[0] for ids in self.ids]      # ids into ``table``, made before timing
+        ahead = prefetch_rows(D * self.out.itemsize) if ahead is None else ahead
 
         def run() -> None:
             with parallel_guard():
                 fn(table, batches[next(self._it) % len(batches)], np.float32(27.7), self.pt, self.pos, True,
                              self.bits, self.thr, self.inv, np.uint64(0), True, False, np.uint64(0), self.rows,
-                             by_position, ahead, self.out)
+                             ahead, self.out)
         return run
 
     def gather(self) -> None:

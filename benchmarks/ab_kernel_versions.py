@@ -41,7 +41,13 @@ def load_old(rev: str):
             src = src.replace(f"from tokenpos.kernels.{other} import", f"from old{other} import")
         (tmp / f"old{name}.py").write_text(src)
     sys.path.insert(0, str(tmp))
-    return importlib.import_module("old_forward").forward_core
+    core = importlib.import_module("old_forward").forward_core
+    if "by_position" not in core.py_func.__code__.co_varnames:
+        return core
+
+    def tiled(*args):   # a core from before 2026-11-25 (tiles): by position, as it ran then
+        return core(*args[:-2], True, *args[-2:])
+    return tiled
 
 
 def main(rev: str, mode: str, reps: int) -> None:

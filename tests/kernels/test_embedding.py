@@ -42,20 +42,19 @@ def cases(draw):
                 seed=seed, grad=grad, padding_idx=padding_idx, P=P)
 
 
-@pytest.mark.parametrize("by_position", [True, False])
+@pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("pos_mode", ["none", "broadcast", "full"])
 @pytest.mark.parametrize("task_bytes", [1, 3000, 1 << 16])
 @pytest.mark.parametrize("ahead", [0, 1, 2, 1000])
-def test_forward_tasks_cover_every_row_once(pos_mode: str, task_bytes: int, ahead: int, by_position: bool,
+def test_forward_tasks_cover_every_row_once(pos_mode: str, task_bytes: int, ahead: int, stream: bool,
                                             monkeypatch, rng) -> None:
-    """Tiles of positions x batch rows (down to one row each, partial last tiles in both directions)
-    write every row once; the prefetch (off, the next visit, two on, past the last visit) changes
-    no bit, nor does a row that ends in a partial line (D = 70: four lines and 6 elements)."""
+    """Every row is written once, by the plain row loop and by streamed tasks (down to one row each,
+    a partial last task); the prefetch (off, the next row, two on, past the last row) changes no
+    bit, nor does a row that ends in a partial line (D = 70: four lines and 6 elements)."""
     import tokenpos.kernels.embedding as E
 
     monkeypatch.setattr(E, "TASK_BYTES", task_bytes)
-    monkeypatch.setattr(E, "BY_POSITION", by_position)
-    monkeypatch.setattr(E, "PREFETCH_ROWS", ahead)
+    monkeypatch.setattr(E, "PREFETCH_BYTES", ahead * 70 * 4)   # rows of D = 70 float32
     B, L, D, V = 37, 5, 70, 50
     w = rng.standard_normal((V, D)).astype(np.float32)
     ids = rng.integers(0, V, (B, L))
@@ -65,7 +64,7 @@ def test_forward_tasks_cover_every_row_once(pos_mode: str, task_bytes: int, ahea
     for p in (0.0, 0.1):
         kw = dict(scale=1.5, pos_table=pt, pos_ids=pos, dropout_p=p, seed=9)
         out = np.full((B, L, D), np.nan, np.float32)
-        embedding_forward(w, ids, out=out, **kw)
+        embedding_forward(w, ids, out=out, stream=stream, **kw)
         assert np.array_equal(out, embedding_forward_ref(w, ids, **kw))
 
 
@@ -334,3 +333,15 @@ def test_run_forward_reports_bad_rows_without_reading_them(rng) -> None:
         assert np.array_equal(out[n], w[ids[n]] * np.float32(2.0) + pt[pid[n % 3]])
     good_ids = np.array([0, 1, 2, 3, 4, 1], np.int64)                     # check=False trusts the ids
     assert run_forward(w, good_ids, pt, pid, 2.0, 0.0, 0, out, check=False) == 2   # positions: always checked
+
+
+def test_prefetch_distance_is_in_bytes(monkeypatch) -> None:
+    """The forward prefetches about PREFETCH_BYTES of rows ahead: twice the rows for half-width rows,
+    at least one row, none when it is off."""
+    import tokenpos.kernels.embedding as E
+
+    monkeypatch.setattr(E, "PREFETCH_BYTES", 12 << 10)
+    assert (E.prefetch_rows(768 * 4), E.prefetch_rows(768 * 2), E.prefetch_rows(1 << 20)) == (4, 8, 1)
+    assert E.prefetch_rows(0) == 12 << 10
+    monkeypatch.setattr(E, "PREFETCH_BYTES", 0)
+    assert E.prefetch_rows(768 * 4) == 0

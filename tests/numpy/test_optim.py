@@ -326,6 +326,13 @@ def test_adam_float16_small_gradients_take_an_lr_sized_step(mode):
 # -- torch.optim.SparseAdam, exactly ------------------------------------------------------------------
 
 
+def _torch_sqrt_is_ieee(torch) -> bool:
+    """Whether torch's float32 sqrt is correctly rounded here (against float64 sqrt, rounded once)."""
+    x = np.random.default_rng(1).random(4096, dtype=np.float32)
+    want = np.sqrt(x.astype(np.float64)).astype(np.float32)
+    return bool(np.array_equal(torch.from_numpy(x).sqrt().numpy(), want))
+
+
 @pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "numpy"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sparse_adam_mode_equals_torch_sparse_adam_over_50_steps(kernels, dtype):
@@ -353,7 +360,12 @@ def test_sparse_adam_mode_equals_torch_sparse_adam_over_50_steps(kernels, dtype)
             ref_opt.step()
     finally:
         tokenpos.set_kernels(True)
-    np.testing.assert_allclose(p.data, ref.detach().numpy(), **TOL["exact"])
+    # The moments involve no square root: bit for bit everywhere. The parameters divide by sqrt(v) + eps:
+    # bit for bit where torch's float32 sqrt is correctly rounded (IEEE, as NumPy's and numba's are). On
+    # some CPUs torch 2.13 takes a sqrt that is not (measured on an AVX-512 AMD EPYC: 20 % of float32
+    # results 1 ulp off); there the parameters agree to a few ulp after 50 steps.
+    exact = dtype == np.float64 or _torch_sqrt_is_ieee(torch)
+    np.testing.assert_allclose(p.data, ref.detach().numpy(), **(TOL["exact"] if exact else {"rtol": 1e-6, "atol": 0}))
     state = ref_opt.state[ref]
     np.testing.assert_allclose(opt.state[id(p)]["m"], state["exp_avg"].numpy(), **TOL["exact"])
     np.testing.assert_allclose(opt.state[id(p)]["v"], state["exp_avg_sq"].numpy(), **TOL["exact"])

@@ -18,6 +18,16 @@ transformers = pytest.importorskip("transformers")
 HF_ATOL = TOL["hf.f32"]["atol"]
 
 
+def past(embeddings: Any, n: int) -> dict[str, int]:
+    """HF embeddings' keyword for the tokens already cached: ``cache_length`` in recent transformers
+    (seen in 5.24), ``past_key_values_length`` in earlier releases (the same meaning: positions start at n)."""
+    import inspect
+
+    name = "cache_length" if "cache_length" in inspect.signature(embeddings.forward).parameters \
+        else "past_key_values_length"
+    return {name: n}
+
+
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     assert a.shape == b.shape and a.dtype == b.dtype
     return float((a - b).abs().max())
@@ -45,9 +55,9 @@ def test_minilm_real_weights_text_pairs(minilm: tuple[Any, Any]) -> None:
     with torch.no_grad():
         assert max_diff(emb(ids, token_type_ids=tt), model.embeddings(input_ids=ids, token_type_ids=tt)) <= HF_ATOL
         assert max_diff(emb(ids), model.embeddings(input_ids=ids)) <= HF_ATOL
-        for past in (1, 17):
-            want = model.embeddings(input_ids=ids, token_type_ids=tt, past_key_values_length=past)
-            assert max_diff(emb(ids, start_pos=past, token_type_ids=tt), want) <= HF_ATOL
+        for n in (1, 17):
+            want = model.embeddings(input_ids=ids, token_type_ids=tt, **past(model.embeddings, n))
+            assert max_diff(emb(ids, start_pos=n, token_type_ids=tt), want) <= HF_ATOL
         pos = torch.tensor([[5, 4, 3, 2, 1] + list(range(6, ids.shape[1] + 1))] * 2)
         want = model.embeddings(input_ids=ids, token_type_ids=tt, position_ids=pos)
         assert max_diff(emb(ids, pos, token_type_ids=tt), want) <= HF_ATOL
@@ -61,14 +71,14 @@ def test_bert_task_model_uses_its_base_model() -> None:
     emb = tpt.from_hf(model)
     ids, tt = torch.randint(1, 50, (2, 7)), torch.randint(0, 2, (2, 7))
     with torch.no_grad():
-        want = model.bert.embeddings(input_ids=ids, token_type_ids=tt, past_key_values_length=3)
+        want = model.bert.embeddings(input_ids=ids, token_type_ids=tt, **past(model.bert.embeddings, 3))
         assert max_diff(emb(ids, start_pos=3, token_type_ids=tt), want) <= HF_ATOL
     model.train()
     assert tpt.from_hf(model).training is True
 
 
 def test_positions_with_a_past_length_are_refused_where_hf_ignores_it() -> None:
-    """HF's embeddings ignore past_key_values_length when position_ids are given; from_hf's layer refuses
+    """HF's embeddings ignore the cached length when position_ids are given; from_hf's layer refuses
     positions with a nonzero start_pos (a ConfigError, nothing drawn) and matches HF with start_pos=0."""
     cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=32, max_position_embeddings=20, type_vocab_size=2)
@@ -77,7 +87,7 @@ def test_positions_with_a_past_length_are_refused_where_hf_ignores_it() -> None:
     emb = tpt.from_hf(model)
     ids, pos = torch.randint(1, 50, (2, 7)), torch.tensor([[4, 5, 6, 7, 8, 9, 10], [0, 2, 4, 6, 8, 10, 12]])
     with torch.no_grad():
-        want = model.embeddings(input_ids=ids, position_ids=pos, past_key_values_length=3)
+        want = model.embeddings(input_ids=ids, position_ids=pos, **past(model.embeddings, 3))
         assert max_diff(emb(ids, pos), want) <= HF_ATOL
         assert max_diff(emb(ids, pos, start_pos=0), want) <= HF_ATOL
         with pytest.raises(tpt.ConfigError, match="start_pos=3 given with positions"):
@@ -104,9 +114,9 @@ def test_roberta_padding_positions(model_type: str) -> None:
     assert emb.position_ids == "padding" and emb.padding_idx == 1
     ids = torch.tensor([[0, 5, 9, 2, 1, 1, 1], [1, 1, 0, 7, 7, 2, 1], [0, 3, 4, 5, 6, 7, 2]])
     with torch.no_grad():
-        for past in (0, 4):
-            want = model.embeddings(input_ids=ids, past_key_values_length=past)
-            assert max_diff(emb(ids, start_pos=past), want) <= HF_ATOL
+        for n in (0, 4):
+            want = model.embeddings(input_ids=ids, **past(model.embeddings, n))
+            assert max_diff(emb(ids, start_pos=n), want) <= HF_ATOL
 
 
 @pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta"])

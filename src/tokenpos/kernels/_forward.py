@@ -2,16 +2,15 @@
 
 Shapes: V vocab, D model dim, N flat ids, Lp flat positions (row n uses ``pos_ids[n % Lp]``).
 
-:func:`forward_core` is one ``prange`` over tiles of about ``rows`` output rows (each is
-:func:`_tile`): a block of positions times a block of batch rows (``N / Lp`` in all),
-visited position by position. ``by_position`` tiles take up to ``rows`` batch rows of one or a few
-positions, so one positional row stays in L1 while its batch rows pass; other tiles are blocks of
-consecutive output rows (the caller picks; measured: BENCHMARKS.md).
-:func:`forward_core_serial` runs all rows as one tile on the calling thread, for outputs under
+:func:`forward_core` is one ``prange`` over the output rows in order: numba gives each thread one
+contiguous block, so each thread writes its part of the output sequentially.
+:func:`forward_core_serial` runs the same rows on the calling thread, for outputs under
 ``embedding.PARALLEL_BYTES`` where a parallel launch costs more than it gives. A row is computed
 one 64-byte line at a time (:mod:`._lines`, explicit 512-bit vectors), and before each line the
-same line of the token row ``ahead`` visits on is prefetched into L1 (``embedding.PREFETCH_ROWS``):
+same line of the token row ``ahead`` rows on is prefetched into L1 (``embedding.prefetch_rows``):
 the next rows' random reads are spread over this row's arithmetic instead of waiting for it.
+(Tiles of positions x batch rows that keep a positional row in L1, and tasks of about 64 KiB,
+were measured slower than this plain loop on both machines the bench has run on: BENCHMARKS.md.)
 Per row:
 
     y[d]   = w[ids[n], d] * scale + pos[pos_ids[n % Lp], d]         (no fused multiply-add)
@@ -133,80 +132,80 @@ def row(w, pe, has_pos, scale, key, thr, inv, base, o, nxt):  # pragma: no cover
     tail(w, pe, has_pos, scale, key, thr, inv, base + np.uint64(d1), o, d1)
 
 
-@njit(cache=True)
-def _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream, out_addr,
-          ahead, out, l0, l1, b0, b1):  # pragma: no cover - compiled
-    """Output rows ``n = b * Lp + l`` for l in [l0, l1), b in [b0, b1), position by position (one
-    positional row stays in L1 while its batch rows pass); returns how many were skipped as bad."""
+@njit(inline="always", cache=True)
+def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, n,
+            o):  # pragma: no cover - compiled
+    """Output row ``n`` into ``o`` (``out[n]``, or a scratch row), prefetching the token row of flat
+    row ``n + ahead`` (the last row past the end); returns 1 if the row was skipped as bad, else 0."""
+    N = ids.shape[0]
     V = weight.shape[0]
     D = weight.shape[1]
-    Lp = pos_ids.shape[0]
     P = pos_table.shape[0]
-    nbr = b1 - b0
+    q = pos_ids[n % pos_ids.shape[0]]
+    r = ids[n]
+    if q < 0 or q >= P or (check and (r < 0 or r >= V)):
+        return 1
+    nxt = weight[ids[min(n + ahead, N - 1)]] if ahead else weight[r]   # a prefetch never faults
+    row(weight[r], pos_table[q], has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o, nxt)
+    return 0
+
+
+@njit(cache=True)
+def _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, out_addr, ahead,
+              out, n0, n1):  # pragma: no cover - compiled
+    """Rows [n0, n1), each built in an L1 scratch row and written with non-temporal stores; returns
+    how many were skipped as bad."""
+    D = weight.shape[1]
     row_bytes = np.uint64(D * out.itemsize)
-    tmp = np.empty(D if stream else 0, out.dtype)       # the scratch row streamed stores are built in
-    fl = l0 + ahead // nbr                              # the visit ``ahead`` on: position fl, batch row fb
-    fb = b0 + ahead % nbr
+    tmp = np.empty(D, out.dtype)
     nbad = 0
-    for l in range(l0, l1):
-        q = pos_ids[l]
-        pe = pos_table[q if 0 <= q < P else 0]
-        for b in range(b0, b1):
-            n = b * Lp + l
-            nxt = weight[ids[fb * Lp + fl]] if ahead and fl < l1 else weight[0]
-            fb += 1
-            if fb == b1:
-                fb = b0
-                fl += 1
-            r = ids[n]
-            if q < 0 or q >= P or (check and (r < 0 or r >= V)):
-                nbad += 1
-                continue
-            o = tmp if stream else out[n]
-            row(weight[r], pe, has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o, nxt)
-            if stream:
-                stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
-    if stream:
-        store_fence()
+    for n in range(n0, n1):
+        bad = _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, n, tmp)
+        if not bad:
+            stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
+        nbad += bad
+    store_fence()
     return nbad
 
 
 @njit(parallel=True, cache=True)
 def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
-                 stream, out_addr, rows, by_position, ahead, out):  # pragma: no cover - compiled
+                 stream, out_addr, rows, ahead, out):  # pragma: no cover - compiled
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
     a bad id or position (nothing is read outside the tables).
 
-    One ``prange`` over tiles of about ``rows`` output rows (:func:`_tile`): with ``by_position``,
-    up to ``rows`` batch rows of as many positions as fill the rest; else up to ``rows`` positions of
-    as many batch rows as fill the rest (consecutive output rows). The token row ``ahead`` visits
-    on is prefetched line by line while a row is computed (0: none).
+    One ``prange`` over the output rows in order (numba splits it into one contiguous block per
+    thread); the token row ``ahead`` rows on is prefetched line by line while a row is computed (0:
+    none). With ``stream``, a ``prange`` over tasks of ``rows`` consecutive rows, one scratch row
+    each (:func:`_streamed`).
     """
-    Lp = pos_ids.shape[0]
-    nb = ids.shape[0] // Lp
-    if by_position:
-        pb = min(nb, rows)
-        pl = max(1, rows // pb)
-    else:
-        pl = min(Lp, rows)
-        pb = max(1, min(nb, rows // pl))
-    nbb = (nb + pb - 1) // pb
+    N = ids.shape[0]
     key = key_of(seed)                                  # the dropout key of the seed bits (thr 0: unused)
     nbad = 0
-    for task in prange(((Lp + pl - 1) // pl) * nbb):
-        l0 = (task // nbb) * pl
-        b0 = (task % nbb) * pb
-        nbad += _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, stream,
-                      out_addr, ahead, out, l0, min(Lp, l0 + pl), b0, min(nb, b0 + pb))
+    if stream:
+        for task in prange((N + rows - 1) // rows):
+            nbad += _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check,
+                              out_addr, ahead, out, task * rows, min(N, task * rows + rows))
+    else:
+        for n in prange(N):
+            nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead,
+                            n, out[n])
     return nbad
 
 
 @njit(cache=True)
 def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
-                        stream, out_addr, rows, by_position, ahead, out):  # pragma: no cover - compiled
-    """:func:`forward_core` on the calling thread, all rows one tile: for outputs too small to pay
-    for a parallel launch (``embedding.PARALLEL_BYTES``; measured: BENCHMARKS.md). It takes the same
-    arguments, so the caller can pick either; ``rows`` and ``by_position`` are unused."""
-    Lp = pos_ids.shape[0]
-    return _tile(weight, ids, scale, pos_table, pos_ids, has_pos, key_of(seed), thr, inv, offset, check, stream,
-                 out_addr, ahead, out, 0, Lp, 0, ids.shape[0] // Lp)
+                        stream, out_addr, rows, ahead, out):  # pragma: no cover - compiled
+    """:func:`forward_core` on the calling thread: for outputs too small to pay for a parallel launch
+    (``embedding.PARALLEL_BYTES``; measured: BENCHMARKS.md). It takes the same arguments, so the
+    caller can pick either; ``rows`` is unused."""
+    N = ids.shape[0]
+    key = key_of(seed)
+    if stream:
+        return _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, out_addr,
+                         ahead, out, 0, N)
+    nbad = 0
+    for n in range(N):
+        nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, n,
+                        out[n])
+    return nbad

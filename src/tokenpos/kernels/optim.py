@@ -21,7 +21,10 @@ Two modes:
   / (1 - b1^t)``), i.e. its effective eps is ``eps / sqrt(1 - b2^t)`` here, larger in early steps.
 - ``"sparse_adam"`` (Adam only): exactly ``torch.optim.SparseAdam`` (same formula and the same float
   operations in the same order: ``m += (1 - b1) * (g - m)``, ``v += (1 - b2) * (g * g - v)``,
-  ``p += -step_size * (m / (sqrt(v) + eps))``), listed rows only; no weight decay (SparseAdam has none).
+  ``p += -step_size * (m / (sqrt(v) + eps))``, with an IEEE sqrt), listed rows only; no weight decay
+  (SparseAdam has none). Bit for bit wherever torch's own float32 sqrt is correctly rounded; on some
+  CPUs it is not (an AVX-512 AMD EPYC, torch 2.13: 1 ulp off on 20 % of values), and the parameters
+  then differ from torch's by a few ulp.
 
 Adam follows ``torch.optim.Adam`` / ``AdamW`` (amsgrad off): with ``decoupled=False`` weight decay
 is L2 (``g += wd * p``); with ``decoupled=True`` (AdamW) ``p -= lr * wd * p`` first.

@@ -15,7 +15,8 @@ Row-sparse gradients (embedding tables) have these modes:
   optimiser state is allocated at the first step. For plain SGD without momentum or weight decay
   all modes are the same.
 - ``sparse_mode="sparse_adam"`` (Adam only): exactly ``torch.optim.SparseAdam`` (same formula, same
-  float operations in the same order; tested against it), lazy rows, no weight decay (SparseAdam has
+  float operations in the same order; tested against it: bit for bit wherever torch's float32 sqrt is
+  correctly rounded, within a few ulp on CPUs where it is not), lazy rows, no weight decay (SparseAdam has
   none). Dense gradients (a bias, a norm weight) get the same formula on every element. float16
   parameters keep float32 moments (SparseAdam would keep float16 ones).
 

@@ -10,8 +10,8 @@ Supported families (by ``model.config.model_type``):
 | Llama-style causal LMs | llama, mistral, qwen2, qwen3, phi3 | embed_tokens; ``emb.position`` is a
   ``RotaryEmbedding.from_hf_config(config)`` for the attention (nothing is added to the embeddings) |
 
-``start_pos`` plays the role of HF's ``past_key_values_length`` / past seen tokens (HF ignores it when
-``position_ids`` are given; tokenpos refuses ``positions`` with a nonzero ``start_pos``). Weights are
+``start_pos`` plays the role of HF's ``cache_length`` (``past_key_values_length`` in earlier transformers
+releases) / past seen tokens (HF ignores it when ``position_ids`` are given; tokenpos refuses ``positions`` with a nonzero ``start_pos``). Weights are
 copied with their dtype and device. In eval mode the output equals HF's block exactly; in training
 mode dropout uses tokenpos's counter-based mask, not torch's ``nn.Dropout`` stream.
 Transformers is never imported here: the model is read through its config and modules.
@@ -58,7 +58,7 @@ def from_hf(model: Any, *, freeze: bool = False) -> TransformerEmbedding:
 
     Returns:
         A module whose ``forward(ids (B, L), positions=None, *, start_pos=0, token_type_ids=None)``
-        equals ``model.embeddings(input_ids, token_type_ids, position_ids, past_key_values_length=start_pos)``
+        equals ``model.embeddings(input_ids, token_type_ids, position_ids, cache_length=start_pos)``
         (BERT/RoBERTa) or ``wte(ids) + wpe(start_pos + arange(L))`` (GPT-2). Same training mode as ``model``.
         With ``positions`` given, ``start_pos`` must be 0 (ConfigError otherwise: HF would ignore it).
 
