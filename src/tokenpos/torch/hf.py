@@ -13,7 +13,8 @@ Supported families (by ``model.config.model_type``):
 ``start_pos`` plays the role of HF's ``cache_length`` (``past_key_values_length`` in earlier transformers
 releases) / past seen tokens (HF ignores it when ``position_ids`` are given; tokenpos refuses
 ``positions`` with a nonzero ``start_pos``). Weights are copied with their dtype and device. In eval
-mode the output equals HF's block exactly; in training mode dropout uses tokenpos's counter-based mask, not torch's ``nn.Dropout`` stream.
+mode the output equals HF's block exactly; in training mode dropout uses tokenpos's counter-based mask,
+not torch's ``nn.Dropout`` stream.
 Transformers is never imported here: the model is read through its config and modules.
 
 Shapes: V vocab, D hidden size, P max_position_embeddings, T type_vocab_size.
