@@ -16,7 +16,7 @@ from itertools import count
 
 import numpy as np
 import torch
-from _forward_case import D, L, ForwardCase, print_vs_gather
+from _forward_case import D, ForwardCase, L, print_vs_gather
 
 from tokenpos.analysis.bench_timing import time_interleaved
 from tokenpos.kernels._forward import forward_core
