@@ -335,6 +335,25 @@ def test_run_forward_reports_bad_rows_without_reading_them(rng) -> None:
     assert run_forward(w, good_ids, pt, pid, 2.0, 0.0, 0, out, check=False) == 2   # positions: always checked
 
 
+@pytest.mark.parametrize("bad", [5, -1, 2**62, -(2**62), np.iinfo(np.int64).max])
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_bad_ids_ahead_of_good_rows_are_never_prefetched_or_read(bad: int, ahead: int, monkeypatch, rng) -> None:
+    """A bad id that the prefetch reaches before its own row (any distance, any magnitude) is skipped
+    there and reported after the loop; the good rows around it are exact."""
+    import tokenpos.kernels.embedding as E
+    from tokenpos.kernels.embedding import run_forward
+
+    monkeypatch.setattr(E, "PREFETCH_BYTES", ahead * 4 * 4)      # rows of D = 4 float32
+    w = rng.standard_normal((5, 4)).astype(np.float32)
+    ids = np.array([0, 1, 2, bad, 3, 4, bad, 1], np.int64)
+    out = np.zeros((8, 4), np.float32)
+    assert run_forward(w, ids, None, None, 1.5, 0.0, 0, out) == 2
+    for n in (0, 1, 2, 4, 5, 7):
+        assert np.array_equal(out[n], w[ids[n]] * np.float32(1.5))
+    with pytest.raises(TokenIdError):
+        embedding_forward(w, ids)
+
+
 def test_prefetch_distance_is_in_bytes(monkeypatch) -> None:
     """The forward prefetches about PREFETCH_BYTES of rows ahead: twice the rows for half-width rows,
     at least one row, none when it is off."""

@@ -136,7 +136,9 @@ def row(w, pe, has_pos, scale, key, thr, inv, base, o, nxt):  # pragma: no cover
 def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, n,
             o):  # pragma: no cover - compiled
     """Output row ``n`` into ``o`` (``out[n]``, or a scratch row), prefetching the token row of flat
-    row ``n + ahead`` (the last row past the end); returns 1 if the row was skipped as bad, else 0."""
+    row ``n + ahead`` (the last row past the end; this row's own when that id is outside the table,
+    so no prefetch address is ever computed from a bad id); returns 1 if the row was skipped as bad,
+    else 0."""
     N = ids.shape[0]
     V = weight.shape[0]
     D = weight.shape[1]
@@ -145,7 +147,8 @@ def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offs
     r = ids[n]
     if q < 0 or q >= P or (check and (r < 0 or r >= V)):
         return 1
-    nxt = weight[ids[min(n + ahead, N - 1)]] if ahead else weight[r]   # a prefetch never faults
+    j = ids[min(n + ahead, N - 1)] if ahead else r
+    nxt = weight[j if 0 <= j < V else r]
     row(weight[r], pos_table[q], has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o, nxt)
     return 0
 
