@@ -10,7 +10,7 @@ one 64-byte line at a time (:mod:`._lines`, explicit 512-bit vectors), and befor
 same line of the token row ``ahead`` rows on is prefetched into L1 (``embedding.prefetch_rows``):
 the next rows' random reads are spread over this row's arithmetic instead of waiting for it.
 (Tiles of positions x batch rows that kept a positional row in L1, tuned on a Sapphire Rapids
-guest, measured 0.77-0.84x this plain loop's speed on an AMD EPYC guest: BENCHMARKS.md, 2026-11-25.)
+guest, ran at 0.82-0.83x this plain loop's speed on an AMD EPYC guest: BENCHMARKS.md, 2026-11-25.)
 Per row:
 
     y[d]   = w[ids[n], d] * scale + pos[pos_ids[n % Lp], d]         (no fused multiply-add)
