@@ -50,17 +50,19 @@ class ForwardCase:
     def batch(self) -> np.ndarray:
         return self.ids[next(self._it) % len(self.ids)]
 
-    def core(self, table: np.ndarray, *, ahead: int | None = None,
+    def core(self, table: np.ndarray, *, ahead: int | None = None, far: int | None = None,
              fn: Callable[..., int] = forward_core) -> Callable[[], None]:
         """The forward core ``fn`` on ``table`` (the (V, D) table, or ``small`` for the compute floor)."""
         batches = [ids % table.shape[0] for ids in self.ids]      # ids into ``table``, made before timing
-        ahead = prefetch_rows(D * self.out.itemsize) if ahead is None else ahead
+        near, far_default = prefetch_rows(D * self.out.itemsize)
+        ahead = near if ahead is None else ahead
+        far = far_default if far is None else far
 
         def run() -> None:
             with parallel_guard():
                 fn(table, batches[next(self._it) % len(batches)], np.float32(27.7), self.pt, self.pos, True,
                              self.bits, self.thr, self.inv, np.uint64(0), True, False, np.uint64(0), self.rows,
-                             ahead, self.out)
+                             ahead, far, self.out)
         return run
 
     def gather(self) -> None:

@@ -42,12 +42,16 @@ def load_old(rev: str):
         (tmp / f"old{name}.py").write_text(src)
     sys.path.insert(0, str(tmp))
     core = importlib.import_module("old_forward").forward_core
-    if "by_position" not in core.py_func.__code__.co_varnames:
-        return core
+    names = core.py_func.__code__.co_varnames
 
-    def tiled(*args):   # a core from before 2026-11-25 (tiles): by position, as it ran then
-        return core(*args[:-2], True, *args[-2:])
-    return tiled
+    def shim(*args):   # the current arguments (..., rows, ahead, far, out) in REV's order
+        head, ahead, out = args[:-3], args[-3], args[-1]
+        if "by_position" in names:             # before 2026-11-25: tiles, run by position as they shipped
+            return core(*head, True, ahead, out)
+        if "far" not in names:                 # the plain loop before the L2 prefetch
+            return core(*head, ahead, out)
+        return core(*args)
+    return shim
 
 
 def main(rev: str, mode: str, reps: int) -> None:

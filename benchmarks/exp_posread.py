@@ -30,7 +30,7 @@ def main(mode: str, reps: int) -> None:
     W, out = as_torch(case.w), as_torch(case.out)
     tids = [torch.from_numpy(i) for i in case.ids]
     it = count()
-    ahead = prefetch_rows(D * case.out.itemsize)
+    ahead, far = prefetch_rows(D * case.out.itemsize)
 
     def index_select() -> None:
         torch.index_select(W, 0, tids[next(it) % len(tids)], out=out)
@@ -39,7 +39,7 @@ def main(mode: str, reps: int) -> None:
         def run() -> None:
             with parallel_guard():
                 forward_core(case.w, case.ids[next(it) % len(case.ids)], np.float32(27.7), case.pt, pos, has_pos,
-                             case.bits, case.thr, case.inv, np.uint64(0), True, False, np.uint64(0), 1, ahead,
+                             case.bits, case.thr, case.inv, np.uint64(0), True, False, np.uint64(0), 1, ahead, far,
                              case.out)
         return run
 

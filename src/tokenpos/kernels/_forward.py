@@ -7,8 +7,10 @@ contiguous block, so each thread writes its part of the output sequentially.
 :func:`forward_core_serial` runs the same rows on the calling thread, for outputs under
 ``embedding.PARALLEL_BYTES`` where a parallel launch costs more than it gives. A row is computed
 one 64-byte line at a time (:mod:`._lines`, explicit 512-bit vectors), and before each line the
-same line of the token row ``ahead`` rows on is prefetched into L1 (``embedding.prefetch_rows``):
-the next rows' random reads are spread over this row's arithmetic instead of waiting for it.
+same line of the token row ``ahead`` rows on is prefetched into L1 and that of the row ``far``
+rows on into L2 (``embedding.prefetch_rows``): the next rows' random reads are spread over this
+row's arithmetic instead of waiting for it, and the far ones keep more reads in flight than the
+near ones alone.
 (Tiles of positions x batch rows that kept a positional row in L1, tuned on a Sapphire Rapids
 guest, ran at 0.82-0.83x this plain loop's speed on an AMD EPYC guest: BENCHMARKS.md, 2026-11-25.)
 Per row:
@@ -37,7 +39,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from tokenpos.kernels._lines import lanes, line, line_drop, line_pos, line_pos_drop
-from tokenpos.kernels._prefetch import prefetch_line
+from tokenpos.kernels._prefetch import prefetch_line, prefetch_line_l2
 from tokenpos.kernels._rng import keep_bits, key_of
 from tokenpos.kernels._stream import store_fence, stream_row
 
@@ -103,12 +105,13 @@ def _tail_overload(w, pe, has_pos, scale, key, thr, inv, base, o, d0):  # pragma
 
 
 @njit(inline="always", cache=True)
-def row(w, pe, has_pos, scale, key, thr, inv, base, o, nxt):  # pragma: no cover - compiled
+def row(w, pe, has_pos, scale, key, thr, inv, base, o, nxt, far):  # pragma: no cover - compiled
     """o[:] = dropout(w * scale (+ pe)) for one row; ``base`` is the row's first dropout counter.
 
     One 64-byte line at a time (:mod:`._lines`), each step first prefetching the same line of
-    ``nxt`` (the token row a later visit reads) into L1, so the next row's reads overlap this row's
-    arithmetic; then :func:`tail` for the elements after the last whole line."""
+    ``nxt`` (the token row a few rows on) into L1 and of ``far`` (one further on) into L2, so the
+    next rows' reads overlap this row's arithmetic and more of them are in flight at once; then
+    :func:`tail` for the elements after the last whole line."""
     D = o.shape[0]
     step = lanes(o)
     d1 = D - D % step
@@ -116,29 +119,33 @@ def row(w, pe, has_pos, scale, key, thr, inv, base, o, nxt):  # pragma: no cover
         if thr != 0:
             for d in range(0, d1, step):
                 prefetch_line(nxt, d)
+                prefetch_line_l2(far, d)
                 line_pos_drop(o, w, pe, scale, key, thr, inv, base + np.uint64(d), d)
         else:
             for d in range(0, d1, step):
                 prefetch_line(nxt, d)
+                prefetch_line_l2(far, d)
                 line_pos(o, w, pe, scale, key, thr, inv, base, d)
     elif thr != 0:
         for d in range(0, d1, step):
             prefetch_line(nxt, d)
+            prefetch_line_l2(far, d)
             line_drop(o, w, pe, scale, key, thr, inv, base + np.uint64(d), d)
     else:
         for d in range(0, d1, step):
             prefetch_line(nxt, d)
+            prefetch_line_l2(far, d)
             line(o, w, pe, scale, key, thr, inv, base, d)
     tail(w, pe, has_pos, scale, key, thr, inv, base + np.uint64(d1), o, d1)
 
 
 @njit(inline="always", cache=True)
-def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, n,
+def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, far, n,
             o):  # pragma: no cover - compiled
-    """Output row ``n`` into ``o`` (``out[n]``, or a scratch row), prefetching the token row of flat
-    row ``n + ahead`` (the last row past the end; this row's own when that id is outside the table,
-    so no prefetch address is ever computed from a bad id); returns 1 if the row was skipped as bad,
-    else 0."""
+    """Output row ``n`` into ``o`` (``out[n]``, or a scratch row), prefetching the token rows of flat
+    rows ``n + ahead`` (into L1) and ``n + far`` (into L2); past the end, the last row; where that id
+    is outside the table, this row's own (no prefetch address is ever computed from a bad id).
+    Returns 1 if the row was skipped as bad, else 0."""
     N = ids.shape[0]
     V = weight.shape[0]
     D = weight.shape[1]
@@ -148,14 +155,15 @@ def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offs
     if q < 0 or q >= P or (check and (r < 0 or r >= V)):
         return 1
     j = ids[min(n + ahead, N - 1)] if ahead else r
-    nxt = weight[j if 0 <= j < V else r]
-    row(weight[r], pos_table[q], has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o, nxt)
+    k = ids[min(n + far, N - 1)] if far else r
+    row(weight[r], pos_table[q], has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o,
+        weight[j if 0 <= j < V else r], weight[k if 0 <= k < V else r])
     return 0
 
 
 @njit(cache=True)
 def _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, out_addr, ahead,
-              out, n0, n1):  # pragma: no cover - compiled
+              far, out, n0, n1):  # pragma: no cover - compiled
     """Rows [n0, n1), each built in an L1 scratch row and written with non-temporal stores; returns
     how many were skipped as bad."""
     D = weight.shape[1]
@@ -163,7 +171,8 @@ def _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, of
     tmp = np.empty(D, out.dtype)
     nbad = 0
     for n in range(n0, n1):
-        bad = _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, n, tmp)
+        bad = _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, far, n,
+                      tmp)
         if not bad:
             stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
         nbad += bad
@@ -173,7 +182,7 @@ def _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, of
 
 @njit(parallel=True, cache=True)
 def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
-                 stream, out_addr, rows, ahead, out):  # pragma: no cover - compiled
+                 stream, out_addr, rows, ahead, far, out):  # pragma: no cover - compiled
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
     a bad id or position (nothing is read outside the tables).
 
@@ -188,17 +197,17 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv
     if stream:
         for task in prange((N + rows - 1) // rows):
             nbad += _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check,
-                              out_addr, ahead, out, task * rows, min(N, task * rows + rows))
+                              out_addr, ahead, far, out, task * rows, min(N, task * rows + rows))
     else:
         for n in prange(N):
             nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead,
-                            n, out[n])
+                            far, n, out[n])
     return nbad
 
 
 @njit(cache=True)
 def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
-                        stream, out_addr, rows, ahead, out):  # pragma: no cover - compiled
+                        stream, out_addr, rows, ahead, far, out):  # pragma: no cover - compiled
     """:func:`forward_core` on the calling thread: for outputs too small to pay for a parallel launch
     (``embedding.PARALLEL_BYTES``; measured: BENCHMARKS.md). It takes the same arguments, so the
     caller can pick either; ``rows`` is unused."""
@@ -206,9 +215,9 @@ def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, t
     key = key_of(seed)
     if stream:
         return _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, out_addr,
-                         ahead, out, 0, N)
+                         ahead, far, out, 0, N)
     nbad = 0
     for n in range(N):
-        nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, n,
-                        out[n])
+        nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, far,
+                        n, out[n])
     return nbad

@@ -59,3 +59,9 @@ def prefetch_row_l2(row):  # pragma: no cover - compiled
 def prefetch_line(row, i):  # pragma: no cover - compiled
     """Prefetch the 64-byte line holding ``row[i]`` (a contiguous 1-D row) into L1."""
     _prefetch_element(row, i)
+
+
+@njit(inline="always", cache=True)
+def prefetch_line_l2(row, i):  # pragma: no cover - compiled
+    """Prefetch the 64-byte line holding ``row[i]`` (a contiguous 1-D row) into L2."""
+    _prefetch_element_l2(row, i)

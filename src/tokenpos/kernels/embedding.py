@@ -43,8 +43,9 @@ PREFETCH_AHEAD = 2        # backward: gathered grad rows prefetched ahead into L
 PREFETCH_FAR = 16         # ... and this far ahead into L2 (0 turns it off)
 TASK_BYTES = 1 << 16      # forward with streaming stores: output bytes per parallel task (one scratch row each)
 PARALLEL_BYTES = 1 << 18  # forward: smaller outputs (half with dropout) run on the calling thread
-PREFETCH_BYTES = 12 << 10  # forward: the token row about this many table bytes on is prefetched, a line per line
-                          # computed (whole rows, at least one; 0 turns it off)
+PREFETCH_BYTES = 12 << 10  # forward: the token row about this many table bytes on is prefetched into L1, a line
+                          # per line computed (whole rows, at least one; 0 turns it off)
+PREFETCH_FAR = 2          # ... and the row this many times further on into L2 (0 turns it off)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -242,18 +243,20 @@ def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid:
     stream = bool(stream) and addr % out.itemsize == 0
     work = out.nbytes * (2 if p else 1)                # the dropout hash: about twice the work per byte
     args = (w, flat_ids, typ(scale), pt, pid, has_pos, bits, thr, typ(inv), np.uint64(int(offset)), bool(check),
-            stream, np.uint64(addr), rows, prefetch_rows(D * w.itemsize), out)
+            stream, np.uint64(addr), rows, *prefetch_rows(D * w.itemsize), out)
     if work < PARALLEL_BYTES:
         return forward_core_serial(*args)  # type: ignore[no-any-return]
     with parallel_guard():
         return forward_core(*args)  # type: ignore[no-any-return]
 
 
-def prefetch_rows(row_bytes: int) -> int:
-    """How many rows on the forward prefetches: :data:`PREFETCH_BYTES` of table rows of ``row_bytes``
-    each (at least 1; 0 when it is off). A distance in bytes, not rows, keeps about the same time
-    between a prefetch and its use for every row width (measured: BENCHMARKS.md, 2026-11-25)."""
-    return max(1, PREFETCH_BYTES // max(1, row_bytes)) if PREFETCH_BYTES > 0 else 0
+def prefetch_rows(row_bytes: int) -> tuple[int, int]:
+    """How many rows on the forward prefetches, ``(into L1, into L2)``: :data:`PREFETCH_BYTES` of
+    table rows of ``row_bytes`` each (at least 1; 0 when it is off), and :data:`PREFETCH_FAR` times
+    that (0 when either is off). A distance in bytes, not rows, keeps about the same time between a
+    prefetch and its use for every row width (measured: BENCHMARKS.md, 2026-11-25)."""
+    near = max(1, PREFETCH_BYTES // max(1, row_bytes)) if PREFETCH_BYTES > 0 else 0
+    return near, near * max(0, PREFETCH_FAR)
 
 
 def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p: float = 0.0, seed: int = 0,
