@@ -45,18 +45,18 @@ def cases(draw):
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("pos_mode", ["none", "broadcast", "full"])
 @pytest.mark.parametrize("task_bytes", [1, 3000, 1 << 16])
-@pytest.mark.parametrize("ahead, far", [(0, 0), (1, 0), (2, 2), (1, 3), (1000, 2)])
-def test_forward_tasks_cover_every_row_once(pos_mode: str, task_bytes: int, ahead: int, far: int, stream: bool,
+@pytest.mark.parametrize("ahead, l2_times", [(0, 0), (1, 0), (2, 2), (1, 3), (1000, 2)])
+def test_forward_tasks_cover_every_row_once(pos_mode: str, task_bytes: int, ahead: int, l2_times: int, stream: bool,
                                             monkeypatch, rng) -> None:
     """Every row is written once, by the plain row loop and by streamed tasks (down to one row each,
-    a partial last task); the prefetch (off, the next row, two on, past the last row; L2 off, at 2, 3
+    a partial last task); the prefetch (L1 off, the next row, two on, past the last row; L2 off, 3
     and 4 rows on, past the last row) changes no bit, nor does a row that ends in a partial line
     (D = 70: four lines and 6 elements)."""
     import tokenpos.kernels.embedding as E
 
     monkeypatch.setattr(E, "TASK_BYTES", task_bytes)
     monkeypatch.setattr(E, "PREFETCH_BYTES", ahead * 70 * 4)   # rows of D = 70 float32
-    monkeypatch.setattr(E, "PREFETCH_FAR", far)
+    monkeypatch.setattr(E, "PREFETCH_L2_TIMES", l2_times)
     B, L, D, V = 37, 5, 70, 50
     w = rng.standard_normal((V, D)).astype(np.float32)
     ids = rng.integers(0, V, (B, L))
@@ -338,8 +338,8 @@ def test_run_forward_reports_bad_rows_without_reading_them(rng) -> None:
 
 
 @pytest.mark.parametrize("bad", [5, -1, 2**62, -(2**62), np.iinfo(np.int64).max])
-@pytest.mark.parametrize("ahead, far", [(1, 2), (3, 1), (1, 0)])
-def test_bad_ids_ahead_of_good_rows_are_never_prefetched_or_read(bad: int, ahead: int, far: int, monkeypatch,
+@pytest.mark.parametrize("ahead, l2_times", [(1, 2), (3, 1), (1, 0)])
+def test_bad_ids_ahead_of_good_rows_are_never_prefetched_or_read(bad: int, ahead: int, l2_times: int, monkeypatch,
                                                                   rng) -> None:
     """A bad id that the prefetch reaches before its own row (any distance, any magnitude) is skipped
     there and reported after the loop; the good rows around it are exact."""
@@ -347,7 +347,7 @@ def test_bad_ids_ahead_of_good_rows_are_never_prefetched_or_read(bad: int, ahead
     from tokenpos.kernels.embedding import run_forward
 
     monkeypatch.setattr(E, "PREFETCH_BYTES", ahead * 4 * 4)      # rows of D = 4 float32
-    monkeypatch.setattr(E, "PREFETCH_FAR", far)
+    monkeypatch.setattr(E, "PREFETCH_L2_TIMES", l2_times)
     w = rng.standard_normal((5, 4)).astype(np.float32)
     ids = np.array([0, 1, 2, bad, 3, 4, bad, 1], np.int64)
     out = np.zeros((8, 4), np.float32)
@@ -360,15 +360,15 @@ def test_bad_ids_ahead_of_good_rows_are_never_prefetched_or_read(bad: int, ahead
 
 def test_prefetch_distance_is_in_bytes(monkeypatch) -> None:
     """The forward prefetches about PREFETCH_BYTES of rows ahead into L1 (twice the rows for half-width
-    rows, at least one row, none when it is off) and PREFETCH_FAR times as far into L2."""
+    rows, at least one row, none when it is off) and PREFETCH_L2_TIMES times as far into L2."""
     import tokenpos.kernels.embedding as E
 
     monkeypatch.setattr(E, "PREFETCH_BYTES", 12 << 10)
-    monkeypatch.setattr(E, "PREFETCH_FAR", 2)
+    monkeypatch.setattr(E, "PREFETCH_L2_TIMES", 2)
     assert (E.prefetch_rows(768 * 4), E.prefetch_rows(768 * 2), E.prefetch_rows(1 << 20)) == ((4, 8), (8, 16), (1, 2))
     assert E.prefetch_rows(0) == (12 << 10, 24 << 10)
-    monkeypatch.setattr(E, "PREFETCH_FAR", 0)
+    monkeypatch.setattr(E, "PREFETCH_L2_TIMES", 0)
     assert E.prefetch_rows(768 * 4) == (4, 0)
     monkeypatch.setattr(E, "PREFETCH_BYTES", 0)
-    monkeypatch.setattr(E, "PREFETCH_FAR", 2)
+    monkeypatch.setattr(E, "PREFETCH_L2_TIMES", 2)
     assert E.prefetch_rows(768 * 4) == (0, 0)

@@ -45,7 +45,7 @@ TASK_BYTES = 1 << 16      # forward with streaming stores: output bytes per para
 PARALLEL_BYTES = 1 << 18  # forward: smaller outputs (half with dropout) run on the calling thread
 PREFETCH_BYTES = 12 << 10  # forward: the token row about this many table bytes on is prefetched into L1, a line
                           # per line computed (whole rows, at least one; 0 turns it off)
-PREFETCH_FAR = 2          # ... and the row this many times further on into L2 (0 turns it off)
+PREFETCH_L2_TIMES = 2     # ... and the row this many times as far on into L2 (0 turns it off)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,11 +252,11 @@ def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid:
 
 def prefetch_rows(row_bytes: int) -> tuple[int, int]:
     """How many rows on the forward prefetches, ``(into L1, into L2)``: :data:`PREFETCH_BYTES` of
-    table rows of ``row_bytes`` each (at least 1; 0 when it is off), and :data:`PREFETCH_FAR` times
+    table rows of ``row_bytes`` each (at least 1; 0 when it is off), and :data:`PREFETCH_L2_TIMES` times
     that (0 when either is off). A distance in bytes, not rows, keeps about the same time between a
     prefetch and its use for every row width (measured: BENCHMARKS.md, 2026-11-25)."""
     near = max(1, PREFETCH_BYTES // max(1, row_bytes)) if PREFETCH_BYTES > 0 else 0
-    return near, near * max(0, PREFETCH_FAR)
+    return near, near * max(0, PREFETCH_L2_TIMES)
 
 
 def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p: float = 0.0, seed: int = 0,
