@@ -190,8 +190,8 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
         bf16: weight, pos_table and out are bf16 bits; computed in float32 and rounded once to
             bf16 (round to nearest even), see :mod:`._forward`.
         stream: write the output with non-temporal stores (:mod:`._stream`), bypassing the
-            caches. Off by default: measured slower here (BENCHMARKS.md), where the output buffer
-            stays in the large L3. The result is the same bits either way.
+            caches. Off by default: measured slower, or at best as fast, on both machines the
+            bench has run on (:mod:`._stream`, BENCHMARKS.md). The result is the same bits either way.
 
     Returns:
         (..., D) array of the weight dtype (bf16: uint16 bits, or ``out`` as given).
