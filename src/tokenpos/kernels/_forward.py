@@ -105,6 +105,13 @@ def _tail_overload(w, pe, has_pos, scale, key, thr, inv, base, o, d0):  # pragma
 
 
 @njit(inline="always", cache=True)
+def _prefetch_ahead(nxt, far, d):  # pragma: no cover - compiled
+    """Line ``d`` of the row a few rows on into L1, and of the one further on into L2."""
+    prefetch_line(nxt, d)
+    prefetch_line_l2(far, d)
+
+
+@njit(inline="always", cache=True)
 def row(w, pe, has_pos, scale, key, thr, inv, base, o, nxt, far):  # pragma: no cover - compiled
     """o[:] = dropout(w * scale (+ pe)) for one row; ``base`` is the row's first dropout counter.
 
@@ -118,25 +125,29 @@ def row(w, pe, has_pos, scale, key, thr, inv, base, o, nxt, far):  # pragma: no 
     if has_pos:
         if thr != 0:
             for d in range(0, d1, step):
-                prefetch_line(nxt, d)
-                prefetch_line_l2(far, d)
+                _prefetch_ahead(nxt, far, d)
                 line_pos_drop(o, w, pe, scale, key, thr, inv, base + np.uint64(d), d)
         else:
             for d in range(0, d1, step):
-                prefetch_line(nxt, d)
-                prefetch_line_l2(far, d)
+                _prefetch_ahead(nxt, far, d)
                 line_pos(o, w, pe, scale, key, thr, inv, base, d)
     elif thr != 0:
         for d in range(0, d1, step):
-            prefetch_line(nxt, d)
-            prefetch_line_l2(far, d)
+            _prefetch_ahead(nxt, far, d)
             line_drop(o, w, pe, scale, key, thr, inv, base + np.uint64(d), d)
     else:
         for d in range(0, d1, step):
-            prefetch_line(nxt, d)
-            prefetch_line_l2(far, d)
+            _prefetch_ahead(nxt, far, d)
             line(o, w, pe, scale, key, thr, inv, base, d)
     tail(w, pe, has_pos, scale, key, thr, inv, base + np.uint64(d1), o, d1)
+
+
+@njit(inline="always", cache=True)
+def _row_ahead(weight, ids, n, dist, r):  # pragma: no cover - compiled
+    """The token row of flat row ``n + dist`` (the last row past the end), to prefetch; row ``r``'s
+    own when ``dist`` is 0 or that id is outside the table."""
+    j = ids[min(n + dist, ids.shape[0] - 1)] if dist else r
+    return weight[j if 0 <= j < weight.shape[0] else r]
 
 
 @njit(inline="always", cache=True)
@@ -146,7 +157,6 @@ def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offs
     rows ``n + ahead`` (into L1) and ``n + far`` (into L2); past the end, the last row; where that id
     is outside the table, this row's own (no prefetch address is ever computed from a bad id).
     Returns 1 if the row was skipped as bad, else 0."""
-    N = ids.shape[0]
     V = weight.shape[0]
     D = weight.shape[1]
     P = pos_table.shape[0]
@@ -154,10 +164,8 @@ def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offs
     r = ids[n]
     if q < 0 or q >= P or (check and (r < 0 or r >= V)):
         return 1
-    j = ids[min(n + ahead, N - 1)] if ahead else r
-    k = ids[min(n + far, N - 1)] if far else r
     row(weight[r], pos_table[q], has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o,
-        weight[j if 0 <= j < V else r], weight[k if 0 <= k < V else r])
+        _row_ahead(weight, ids, n, ahead, r), _row_ahead(weight, ids, n, far, r))
     return 0
 
 
@@ -187,9 +195,9 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv
     a bad id or position (nothing is read outside the tables).
 
     One ``prange`` over the output rows in order (numba splits it into one contiguous block per
-    thread); the token row ``ahead`` rows on is prefetched line by line while a row is computed (0:
-    none). With ``stream``, a ``prange`` over tasks of ``rows`` consecutive rows, one scratch row
-    each (:func:`_streamed`).
+    thread); while a row is computed, the token rows ``ahead`` rows on (into L1) and ``far`` rows on
+    (into L2) are prefetched line by line (0: none). With ``stream``, a ``prange`` over tasks of
+    ``rows`` consecutive rows, one scratch row each (:func:`_streamed`).
     """
     N = ids.shape[0]
     key = key_of(seed)                                  # the dropout key of the seed bits (thr 0: unused)
