@@ -2,7 +2,8 @@
 
 The bench's shapes (V=50257, D=768, B=16, L=512, ids cycled over 4 batches), tables allocated as the
 layers allocate them (huge pages, 64-byte aligned), the core called without its Python wrapper, the
-plain parallel numba gather it is compared with, and the ratio printout.
+plain parallel numba gather and ``torch.index_select(out=)`` (the bench's gather limit) it is compared
+with, and the ratio printout.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ class ForwardCase:
         P = empty_table(L, D, dtype=dtype).copy_(torch.from_numpy(rng.standard_normal((L, D), dtype=np.float32)))
         out = torch.empty(B * L, D, dtype=dtype)                 # 64-byte aligned, as torch allocates
         self.w, self.pt, self.out = (self._np(t) for t in (W, P, out))
+        self._W, self._out_t = W, out                            # the same memory, for index_select
         self.small = np.ascontiguousarray(self.w[:FLOOR_ROWS])
         self.ids = [rng.integers(0, V, (B * L,)) for _ in range(4)]
+        self._tids = [torch.from_numpy(i) for i in self.ids]
         self.pos = np.arange(L)
         p = 0.1 if mode == "dropout" else 0.0
         self.bits, self.thr, inv = dropout_params(5, p) if p else (np.uint64(0), np.uint64(0), 1.0)
@@ -68,6 +71,11 @@ class ForwardCase:
     def gather(self) -> None:
         with parallel_guard():
             gather_rows(self.w, self.batch(), self.out)
+
+    def index_select(self) -> None:
+        """``torch.index_select(W, 0, ids, out=out)`` on the same table, ids and output: the bench's
+        other gather limit."""
+        torch.index_select(self._W, 0, self._tids[next(self._it) % len(self._tids)], out=self._out_t)
 
 
 def print_vs_gather(label: str, times: dict[str, list[float]]) -> None:

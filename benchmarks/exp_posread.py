@@ -15,7 +15,6 @@ import sys
 from itertools import count
 
 import numpy as np
-import torch
 from _forward_case import D, ForwardCase, L, print_vs_gather
 
 from tokenpos.analysis.bench_timing import time_interleaved
@@ -26,14 +25,8 @@ from tokenpos.kernels.embedding import prefetch_rows
 
 def main(mode: str, reps: int) -> None:
     case = ForwardCase(mode)
-    as_torch = (lambda a: torch.from_numpy(a).view(torch.bfloat16)) if case.bf16 else torch.from_numpy
-    W, out = as_torch(case.w), as_torch(case.out)
-    tids = [torch.from_numpy(i) for i in case.ids]
     it = count()
     ahead, far = prefetch_rows(D * case.out.itemsize)
-
-    def index_select() -> None:
-        torch.index_select(W, 0, tids[next(it) % len(tids)], out=out)
 
     def core(has_pos: bool, pos: np.ndarray):
         def run() -> None:
@@ -43,7 +36,7 @@ def main(mode: str, reps: int) -> None:
                              case.out)
         return run
 
-    impls = {"torch.index_select(out=)": index_select, "plain parallel numba gather": case.gather,
+    impls = {"torch.index_select(out=)": case.index_select, "plain parallel numba gather": case.gather,
              "core": core(True, case.pos), "core, every row at position 0": core(True, np.zeros(L, np.int64)),
              "core, no positions": core(False, case.pos)}
     times = time_interleaved(impls, reps)

@@ -12,9 +12,7 @@ stays in cache), in ``tokenpos bench``'s conditions; prints best / median ms and
 from __future__ import annotations
 
 import sys
-from itertools import count
 
-import torch
 from _forward_case import ForwardCase, print_vs_gather
 
 from tokenpos.analysis.bench_timing import time_interleaved
@@ -24,15 +22,7 @@ DEFAULT = "0,2,4,8,4:8,4:16,8:16,8:32"
 
 def main(mode: str, reps: int, settings: str) -> None:
     case = ForwardCase(mode)
-    as_torch = (lambda a: torch.from_numpy(a).view(torch.bfloat16)) if case.bf16 else torch.from_numpy
-    W, out = as_torch(case.w), as_torch(case.out)
-    tids = [torch.from_numpy(i) for i in case.ids]
-    it = count()
-
-    def index_select() -> None:
-        torch.index_select(W, 0, tids[next(it) % len(tids)], out=out)
-
-    impls = {"torch.index_select(out=)": index_select, "plain parallel numba gather": case.gather,
+    impls = {"torch.index_select(out=)": case.index_select, "plain parallel numba gather": case.gather,
              "compute floor (64-row table)": case.core(case.small)}
     for s in settings.split(","):
         near, _, far = s.partition(":")
