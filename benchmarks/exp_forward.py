@@ -129,7 +129,7 @@ def main(reps: int) -> None:
 
     def core(check, stream, rows):
         return lambda: forward_core(w, ids(), s, pt, pid, True, bits, thr, np.float32(inv), np.uint64(0), check, stream,
-                                    np.uint64(out.ctypes.data), rows, 2, 4, out)
+                                    np.uint64(out.ctypes.data), rows, *E.prefetch_rows(D * 4), out)
 
     impls = {
         "core check stream rows=21": core(True, True, 21),
