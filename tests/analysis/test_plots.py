@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from tokenpos.analysis import plots, plots_relative  # noqa: E402
+from tokenpos.analysis import plots, plots_relative, plots_rope  # noqa: E402
 from tokenpos.tables.errors import ConfigError  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -45,8 +45,8 @@ def test_titles_labels_colourbars(kind: str, tmp_path: Path, monkeypatch: pytest
         figs.append(fig)
         return Path(path)
 
-    monkeypatch.setattr(plots, "save", capture)
-    monkeypatch.setattr(plots_relative, "save", capture)
+    for module in (plots, plots_relative, plots_rope):               # each binds figures.save by name
+        monkeypatch.setattr(module, "save", capture)
     plots.plot(kind, tmp_path / "x.png")
     (fig,) = figs
     from matplotlib.collections import QuadMesh

@@ -5,12 +5,11 @@ titled, with labelled axes and a colour bar on every heatmap. Every number comes
 ``tokenpos.tables`` (formulas) or ``tokenpos.analysis.memory`` (arithmetic); nothing is re-derived.
 
 Shapes: P positions, D model dim, H heads, Dh head dim, F = Dh / 2 rotary frequencies.
-This module holds the additive-scheme and memory plots; rope / alibi / t5 live in plots_relative.py.
+This module holds the additive-scheme and memory plots and the registry ``PLOTS`` of every kind; rope /
+alibi / t5 live in plots_relative.py, M-RoPE and 2-D positions in plots_rope.py.
 
-Outputs: the folder must exist (it is never created here); the file is rendered in memory and written
-atomically (``tokenpos._files``: a temporary file renamed over the target), so an interrupted run
-never leaves a truncated figure. Sizes are bounded (``LIMITS``, ``MAX_DPI``, ``MAX_PIXELS``): an absurd
-request is a ConfigError, never a MemoryError.
+The canvas, the size bounds and the atomic output live in figures.py (re-exported here for the existing
+imports). Imports go one way: plots -> plots_relative, plots_rope -> figures; nothing imports plots back.
 """
 
 from __future__ import annotations
@@ -21,69 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.tables.errors import ConfigError
+from tokenpos.analysis import plots_relative, plots_rope
+from tokenpos.analysis.figures import FORMATS, LIMITS, MAX_DPI, MAX_PIXELS, check_size, new_figure, output_path, save
 from tokenpos.tables.validation import check_choice, check_int, check_positive_int
-
-FORMATS = ("png", "svg", "pdf")
-MAX_DPI = 600
-MAX_PIXELS = 50_000_000                      # width x height of the rendered figure (about 200 MB as RGBA)
-# the largest size option each figure accepts (beyond these the arrays or the figure would not fit in memory)
-LIMITS = {"num_positions": 65_536, "d_model": 16_384, "head_dim": 16_384, "num_heads": 64, "alibi_seq_len": 512,
-          "t5_seq_len": 2_048, "max_distance": 65_536, "num_buckets": 4_096, "original_max": 1 << 24,
-          "table_cells": 1 << 23}
-
-
-def check_size(name: str, value: int, limit: str | None = None) -> int:
-    """A size option: an integer in [1, LIMITS[limit or name]] (ConfigError otherwise)."""
-    return check_int(name, value, minimum=1, maximum=LIMITS[limit or name])
-
-
-def new_figure(width: float = 8.0, height: float = 5.0) -> Any:
-    """A Figure on its own Agg canvas (no pyplot, no global backend switch)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def output_path(path: str | Path) -> Path:
-    """The output path, its suffix checked (png, svg or pdf) and its folder required to exist.
-
-    Raises:
-        ConfigError: another suffix.
-        FileNotFoundError: the folder does not exist (it is not created).
-    """
-    p = Path(path)
-    check_choice("output file type", p.suffix.lower().lstrip(".") or "(none)", FORMATS)
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise FileNotFoundError(f"output directory {str(parent)!r} of {str(p)!r} does not exist")
-    return p
-
-
-def save(fig: Any, path: str | Path, dpi: int = 110) -> Path:
-    """Write ``fig`` to ``path`` (format from the suffix) atomically and return the path.
-
-    Raises:
-        ConfigError: dpi outside [1, MAX_DPI], or a rendered size above MAX_PIXELS.
-    """
-    import io
-
-    from tokenpos._files import atomic_write_bytes
-
-    p = output_path(path)
-    dpi = check_int("dpi", dpi, minimum=1, maximum=MAX_DPI)
-    width, height = fig.get_size_inches()
-    pixels = int(width * dpi) * int(height * dpi)
-    if pixels > MAX_PIXELS:
-        raise ConfigError(f"figure of {width:g} x {height:g} inches at dpi {dpi} is {pixels:,} pixels; expected "
-                          f"at most {MAX_PIXELS:,} (lower --dpi or the sizes)")
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=dpi, format=p.suffix.lower().lstrip("."))
-    return atomic_write_bytes(p, buf.getvalue())
-
 
 # ---------------------------------------------------------------------------------------------- sinusoidal
 
@@ -219,35 +158,15 @@ def plot_memory(path: str | Path, *, precision: str = "fp32", dpi: int = 110) ->
 # ---------------------------------------------------------------------------------------------- registry
 
 
-def _relative(kind: str) -> Callable[..., Path]:
-    def call(path: str | Path, **opts: Any) -> Path:
-        from tokenpos.analysis import plots_relative
-
-        return getattr(plots_relative, f"plot_{kind}")(path, **opts)
-
-    call.__name__ = f"plot_{kind}"
-    return call
-
-
-def _rope_family(kind: str) -> Callable[..., Path]:
-    def call(path: str | Path, **opts: Any) -> Path:
-        from tokenpos.analysis import plots_rope
-
-        return getattr(plots_rope, f"plot_{kind}")(path, **opts)  # type: ignore[no-any-return]
-
-    call.__name__ = f"plot_{kind}"
-    return call
-
-
 PLOTS: dict[str, Callable[..., Path]] = {
     "sinusoidal": plot_sinusoidal,
     "similarity": plot_similarity,
-    "rope": _relative("rope"),
-    "alibi": _relative("alibi"),
-    "t5": _relative("t5"),
+    "rope": plots_relative.plot_rope,
+    "alibi": plots_relative.plot_alibi,
+    "t5": plots_relative.plot_t5,
     "memory": plot_memory,
-    "mrope": _rope_family("mrope"),
-    "positions2d": _rope_family("positions_2d"),
+    "mrope": plots_rope.plot_mrope,
+    "positions2d": plots_rope.plot_positions_2d,
 }
 DESCRIPTIONS: dict[str, str] = {
     "sinusoidal": "heatmap of the sinusoidal table, position x dimension",
@@ -264,3 +183,7 @@ DESCRIPTIONS: dict[str, str] = {
 def plot(kind: str, path: str | Path, **opts: Any) -> Path:
     """Draw the plot ``kind`` (one of PLOTS) to ``path``; ConfigError for an unknown kind."""
     return PLOTS[check_choice("plot kind", kind, PLOTS)](path, **opts)
+
+
+__all__ = ["DESCRIPTIONS", "FORMATS", "LIMITS", "MAX_DPI", "MAX_PIXELS", "PLOTS", "check_size", "new_figure",
+           "output_path", "plot", "plot_memory", "plot_similarity", "plot_sinusoidal", "save", "similarity_curves"]

@@ -1,7 +1,7 @@
 """Plots of the schemes that act inside attention: RoPE (and its scalings), ALiBi, T5 buckets.
 
-Same conventions as plots.py: ``plot_<kind>(path, **opts) -> Path``, Agg figures, titled, labelled,
-colour bars on heatmaps, numbers from ``tokenpos.tables`` only.
+Same conventions as plots.py: ``plot_<kind>(path, **opts) -> Path``, Agg figures (figures.py), titled,
+labelled, colour bars on heatmaps, numbers from ``tokenpos.tables`` only.
 Shapes: H heads, L length, Dh head dim, F = Dh / 2 frequency pairs.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.analysis.plots import check_size, new_figure, save
+from tokenpos.analysis.figures import check_size, new_figure, save
 from tokenpos.tables.validation import check_float
 
 # ---------------------------------------------------------------------------------------------- rope

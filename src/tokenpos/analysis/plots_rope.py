@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.analysis import plots
-from tokenpos.analysis.plots import new_figure
+from tokenpos.analysis.figures import new_figure, save
 from tokenpos.tables.mrope import mrope_axis_map, mrope_position_ids
 from tokenpos.tables.rope import rope_inv_freq
 from tokenpos.tables.rope2d import patch_positions_2d, rope2d_inv_freq, sincos_2d_table
@@ -92,13 +91,13 @@ def figure_positions_2d(grid: int = 16, head_dim: int = 64, d_model: int = 64) -
 
 def plot_mrope(path: str | Path, *, head_dim: int = 128, dpi: int = 110) -> Path:
     """Save :func:`figure_mrope` to ``path``."""
-    return plots.save(figure_mrope(head_dim), path, dpi)
+    return save(figure_mrope(head_dim), path, dpi)
 
 
 def plot_positions_2d(path: str | Path, *, head_dim: int = 64, d_model: int = 64, num_positions: int = 16,
                       dpi: int = 110) -> Path:
     """Save :func:`figure_positions_2d` (a ``num_positions`` x ``num_positions`` grid) to ``path``."""
-    return plots.save(figure_positions_2d(num_positions, head_dim, d_model), path, dpi)
+    return save(figure_positions_2d(num_positions, head_dim, d_model), path, dpi)
 
 
 def rope_wavelength_axes(head_dim: int = 128, base: float = 10000.0) -> np.ndarray:

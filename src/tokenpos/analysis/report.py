@@ -181,7 +181,7 @@ def _tradeoff_section(ctx: ReportContext) -> str:
 def read_extrapolation(path: Path) -> Any:
     """The parsed results of ``tokenpos extrapolate --json`` (ValueError / KeyError / TypeError if broken)."""
     try:
-        from tokenpos.analysis.extrapolate.results import load_json
+        from tokenpos.analysis.extrapolate.document import load_json
     except ImportError:
         import json
 
@@ -208,8 +208,7 @@ def _extrapolation_section(ctx: ReportContext, path: Path, data: Any) -> str:
             return H.paragraphs([f"Could not read {path}: {exc}"], "warn")
     ctx.progress("extrapolation table", 0, 1)
     try:
-        from tokenpos.analysis.extrapolate.render import protocols
-        from tokenpos.analysis.extrapolate.results import html_table
+        from tokenpos.analysis.extrapolate.render import html_table, protocols
 
         ci = f" Every number: mean [{data['interval']}]." if "interval" in data else ""
         own = (f" These are the checked-in study's results; run `tokenpos extrapolate --json "

@@ -180,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
     from tokenpos._files import check_output_path
+    from tokenpos.analysis.extrapolate.document import write_json
     from tokenpos.analysis.extrapolate.experiment import run_extrapolation
-    from tokenpos.analysis.extrapolate.results import write_json
 
     config = build_config(args)
     if args.json:                                          # fail in a second, not after the run

@@ -59,16 +59,7 @@ def run(args: argparse.Namespace) -> int:
                             suffixes=tuple(f".{f}" for f in FORMATS))      # before any drawing
 
     fn = PLOTS.get(args.kind) or getattr(plot_bias, f"plot_{args.kind}")
-    target = fn
-    if args.kind in ("rope", "alibi", "t5"):  # registry entries forward to plots_relative
-        from tokenpos.analysis import plots_relative
-
-        target = getattr(plots_relative, f"plot_{args.kind}")
-    elif args.kind in ("mrope", "positions2d"):                    # forward to plots_rope
-        from tokenpos.analysis import plots_rope
-
-        target = plots_rope.plot_mrope if args.kind == "mrope" else plots_rope.plot_positions_2d
-    accepted = set(inspect.signature(target).parameters)
+    accepted = set(inspect.signature(fn).parameters)
     opts: dict[str, Any] = {"dpi": args.dpi}
     for dest, kw in OPTIONS.items():
         value = getattr(args, dest)

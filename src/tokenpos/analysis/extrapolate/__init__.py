@@ -7,6 +7,7 @@ Import-light: torch and matplotlib are imported inside the functions that need t
     write_json(result, "out.json"); markdown_table(result.to_dict(), "nonoverlap")
 """
 
+from tokenpos.analysis.extrapolate.document import load_json, write_json
 from tokenpos.analysis.extrapolate.experiment import (
     PROTOCOLS,
     ROPE_SCALINGS,
@@ -18,14 +19,7 @@ from tokenpos.analysis.extrapolate.experiment import (
     TaskRow,
     run_extrapolation,
 )
-from tokenpos.analysis.extrapolate.results import (
-    html_section,
-    html_table,
-    load_json,
-    markdown_table,
-    markdown_task_table,
-    write_json,
-)
+from tokenpos.analysis.extrapolate.render import html_section, html_table, markdown_table, markdown_task_table
 from tokenpos.analysis.extrapolate.tasks import TASKS, TaskConfig
 
 __all__ = [

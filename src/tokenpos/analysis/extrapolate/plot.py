@@ -88,7 +88,7 @@ def plot_extrapolation(result: Any, path: str | Path) -> Path:
     seeds = " (mean and 95% interval over seeds)" if "interval" in data else ""
     fig.suptitle(f"Train short, test long (character LM){seeds}")
     fig.tight_layout()
-    from tokenpos.analysis.plots import save
+    from tokenpos.analysis.figures import save
 
     return save(fig, path, 110)          # atomic: an interrupted run never leaves a partial figure
 
@@ -135,6 +135,6 @@ def plot_tasks(result: Any, path: str | Path) -> Path:
     fig.suptitle("Synthetic tasks: trained at input length <= "
                  f"{train_len if train_len else '?'}, exact match by length (95% interval)")
     fig.tight_layout()
-    from tokenpos.analysis.plots import save
+    from tokenpos.analysis.figures import save
 
     return save(fig, path, 110)          # atomic: an interrupted run never leaves a partial figure

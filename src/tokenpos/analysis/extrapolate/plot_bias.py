@@ -37,7 +37,7 @@ def plot_fire(path: str | Path, *, num_heads: int = 4, seq_len: int = 512, dpi: 
     ax.grid(alpha=0.3)
     fig.suptitle("FIRE at initialisation (seed 0): f(log(c d + 1) / log(c max(i, L) + 1))")
     fig.tight_layout()
-    from tokenpos.analysis.plots import save
+    from tokenpos.analysis.figures import save
 
     return save(fig, path, dpi)          # atomic, size- and dpi-bounded, as every other figure
 
@@ -65,6 +65,6 @@ def plot_kerple(path: str | Path, *, num_heads: int = 4, seq_len: int = 256, dpi
     ax.grid(alpha=0.3)
     fig.suptitle("KERPLE-log at initialisation (seed 0): -r1 log(1 + r2 d)")
     fig.tight_layout()
-    from tokenpos.analysis.plots import save
+    from tokenpos.analysis.figures import save
 
     return save(fig, path, dpi)          # atomic, size- and dpi-bounded, as every other figure

@@ -1,5 +1,8 @@
 """Tables of an extrapolation document (markdown, HTML, rich), one per evaluation protocol, and the
-synthetic task's accuracy table. Numbers with a 95 % interval print as ``mean [low, high]``."""
+synthetic task's accuracy table. Numbers with a 95 % interval print as ``mean [low, high]``.
+
+Every function takes the JSON document (document.py) or anything with ``to_dict()`` returning it.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +11,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from tokenpos.analysis.extrapolate.document import as_document, load_json
+
 PROTOCOL_TITLES = {"nonoverlap": "non-overlapping windows", "sliding": "sliding window"}
-
-
-def _doc(result: Any) -> dict[str, Any]:
-    return result.to_dict() if hasattr(result, "to_dict") else result
 
 
 def fmt_ppl(x: float | None) -> str:
@@ -35,7 +36,7 @@ def _with_ci(value: float | None, ci: list[float] | None, fmt: Any) -> str:
 def protocols(data: dict[str, Any]) -> list[str]:
     """The protocols present, in first-seen order (rows without one are ``nonoverlap``)."""
     seen: list[str] = []
-    for r in _doc(data)["results"]:
+    for r in as_document(data)["results"]:
         p = r.get("protocol", "nonoverlap")
         if p not in seen:
             seen.append(p)
@@ -56,7 +57,7 @@ def table(data: Any, protocol: str = "nonoverlap") -> tuple[list[str], list[list
     A ``note`` column appears when some scheme could not run somewhere (learned past L). With several
     seeds every number is the mean with its 95 % interval.
     """
-    data = _doc(data)
+    data = as_document(data)
     L = data["train_len"]
     results = [r for r in data["results"] if r.get("protocol", "nonoverlap") == protocol]
     lens = sorted({r["eval_len"] for r in results})
@@ -85,7 +86,7 @@ def table(data: Any, protocol: str = "nonoverlap") -> tuple[list[str], list[list
 
 def task_table(data: Any, task: str) -> tuple[list[str], list[list[str]]]:
     """Exact-match accuracy (%) by input length for one synthetic task, one row per scheme."""
-    entries = [e for e in _doc(data).get("task_results", []) if e["task"] == task]
+    entries = [e for e in as_document(data).get("task_results", []) if e["task"] == task]
     lens = sorted({e["length"] for e in entries})
     by = {(e["scheme"], e["length"]): e for e in entries}
     schemes: list[str] = []
@@ -125,7 +126,7 @@ def _html(headers: list[str], rows: list[list[str]], caption: str, cls: str) -> 
 
 def html_table(data: Any, protocol: str = "nonoverlap") -> str:
     """One protocol's table as an HTML fragment (``<table class="extrapolation">``), every cell escaped."""
-    data = _doc(data)
+    data = as_document(data)
     seeds = "" if "interval" not in data else " Mean over seeds [95% Student-t interval over seeds]."
     what = ("R(k) = NLL at kL / NLL at L (each scored token has at least kL - S tokens of context)."
             if protocol == "sliding" else
@@ -141,8 +142,6 @@ def html_section(path: str | Path) -> str | None:
     One table per protocol and one per synthetic task, every number with its interval when the run
     had several seeds.
     """
-    from tokenpos.analysis.extrapolate.results import load_json
-
     path = Path(path)
     if not path.is_file():
         return None

@@ -1,23 +1,31 @@
-"""Results of the extrapolation study: rows, the JSON document, tables. Tables work on the JSON
-document (a dict), so a saved ``--json`` file renders exactly like a fresh run.
+"""Results of the extrapolation study: the rows a run produces and their aggregation over seeds into the
+JSON document (``ExtrapolationResult.to_dict``; the document's shape and its reading and writing live in
+document.py, its tables in render.py).
 
-Document: ``{"train_len": L, "results": [{"scheme", "eval_len", "ppl", "tail_nll", "ratio", "protocol"
-[, "note"]}, ...]}`` plus run metadata. With several seeds each entry holds the mean over seeds in
-``ppl`` / ``tail_nll`` / ``ratio`` and adds ``seeds``, ``ppl_ci``, ``tail_nll_ci`` and ``ratio_ci``
-(95 %, ``stats.INTERVAL_NAME``); the per-seed numbers are kept in ``seed_results``. The synthetic
-task writes ``task_results``: ``[{"scheme", "task", "length", "accuracy", "accuracy_ci", "seeds",
-"interval"}]``. ``None`` values mean "cannot run at this length" and carry a ``note``.
+The document's functions and the tables are re-exported here for the existing imports
+(``from tokenpos.analysis.extrapolate.results import write_json, html_table``); both modules are below this
+one, so nothing imports back.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
+from tokenpos.analysis.extrapolate.document import REQUIRED_KEYS, as_document, dumps, load_json, write_json
+from tokenpos.analysis.extrapolate.render import (
+    fmt_ppl,
+    fmt_ratio,
+    html_section,
+    html_table,
+    markdown_table,
+    markdown_task_table,
+    protocols,
+    schemes_in_order,
+    table,
+    task_table,
+)
 from tokenpos.analysis.extrapolate.stats import INTERVAL_NAME, clipped, mean_ci, wilson_interval
-from tokenpos.tables.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -171,56 +179,6 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     return value
 
-
-REQUIRED_KEYS = ("scheme", "eval_len", "ppl", "tail_nll", "ratio")
-
-
-def as_document(result: Any) -> dict[str, Any]:
-    """An ``ExtrapolationResult`` or an already-loaded document -> the document dict."""
-    return result.to_dict() if hasattr(result, "to_dict") else result
-
-
-def dumps(result: Any) -> str:
-    """The document as JSON text (2-space indent, NaN/inf refused)."""
-    return json.dumps(as_document(result), indent=2, allow_nan=False) + "\n"
-
-
-def write_json(result: Any, path: str | Path) -> Path:
-    """Write the document atomically (``tokenpos._files``) and return the path."""
-    from tokenpos._files import atomic_write_text
-
-    return atomic_write_text(path, dumps(result))
-
-
-def load_json(path: str | Path) -> dict[str, Any]:
-    """Read and check a document written by ``write_json``.
-
-    Raises:
-        ConfigError: the file is not an extrapolation document.
-    """
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    ok = isinstance(data, dict) and isinstance(data.get("train_len"), int) and isinstance(data.get("results"), list)
-    if ok:
-        ok = all(isinstance(r, dict) and all(k in r for k in REQUIRED_KEYS) for r in data["results"])
-    if not ok:
-        raise ConfigError(f"{path} is not an extrapolation result; expected {{'train_len': int, 'results': "
-                          f"[{{{', '.join(REQUIRED_KEYS)}}}, ...]}}")
-    return data
-
-
-# the tables live in render.py; re-exported here for the existing imports
-from tokenpos.analysis.extrapolate.render import (  # noqa: E402
-    fmt_ppl,
-    fmt_ratio,
-    html_section,
-    html_table,
-    markdown_table,
-    markdown_task_table,
-    protocols,
-    schemes_in_order,
-    table,
-    task_table,
-)
 
 __all__ = ["REQUIRED_KEYS", "ExtrapolationResult", "ResultRow", "SchemeRun", "TaskRow", "as_document", "fmt_ppl",
            "fmt_ratio", "html_section", "html_table", "load_json", "markdown_table", "schemes_in_order", "table",
