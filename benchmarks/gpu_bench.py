@@ -28,6 +28,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -265,9 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("gpu_bench: triton is not installed (`pip install -e .[gpu]`).", file=sys.stderr)
         return 2
-    if args.json:
-        from tokenpos._files import check_output_path
-        check_output_path(args.json)
+    json_path = Path(args.json) if args.json else None
+    if json_path is not None and (json_path.is_dir() or not json_path.parent.is_dir()):   # before the run, not after
+        print(f"gpu_bench: --json {args.json}: not a file in an existing directory; nothing was measured.",
+              file=sys.stderr)
+        return 2
     rows = rope_case(args, device, torch.bfloat16) + embedding_case(args, device, torch.bfloat16)
     if args.smoke:
         report(rows)                                                          # formatting runs, output dropped
@@ -280,9 +283,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.rounds} rounds, median; {'quick' if args.quick else 'full'} workload")
     print(header)
     print(report(rows))
-    if args.json:
-        from tokenpos._files import atomic_write_text
-        atomic_write_text(args.json, json.dumps({"header": header, "rows": rows}, indent=2))
+    if json_path is not None:
+        json_path.write_text(json.dumps({"header": header, "rows": rows}, indent=2))
     return 0
 
 

@@ -1,26 +1,41 @@
-"""Experiment: torch's idle OpenMP threads spin, and a numba kernel timed inside that window slows.
+"""Experiment: torch's idle OpenMP threads spin, and a tokenpos kernel timed inside that window slows.
 
-Usage: python benchmarks/exp_spin.py [reps]          (compare with OMP_WAIT_POLICY=PASSIVE)
+Usage: python benchmarks/experiments/exp_spin.py [--reps N] [--quick]
+(compare with OMP_WAIT_POLICY=PASSIVE set before Python starts)
 
 1. CPU seconds the process uses during a sleep that follows one parallel op (torch ``index_select``,
-   then the tokenpos numba kernel): what the idle threads burn.
-2. The tokenpos embedding kernel timed right after ``index_select``, and right after itself.
+   then the tokenpos kernel): what the idle threads burn.
+2. The tokenpos embedding kernel (``embedding_forward(..., out=)``) timed right after
+   ``index_select``, and right after itself.
+
+Public APIs only: :func:`tokenpos.kernels.embedding_forward`.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
 import numpy as np
 import torch
 
-from tokenpos.kernels.embedding import embedding_forward
+from tokenpos.analysis.bench_timing import machine
+from tokenpos.kernels import embedding_forward
 
-V, D, L, B = 50257, 768, 512, 16
+FULL = (50257, 768, 512, 16)      # V, D, L, B: the bench's forward
+QUICK = (4096, 256, 64, 4)
 
 
-def main(reps: int) -> None:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=60, help="timed pairs (default 60)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny shapes, 3 reps: checks that it runs (numbers mean nothing)")
+    args = ap.parse_args(argv)
+    V, D, L, B = QUICK if args.quick else FULL
+    reps = 3 if args.quick else args.reps
+    print(machine())
     W, P = torch.randn(V, D), torch.randn(L, D)
     ids = [torch.randint(0, V, (B, L)) for _ in range(4)]
     buf, gathered, pos = torch.empty(B, L, D), torch.empty(B * L, D), np.arange(L)
@@ -52,7 +67,8 @@ def main(reps: int) -> None:
         after_kernel.append(time.perf_counter() - t0)
     for name, ts in (("after index_select", after_torch), ("after itself", after_kernel)):
         print(f"kernel {name:20s} best {min(ts) * 1e3:6.2f} ms   median {np.median(ts) * 1e3:6.2f} ms")
+    return 0
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 60)
+    sys.exit(main())

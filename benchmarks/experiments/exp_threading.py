@@ -1,15 +1,20 @@
 """Experiment: the numba threading layer's cost, one process per layer, alternated over rounds.
 
-Each process times the forward kernel (out=, 2 threads) interleaved with torch.index_select (the
-gather limit, which does not use numba) and prints kernel/gather ratios, best and median, so the
-load of a shared machine cancels out as far as it can. The layer is fixed per process, so layers
-cannot be interleaved within one.
+Usage: python benchmarks/experiments/exp_threading.py [--rounds N] [--reps N] [--quick]
 
-Usage: python benchmarks/exp_threading.py [rounds] [reps]
+Each child process sets ``NUMBA_THREADING_LAYER`` (tbb: left unset, tokenpos's own choice; omp;
+workqueue), times the forward kernel (``tokenpos.kernels.embedding_forward(..., out=)``, with and
+without dropout) interleaved with ``torch.index_select`` (the gather limit, which does not use
+numba) and prints kernel/gather ratios, best and median, so the load of a shared machine cancels
+out as far as it can. The layer is fixed per process, so layers cannot be interleaved within one.
+A layer that cannot load here (omp without an OpenMP runtime) is reported and skipped.
+
+Public APIs only: :mod:`tokenpos.kernels`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -19,7 +24,7 @@ CHILD = r"""
 import json, sys, time
 import numpy as np, torch, numba
 import tokenpos.kernels as K
-V, D, B, L = 50257, 768, 16, 512
+reps, V, D, B, L = (int(a) for a in sys.argv[1:6])
 rng = np.random.default_rng(0)
 w = rng.standard_normal((V, D), dtype=np.float32)
 pt = rng.standard_normal((L, D), dtype=np.float32)
@@ -40,7 +45,7 @@ for f in impls.values():
     f()
 times = {k: [] for k in impls}
 order = np.random.default_rng(0)
-for _ in range(int(sys.argv[1])):
+for _ in range(reps):
     for k in order.permutation(list(impls)):
         t0 = time.perf_counter(); impls[k](); times[k].append(time.perf_counter() - t0)
 g = times["gather"]
@@ -50,18 +55,32 @@ for k in ("forward", "dropout"):
 print(json.dumps(res))
 """
 
+FULL = (50257, 768, 16, 512)      # V, D, B, L: the bench's forward
+QUICK = (4096, 256, 4, 64)
 
-def main(rounds: int, reps: int) -> None:
-    env0 = {**os.environ}
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3, help="processes per layer, alternated (default 3)")
+    ap.add_argument("--reps", type=int, default=40, help="interleaved reps in each process (default 40)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny shapes, one round of 3 reps: checks that it runs, numbers mean nothing")
+    args = ap.parse_args(argv)
+    shape = QUICK if args.quick else FULL
+    rounds, reps = (1, 3) if args.quick else (args.rounds, args.reps)
     results: dict[str, list] = {}
     for _ in range(rounds):
         for layer in ("tbb", "omp", "workqueue"):
-            env = {**env0, "NUMBA_THREADING_LAYER": layer}
+            env = {**os.environ, "NUMBA_THREADING_LAYER": layer}
             if layer == "tbb":
                 env.pop("NUMBA_THREADING_LAYER")             # tokenpos's own choice
-            out = subprocess.run([sys.executable, "-c", CHILD, str(reps)], capture_output=True, text=True,
-                                 env=env, timeout=600)
-            r = json.loads(out.stdout.strip().splitlines()[-1])
+            done = subprocess.run([sys.executable, "-c", CHILD, str(reps), *map(str, shape)], capture_output=True,
+                                  text=True, env=env, timeout=600)
+            if done.returncode != 0:
+                tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+                print(f"{layer:10s} did not run here: {tail}")
+                continue
+            r = json.loads(done.stdout.strip().splitlines()[-1])
             results.setdefault(r["layer"], []).append(r)
     for layer, rs in results.items():
         for case in ("forward", "dropout"):
@@ -69,7 +88,8 @@ def main(rounds: int, reps: int) -> None:
             meds = sorted(r[case][1] for r in rs)
             print(f"{layer:10s} {case:8s} x gather: best {best:.2f}, median of process medians "
                   f"{meds[len(meds) // 2]:.2f} ({len(rs)} processes)")
+    return 0
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3, int(sys.argv[2]) if len(sys.argv) > 2 else 40)
+    sys.exit(main())

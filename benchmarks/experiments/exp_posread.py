@@ -1,0 +1,106 @@
+"""What the fused forward pays for its positional rows, against the torch gather limit, in one run.
+
+Usage: python benchmarks/experiments/exp_posread.py [--mode fp32|dropout|bf16] [--reps N] [--quick]
+
+The compiled forward (``tokenpos.kernels.embedding.run_forward``: arrays already in shape, nothing
+validated) on the bench's shapes (V=50257, D=768, B=16, L=512, ids cycled over 4 batches), three ways:
+
+- as the layers call it (positions 0..L-1 in every sequence);
+- every row at position 0: its positional row stays in L1, so the positional reads from L2/L3
+  (25 MB per fp32 call) go and the arithmetic stays;
+- without a positional table (a gather times the scale).
+
+Interleaved with ``torch.index_select(out=)`` (the bench's gather limit) and a plain parallel numba
+gather, in ``tokenpos bench``'s conditions (``time_interleaved``: a 25 ms settle and three untimed
+calls before each timed one). The tables are the public torch layer's (``TransformerEmbedding``
+allocates them 64-byte aligned, with transparent huge pages), shared by every row. Prints best /
+median ms and x ``index_select`` (its time / the row's: > 1 is faster), then each row's quartiles
+(the kernel's times are bimodal on a shared guest).
+
+Public APIs only: :mod:`tokenpos.torch`, ``tokenpos.kernels.embedding.run_forward`` and
+:mod:`tokenpos.analysis.bench_timing`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from itertools import count
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+import tokenpos.torch as tpt
+from tokenpos.analysis.bench_timing import machine, time_interleaved
+from tokenpos.kernels.embedding import run_forward
+
+FULL = (50257, 768, 512, 16)      # V, D, L, B: the bench's forward
+QUICK = (4096, 256, 64, 4)
+
+
+@njit(parallel=True, cache=True)
+def plain_gather(weight, ids, out):  # pragma: no cover - compiled
+    """out[n] = weight[ids[n]], no arithmetic: the bench's other gather limit."""
+    for n in prange(ids.shape[0]):
+        w = weight[ids[n]]
+        o = out[n]
+        for d in range(w.shape[0]):
+            o[d] = w[d]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=("fp32", "dropout", "bf16"), default="fp32",
+                    help="fp32 forward, fp32 with dropout 0.1, or bf16 tables (default fp32)")
+    ap.add_argument("--reps", type=int, default=30, help="interleaved reps (default 30)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny shapes, 3 reps: checks that it runs (numbers mean nothing)")
+    args = ap.parse_args(argv)
+    V, D, L, B = QUICK if args.quick else FULL
+    reps = 3 if args.quick else args.reps
+    bf16 = args.mode == "bf16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    print(machine())
+
+    emb = tpt.TransformerEmbedding(V, D, L, positional="learned", scale=True, seed=0, dtype=dtype)
+    W, P = emb.token.weight.detach(), emb.position.weight.detach()
+    out_t = torch.empty(B * L, D, dtype=dtype)                    # 64-byte aligned, as torch allocates
+
+    def arr(t: torch.Tensor) -> np.ndarray:
+        return t.view(torch.uint16).numpy() if bf16 else t.numpy()  # bf16: the bits, as the kernel takes them
+
+    w, pt, out = arr(W), arr(P), arr(out_t)
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, V, B * L) for _ in range(4)]
+    tids = [torch.from_numpy(i) for i in ids]
+    p, scale, turn = (0.1 if args.mode == "dropout" else 0.0), emb.token.multiplier, count()
+
+    def nxt() -> int:
+        return next(turn) % len(ids)
+
+    def kernel(table: np.ndarray | None, pid: np.ndarray | None) -> Callable[[], int]:
+        return lambda: run_forward(w, ids[nxt()], table, pid, scale, p, 5, out)
+
+    impls = {"torch.index_select(out=)": lambda: torch.index_select(W, 0, tids[nxt()], out=out_t),
+             "plain parallel numba gather": lambda: plain_gather(w, ids[nxt()], out),
+             "kernel": kernel(pt, np.arange(L)),
+             "kernel, every row at position 0": kernel(pt, np.zeros(L, np.int64)),
+             "kernel, no positions": kernel(None, None)}
+    with torch.no_grad():
+        times = time_interleaved(impls, reps)
+    ref = times["torch.index_select(out=)"]
+    rb, rm = min(ref), float(np.median(ref))
+    for name, ts in times.items():
+        b, m = min(ts), float(np.median(ts))
+        print(f"{args.mode:8s} {name:32s} best {b * 1e3:6.2f} ms  median {m * 1e3:6.2f} ms  "
+              f"x index_select {rb / b:.2f} / {rm / m:.2f}")
+    for name, ts in times.items():
+        q25, q50, q75 = np.percentile(np.array(ts) * 1e3, [25, 50, 75])
+        print(f"{args.mode:8s} {name:32s} quartiles {q25:6.2f} {q50:6.2f} {q75:6.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
