@@ -215,7 +215,7 @@ def test_out_none_is_a_fresh_array_every_call(rng, monkeypatch, through: str) ->
 
 
 def test_ids_checked_inside_the_loop_give_the_shared_message(rng) -> None:
-    """check=True (default): the first bad id in C order is reported with the shared message."""
+    """The first bad id in C order is reported with the shared message."""
     from tokenpos.tables.validation import token_id_range_message
 
     w = rng.standard_normal((10, 8)).astype(np.float32)
@@ -228,14 +228,23 @@ def test_ids_checked_inside_the_loop_give_the_shared_message(rng) -> None:
         embedding_forward(w, ids.astype(np.int32), bf16=False)
 
 
-def test_check_false_skips_validation_and_gives_the_same_result(rng) -> None:
+def test_forward_rows_on_checked_inputs_gives_the_checked_result(rng) -> None:
+    """The entry both backends' ops call (inputs checked by the layer) gives the checked API's bits
+    for every integer dtype; a bad row it meets is still refused (its memory bound)."""
+    from tokenpos.kernels.embedding import forward_rows
+    from tokenpos.tables.errors import KernelBoundError
+
     w = rng.standard_normal((10, 8)).astype(np.float32)
     for dt in (np.int64, np.int32, np.uint16):
         ids = rng.integers(0, 10, (3, 5)).astype(dt)
         kw = dict(scale=1.5, dropout_p=0.2, seed=9)
-        assert np.array_equal(embedding_forward(w, ids, check=False, **kw), embedding_forward_ref(w, ids, **kw))
-    with pytest.raises(TokenIdError):                       # the dtype is still checked
-        embedding_forward(w, np.array([0.0]), check=False)
+        out = forward_rows(w, ids, None, None, 1.5, 0.2, 9, np.empty((3, 5, 8), np.float32))
+        assert np.array_equal(out, embedding_forward_ref(w, ids, **kw))
+        assert np.array_equal(out, embedding_forward(w, ids, **kw))
+    with pytest.raises(TokenIdError):                       # the checked API checks the dtype
+        embedding_forward(w, np.array([0.0]))
+    with pytest.raises(KernelBoundError):                   # an unchecked bad id: never read, refused
+        forward_rows(w, np.array([1, 10]), None, None, 1.0, 0.0, 0, np.empty((2, 8), np.float32))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -294,11 +303,10 @@ def test_backward_with_huge_ids_uses_a_sort(rng) -> None:
     np.testing.assert_allclose(rows, rrows, rtol=1e-12)
 
 
-@pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("pos", [np.array([0, 2]), np.array([-1, 0]), np.array([0, -3], np.int32),
                                  np.array([[0, 1], [5, 0]])], ids=["high", "negative", "int32", "2d"])
-def test_positions_are_checked_inside_the_loop_with_the_shared_message(check: bool, pos: np.ndarray) -> None:
-    """Bad positions never reach a table read: the core skips and counts them, then the shared message."""
+def test_positions_are_checked_with_the_shared_message(pos: np.ndarray) -> None:
+    """Bad positions never reach a table read: the checked API refuses them with the shared message."""
     from tokenpos.tables.validation import check_positions
 
     w, pt = np.ones((4, 3), np.float32), np.ones((2, 3), np.float32)
@@ -307,7 +315,7 @@ def test_positions_are_checked_inside_the_loop_with_the_shared_message(check: bo
         check_positions(pos, 2)
     for fn in (embedding_forward, embedding_forward_ref):
         with pytest.raises(PositionError) as got:
-            fn(w, ids, pos_table=pt, pos_ids=pos, check=check)
+            fn(w, ids, pos_table=pt, pos_ids=pos)
         assert str(got.value) == str(expected.value)
 
 
@@ -333,8 +341,8 @@ def test_run_forward_reports_bad_rows_without_reading_them(rng) -> None:
     assert run_forward(w, ids, pt, pid, 2.0, 0.0, 0, out) == 4          # rows 1, 3 (ids), 2, 5 (position 9)
     for n in (0, 4):
         assert np.array_equal(out[n], w[ids[n]] * np.float32(2.0) + pt[pid[n % 3]])
-    good_ids = np.array([0, 1, 2, 3, 4, 1], np.int64)                     # check=False trusts the ids
-    assert run_forward(w, good_ids, pt, pid, 2.0, 0.0, 0, out, check=False) == 2   # positions: always checked
+    good_ids = np.array([0, 1, 2, 3, 4, 1], np.int64)
+    assert run_forward(w, good_ids, pt, pid, 2.0, 0.0, 0, out) == 2       # position 9: rows 2 and 5
 
 
 @pytest.mark.parametrize("bad", [5, -1, 2**62, -(2**62), np.iinfo(np.int64).max])

@@ -218,7 +218,7 @@ def test_a_layer_forward_reaches_the_fused_kernel_in_four_frames(monkeypatch, co
     layer = tpn.TransformerEmbedding(50, 8, 16, dropout=0.1, seed=0)
     ids = np.array([[1, 2, 3]])
     fwd = _tokenpos_frames_above(monkeypatch, kernel, core, lambda: layer.forward(ids))
-    assert fwd == ["run_forward", "embedding_forward", "embedding_forward", "forward"]
+    assert fwd == ["run_forward", "forward_rows", "embedding_forward", "forward"]
     out = layer.forward(ids)
     bwd = _tokenpos_frames_above(monkeypatch, kernel, "_segment_sum_core", lambda: layer.backward(np.ones_like(out)))
     assert bwd[:3] == ["embedding_backward", "embedding_backward", "backward"]

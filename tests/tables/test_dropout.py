@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpos.tables import dropout_keep_mask
-from tokenpos.tables.dropout import SEED_MASK, draw_seed, undo_draw_seed
+from tokenpos.tables.dropout import SEED_MASK, draw_seed
 
 FAST = settings(max_examples=40, deadline=None)
 M64 = (1 << 64) - 1
@@ -162,41 +160,3 @@ def test_every_implementation_propagates_nan_with_bit_identical_masks():
     xt = torch.from_numpy(x.copy()).requires_grad_()
     dropout_torch(xt, p, seed).backward(torch.full(shape, float("nan")))
     assert torch.isnan(xt.grad).all()                       # backward is grad * m too
-
-
-@pytest.mark.parametrize("bit_generator", [np.random.PCG64, np.random.MT19937, np.random.Philox])
-def test_undo_draw_seed_takes_back_the_one_draw_since_the_snapshot(bit_generator) -> None:
-    rng = np.random.Generator(bit_generator(7))
-    before = rng.bit_generator.state
-    first = draw_seed(rng)
-    undo_draw_seed(rng, before)
-    assert draw_seed(rng) == first                      # the generator is where it was: same seed again
-
-
-@pytest.mark.parametrize("bit_generator", [np.random.PCG64, np.random.MT19937])
-def test_undo_draw_seed_leaves_a_generator_that_others_drew_from(bit_generator) -> None:
-    """Another draw between the snapshot and the undo (another thread): rewinding would hand that
-    draw's numbers out twice, so the state is left as it is."""
-    rng = np.random.Generator(bit_generator(7))
-    before = rng.bit_generator.state
-    draw_seed(rng)
-    rng.random()                                        # someone else's draw
-    after = rng.bit_generator.state
-    undo_draw_seed(rng, before)
-    expected = np.random.Generator(bit_generator(7))
-    expected.bit_generator.state = after
-    assert rng.random() == expected.random()
-
-
-def test_undo_draw_seed_checks_and_restores_under_the_generators_lock() -> None:
-    """No draw can fall between the check and the restore: both wait for the lock every draw takes."""
-    rng = np.random.default_rng(3)
-    before = rng.bit_generator.state
-    draw_seed(rng)
-    with rng.bit_generator.lock:                        # a draw in progress elsewhere
-        worker = threading.Thread(target=undo_draw_seed, args=(rng, before))
-        worker.start()
-        worker.join(0.2)
-        assert worker.is_alive()                        # waiting for the lock, nothing restored yet
-    worker.join()
-    assert rng.bit_generator.state == before

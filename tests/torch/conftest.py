@@ -19,7 +19,7 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     """Counts of numba kernel runs inside ``tokenpos::embedding`` / ``embedding_backward``
     ("forward", "backward"); the kernel switch is restored afterwards."""
     counts: Counter[str] = Counter()
-    for name, key in (("_forward_numba", "forward"), ("_backward_numba", "backward")):
+    for name, key in (("forward_rows", "forward"), ("_backward_numba", "backward")):
         fn = getattr(embedding_op, name)
 
         def spy(*args, _fn=fn, _key=key, **kwargs):  # type: ignore[no-untyped-def]

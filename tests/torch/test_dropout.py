@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 import tokenpos.torch as tpt
 from tokenpos.tables.dropout import SEED_MASK, dropout_keep_mask
-from tokenpos.torch._dropout import copy_by_state, draw_seed_torch, seed_snapshot, undo_seed_draw
 
 
 @settings(max_examples=40, deadline=None)
@@ -62,35 +61,3 @@ def test_eval_mode_is_identity(p: float) -> None:
     layer = tpt.TransformerEmbedding(20, 8, 8, dropout=p, seed=0).eval()
     ids = torch.arange(8)
     assert torch.equal(layer(ids), layer.token(ids) + layer.position(8))
-
-
-@pytest.mark.parametrize("explicit", [True, False], ids=["generator", "global"])
-def test_undo_seed_draw_takes_back_the_one_draw_since_the_snapshot(explicit: bool) -> None:
-    gen = torch.Generator().manual_seed(3) if explicit else None
-    torch.manual_seed(3)
-    g, before = seed_snapshot(gen)
-    assert g is (gen if explicit else torch.default_generator)
-    first = draw_seed_torch(gen)
-    undo_seed_draw(g, before)
-    assert torch.equal(draw_seed_torch(gen), first)
-
-
-def test_undo_seed_draw_leaves_a_generator_that_others_drew_from() -> None:
-    gen = torch.Generator().manual_seed(3)
-    g, before = seed_snapshot(gen)
-    draw_seed_torch(gen)
-    torch.rand(1, generator=gen)                          # someone else's draw (another thread)
-    after = gen.get_state()
-    undo_seed_draw(g, before)
-    assert torch.equal(gen.get_state(), after)
-
-
-def test_a_copy_by_state_draws_what_the_generator_draws() -> None:
-    """The snapshot of torch releases without ``Generator.clone_state``; undo works with it too."""
-    gen = torch.Generator().manual_seed(11)
-    copy = copy_by_state(gen)
-    assert torch.equal(draw_seed_torch(copy), draw_seed_torch(gen))
-    before = copy_by_state(gen)
-    first = draw_seed_torch(gen)
-    undo_seed_draw(gen, before)
-    assert torch.equal(draw_seed_torch(gen), first)

@@ -259,9 +259,9 @@ def test_integer_and_bool_float_inputs_are_refused_in_both_backends(dtype: Any) 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bad_ids_give_one_error_whichever_pass_checks_them(kernels: bool, dropout: float, dtype: torch.dtype,
                                                            monkeypatch) -> None:
-    """On the numba path the layer leaves the id values to the kernel's loop (no separate pass),
-    with dropout too (the seed drawn before the op is taken back when it raises); otherwise it
-    checks them first. Same error, same text, and a failed call changes no state, either way."""
+    """The layer checks the id values in exactly one pass at its entry, on every path (kernels on or
+    off, with dropout too: the seed is drawn after the check). Same error, same text, and a failed
+    call changes no state."""
     import tokenpos
     import tokenpos.torch._checks as checks
 
@@ -275,7 +275,7 @@ def test_bad_ids_give_one_error_whichever_pass_checks_them(kernels: bool, dropou
         state = torch.random.get_rng_state()
         same_error(lambda: np_layer(ids), lambda: t_layer(torch.from_numpy(ids)), TokenIdError)
         assert torch.equal(torch.random.get_rng_state(), state)
-        assert len(passes) == (0 if kernels else 1)
+        assert len(passes) == 1
         good = t_layer(torch.from_numpy(ids % 50))                        # and good ids still go through
         assert good.shape == (2, 2, 4) and good.dtype == dtype
 

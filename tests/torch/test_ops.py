@@ -186,14 +186,15 @@ def test_the_triton_choice_takes_float32_bf16_fp16_and_never_float64():
 
 
 def _spy_paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Counts of the in-shape fast calls and the validating wrapper calls of the two CPU ops."""
+    """Counts of the calls of the embedding op's one kernel entry (``rows``), and of the in-shape fast
+    calls and the validating wrapper calls of the RoPE op."""
     import importlib
 
-    counts = {"fast": 0, "wrapper": 0}
-    for mod_name, fast, wrapper in (("tokenpos.torch.ops.embedding", "run_forward", "kernel_forward"),
-                                    ("tokenpos.torch.ops.rope", "run_rope", "rope_apply")):
+    counts = {"rows": 0, "fast": 0, "wrapper": 0}
+    for mod_name, names in (("tokenpos.torch.ops.embedding", (("forward_rows", "rows"),)),
+                            ("tokenpos.torch.ops.rope", (("run_rope", "fast"), ("rope_apply", "wrapper")))):
         mod = importlib.import_module(mod_name)
-        for name, key in ((fast, "fast"), (wrapper, "wrapper")):
+        for name, key in names:
             fn = getattr(mod, name)
 
             def spy(*a, _fn=fn, _key=key, **k):  # type: ignore[no-untyped-def]
@@ -204,9 +205,10 @@ def _spy_paths(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return counts
 
 
-def test_arguments_out_of_shape_take_the_validating_wrapper_with_the_same_result(monkeypatch) -> None:
-    """Non-contiguous tables, ids and positions, int32 ids, 0-d positions: the op converts them
-    through the wrapper; contiguous int64 ones go straight to the core. Same values every way."""
+def test_arguments_out_of_shape_give_the_same_result(monkeypatch) -> None:
+    """Non-contiguous tables, ids and positions, int32 ids, 0-d positions: the embedding op takes
+    them all through its one kernel entry (which only normalises the layout); RoPE converts them
+    through its wrapper, contiguous ones go straight to the core. Same values every way."""
     counts = _spy_paths(monkeypatch)
     gen = torch.Generator().manual_seed(0)
     W = torch.randn(40, 12, generator=gen)
@@ -216,13 +218,13 @@ def test_arguments_out_of_shape_take_the_validating_wrapper_with_the_same_result
     seed = torch.zeros((), dtype=torch.int64)
     wide = torch.randn(40, 24, generator=gen)
     cases = {
-        "in shape": (W, ids, T, pos, "fast"),
-        "strided table": (wide[:, ::2], ids, T, pos, "wrapper"),
-        "strided ids": (W, ids.t().contiguous().t(), T, pos, "wrapper"),
-        "int32 ids": (W, ids.int(), T, pos, "wrapper"),
-        "strided positions": (W, ids, T, torch.arange(10)[::2], "wrapper"),          # 0, 2, ..., 8
-        "0-d position": (W, ids, T, torch.tensor(4), "fast"),
-        "(B, L) positions": (W, ids, T, pos.expand(3, 5).contiguous(), "fast"),
+        "in shape": (W, ids, T, pos, "rows"),
+        "strided table": (wide[:, ::2], ids, T, pos, "rows"),
+        "strided ids": (W, ids.t().contiguous().t(), T, pos, "rows"),
+        "int32 ids": (W, ids.int(), T, pos, "rows"),
+        "strided positions": (W, ids, T, torch.arange(10)[::2], "rows"),          # 0, 2, ..., 8
+        "0-d position": (W, ids, T, torch.tensor(4), "rows"),
+        "(B, L) positions": (W, ids, T, pos.expand(3, 5).contiguous(), "rows"),
     }
     for name, (w, i, t, p, path) in cases.items():
         before = dict(counts)

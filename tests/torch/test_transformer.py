@@ -356,7 +356,7 @@ def test_an_output_kept_alive_never_changes_under_a_later_call(kernels: bool) ->
 
 def test_at_most_six_tokenpos_frames_between_forward_and_the_kernel(monkeypatch) -> None:
     """The count written in docs/DESIGN.md ("Op layer")."""
-    op_module = importlib.import_module("tokenpos.torch.ops.embedding")          # (ops.embedding is the op)
+    op_module = importlib.import_module("tokenpos.kernels.embedding")            # the kernel entry's module
 
     src = str(Path(tokenpos.__file__).parent)
     seen: list[list[str]] = []

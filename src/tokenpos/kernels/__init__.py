@@ -10,9 +10,12 @@ Embedding (:mod:`.embedding`), N ids of any shape (...), D model dim, P position
 
 - ``embedding_forward(weight (V, D), ids (...), *, scale=1.0, pos_table=None (P, D),
   pos_ids=None ((...) or a trailing part), dropout_p=0.0, seed=0, dropout_offset=0, out=None,
-  check=True, bf16=False, stream=False) -> (..., D)``: gather * scale + positional row, then
-  counter-based dropout (``x * m``), in one pass; ids range-checked inside the loop unless
-  ``check=False``; ``bf16=True`` takes bf16 bits as uint16 arrays.
+  bf16=False, stream=False) -> (..., D)``: gather * scale + positional row, then
+  counter-based dropout (``x * m``), in one pass; every argument checked first (the shared
+  messages); ``bf16=True`` takes bf16 bits as uint16 arrays.
+- ``embedding.forward_rows(w, ids, pt, pos, scale, p, seed, out)``: the same pass on inputs a layer
+  has checked (the entry both backends' ops call); the core still bounds every row and
+  ``KernelBoundError`` reports a row it skipped.
 - ``embedding_backward(grad_out (..., D), ids (...), *, scale=1.0, dropout_p=0.0, seed=0,
   dropout_offset=0, padding_idx=None, pos_ids=None, num_positions=None)
   -> (unique_ids (U,), rows (U, D), pos_grad (P, D) | None)``: row-sparse token gradient.

@@ -19,8 +19,8 @@ Per row:
     out[d] = y[d] * m[d],   m = 1/(1-p) if keep(offset + n*D + d) else 0   (only when p > 0)
 
 ``m`` is a multiply (never a select), so NaN and Inf propagate through dropped elements as they
-do in ``torch.nn.Dropout``. A row whose position is outside [0, P), or (with ``check``) whose id is
-outside [0, V), is skipped and counted; the core returns that count and the caller raises the
+do in ``torch.nn.Dropout``. A row whose position is outside [0, P), or whose id is outside [0, V),
+is skipped (the core's memory bound) and counted; the core returns that count and the caller raises the
 shared :class:`PositionError` / :class:`TokenIdError` message. With
 ``stream`` (opt-in) each row is built in an L1 scratch row and written with non-temporal stores
 (:mod:`._stream`); the result is the same bits either way.
@@ -151,7 +151,7 @@ def _row_ahead(weight, ids, n, dist, r):  # pragma: no cover - compiled
 
 
 @njit(inline="always", cache=True)
-def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, far, n,
+def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, ahead, far, n,
             o):  # pragma: no cover - compiled
     """Output row ``n`` into ``o`` (``out[n]``, or a scratch row), prefetching the token rows of flat
     rows ``n + ahead`` (into L1) and ``n + far`` (into L2); past the end, the last row; where that id
@@ -162,7 +162,7 @@ def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offs
     P = pos_table.shape[0]
     q = pos_ids[n % pos_ids.shape[0]]
     r = ids[n]
-    if q < 0 or q >= P or (check and (r < 0 or r >= V)):
+    if q < 0 or q >= P or r < 0 or r >= V:
         return 1
     row(weight[r], pos_table[q], has_pos, scale, key, thr, inv, offset + np.uint64(n * D), o,
         _row_ahead(weight, ids, n, ahead, r), _row_ahead(weight, ids, n, far, r))
@@ -170,7 +170,7 @@ def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offs
 
 
 @njit(cache=True)
-def _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, out_addr, ahead,
+def _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, out_addr, ahead,
               far, out, n0, n1):  # pragma: no cover - compiled
     """Rows [n0, n1), each built in an L1 scratch row and written with non-temporal stores; returns
     how many were skipped as bad."""
@@ -179,7 +179,7 @@ def _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, of
     tmp = np.empty(D, out.dtype)
     nbad = 0
     for n in range(n0, n1):
-        bad = _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, far, n,
+        bad = _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, ahead, far, n,
                       tmp)
         if not bad:
             stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
@@ -189,7 +189,7 @@ def _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, of
 
 
 @njit(parallel=True, cache=True)
-def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
+def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset,
                  stream, out_addr, rows, ahead, far, out):  # pragma: no cover - compiled
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
     a bad id or position (nothing is read outside the tables).
@@ -204,17 +204,17 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv
     nbad = 0
     if stream:
         for task in prange((N + rows - 1) // rows):
-            nbad += _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check,
+            nbad += _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset,
                               out_addr, ahead, far, out, task * rows, min(N, task * rows + rows))
     else:
         for n in prange(N):
-            nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead,
+            nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, ahead,
                             far, n, out[n])
     return nbad
 
 
 @njit(cache=True)
-def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset, check,
+def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset,
                         stream, out_addr, rows, ahead, far, out):  # pragma: no cover - compiled
     """:func:`forward_core` on the calling thread: for outputs too small to pay for a parallel launch
     (``embedding.PARALLEL_BYTES``; measured: BENCHMARKS.md). It takes the same arguments, so the
@@ -222,10 +222,10 @@ def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, t
     N = ids.shape[0]
     key = key_of(seed)
     if stream:
-        return _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, out_addr,
+        return _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, out_addr,
                          ahead, far, out, 0, N)
     nbad = 0
     for n in range(N):
-        nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, check, ahead, far,
+        nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, ahead, far,
                         n, out[n])
     return nbad

@@ -34,7 +34,7 @@ from tokenpos.kernels._forward import forward_core, forward_core_serial
 from tokenpos.kernels._launch import launch
 from tokenpos.kernels._rng import dropout_params
 from tokenpos.kernels._threading import parallel_guard
-from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.errors import ConfigError, KernelBoundError
 from tokenpos.tables.validation import check_positions, check_probability, check_token_ids
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -62,16 +62,13 @@ def _float_array(name: str, x: Any, ndim: int) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def _flat_pos_ids(pos_ids: Any, ids_shape: tuple[int, ...], num_positions: int | None, *,
-                  values: bool = True) -> np.ndarray:
+def _flat_pos_ids(pos_ids: Any, ids_shape: tuple[int, ...], num_positions: int | None) -> np.ndarray:
     """Positions as a flat int64 array whose length divides N; row n uses ``pos[n % len(pos)]``.
 
-    ``pos_ids`` has the ids' shape or a trailing part of it (``(L,)`` for ids ``(B, L)``). With
-    ``values=False`` an int64 array's values are left to the caller (the forward kernel checks
-    them inside its loop); other dtypes are always checked here.
+    ``pos_ids`` has the ids' shape or a trailing part of it (``(L,)`` for ids ``(B, L)``); every
+    value is checked against [0, num_positions).
     """
-    arr = np.asarray(pos_ids)
-    pos = check_positions(arr, num_positions) if values or arr.dtype != np.int64 else arr
+    pos = check_positions(pos_ids, num_positions)
     k = pos.ndim
     if k > len(ids_shape) or pos.shape != ids_shape[len(ids_shape) - k:]:
         raise ConfigError(
@@ -110,26 +107,12 @@ def _table(name: str, x: Any, bf16: bool) -> np.ndarray:
     return np.ascontiguousarray(arr).view(np.uint16)
 
 
-def _ids_int64(ids: Any, vocab_size: int, check: bool) -> np.ndarray:
-    """Ids as int64: validated here (``check``) or trusted to be in range (only the dtype is checked)."""
-    arr = np.asarray(ids)
-    if arr.dtype == np.int64:
-        return arr
-    if check or arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
-        return check_token_ids(arr, vocab_size)
-    return arr.astype(np.int64)
-
-
 def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout_p: float, *,
-                    check: bool = True, bf16: bool = False):
-    """Validate and normalise forward arguments; returns (weight, ids, pos table, flat pos ids, p).
-
-    Ids keep their shape (int64). The values of int64 ids (with ``check``) and of int64 positions
-    (always) are checked by the caller: the kernel inside its loop, the reference with
-    :func:`check_positions` and :func:`check_token_ids`.
-    """
+                    bf16: bool = False):
+    """Validate and normalise forward arguments (the checked kernel API's one check); returns
+    (weight, ids (...) int64, pos table, flat pos ids, p)."""
     w = _table("weight", weight, bf16)
-    idx = _ids_int64(ids, w.shape[0], check)
+    idx = check_token_ids(ids, w.shape[0])
     p = check_probability("dropout_p", dropout_p)
     if (pos_table is None) != (pos_ids is None):
         raise ConfigError("pos_table and pos_ids must be given together")
@@ -138,7 +121,7 @@ def prepare_forward(weight: Any, ids: Any, pos_table: Any, pos_ids: Any, dropout
         if pt.shape[1] != w.shape[1]:
             raise ConfigError(f"pos_table must have shape (P, {w.shape[1]}), got {pt.shape}")
         pt = np.ascontiguousarray(pt, dtype=w.dtype)
-        pid = _flat_pos_ids(pos_ids, idx.shape, pt.shape[0], values=False)
+        pid = _flat_pos_ids(pos_ids, idx.shape, pt.shape[0])
     else:
         pt, pid = None, None
     return w, idx, pt, pid, p
@@ -163,19 +146,19 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, bf16: bool) -> 
 
 def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: Any = None,
                       pos_ids: Any = None, dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
-                      out: np.ndarray | None = None, check: bool = True, bf16: bool = False,
-                      stream: bool = False) -> np.ndarray:
-    """Gather + scale + positional add + dropout in one pass.
+                      out: np.ndarray | None = None, bf16: bool = False, stream: bool = False) -> np.ndarray:
+    """Gather + scale + positional add + dropout in one pass: the checked kernel API.
 
     Args:
         weight: (V, D) float32 or float64 token table; with ``bf16=True`` a (V, D) uint16 (or
             int16) array of bf16 bits (``tensor.view(torch.int16).numpy()``).
-        ids: integer ids of any shape (...), each in [0, V).
+        ids: integer ids of any shape (...), each in [0, V) (checked: TokenIdError).
         scale: multiplies the gathered rows (sqrt(D) for scaled embeddings), in the weight dtype
             (float32 for bf16; never rounded to bf16).
         pos_table: optional (P, D) table (learned or sinusoidal); cast to the weight dtype if it is
             not already (pass it in the weight dtype to avoid a copy per call). bf16: uint16 bits.
-        pos_ids: positions of the ids' shape, or of a trailing part of it ((L,) for ids (B, L)).
+        pos_ids: positions of the ids' shape, or of a trailing part of it ((L,) for ids (B, L)),
+            each in [0, P) (checked: PositionError).
         dropout_p: drop probability in [0, 1); 0 means no dropout. Dropped elements are
             multiplied by 0 (NaN/Inf stay NaN), kept ones by ``1 / (1 - p)``.
         seed: the 63-bit dropout seed; element (n, d) of the flattened output uses counter
@@ -183,10 +166,6 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
         out: optional preallocated C-contiguous (..., D) array of the weight dtype (bf16: uint16
             or int16 bits); it is returned. A zero-copy ``.numpy()`` view of a torch tensor
             works. Without it a new array is returned (from :data:`tokenpos._config.OUTPUTS`).
-        check: check every id against [0, V) inside the gather loop and raise the shared
-            :class:`TokenIdError` after it (``out`` is then partly written). ``check=False`` is
-            for callers that validated the ids already: an out-of-range id then reads outside
-            the table.
         bf16: weight, pos_table and out are bf16 bits; computed in float32 and rounded once to
             bf16 (round to nearest even), see :mod:`._forward`.
         stream: write the output with non-temporal stores (:mod:`._stream`), bypassing the
@@ -196,40 +175,47 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     Returns:
         (..., D) array of the weight dtype (bf16: uint16 bits, or ``out`` as given).
     """
-    w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p, check=check, bf16=bf16)
+    w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p, bf16=bf16)
     D = w.shape[1]
     shape = idx.shape + (D,)
     out = OUTPUTS.empty(shape, w.dtype) if out is None else check_out(out, shape, w.dtype, bf16)
-    flat_ids = np.ascontiguousarray(idx.reshape(-1))
-    N = flat_ids.shape[0]
-    if N == 0 or D == 0:                                   # no loop to check the values in
-        _check_values(idx, w.shape[0], check, pos_ids, pt)
-        return out
-    o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
-    if run_forward(w, flat_ids, pt, pid, scale, p, seed, o2, check=check, offset=dropout_offset, stream=stream):
-        _check_values(idx, w.shape[0], check, pos_ids, pt)   # the core counted bad rows: raise their message
-        raise AssertionError("unreachable: the kernel counted a bad id or position")   # pragma: no cover
+    N = idx.size
+    if N and D:
+        o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
+        run_forward(w, np.ascontiguousarray(idx.reshape(-1)), pt, pid, scale, p, seed, o2, offset=dropout_offset,
+                    stream=stream)
     return out
 
 
-def _check_values(idx: np.ndarray, V: int, check: bool, pos_ids: Any, pt: np.ndarray | None) -> None:
-    """The value checks the core makes in its loop, with the shared messages: positions first, then
-    (with ``check``) ids."""
-    if pt is not None:
-        check_positions(pos_ids, pt.shape[0])
-    if check:
-        check_token_ids(idx, V)
+def forward_rows(w: np.ndarray, ids: np.ndarray, pt: np.ndarray | None, pos: np.ndarray | None, scale: float,
+                 p: float, seed: int, out: np.ndarray) -> np.ndarray:
+    """:func:`embedding_forward` on inputs a layer has checked: the entry both backends' ops call.
+
+    w (V, D) float32 / float64 (uint16: bf16 bits), ids (...) integer in [0, V), pt (P, D) of w's
+    dtype with pos (the ids' shape or a trailing part) in [0, P), or both None; out (..., D) C-contiguous
+    of w's dtype (uint16 bits for bf16), returned. Only the layout is normalised here. The core
+    still bounds every row (its memory safety): a bad row it skipped raises ``KernelBoundError``.
+    """
+    N, D = ids.size, w.shape[1]
+    if N and D:
+        flat_pos = None if pos is None else np.ascontiguousarray(pos, dtype=np.int64).reshape(-1)
+        if run_forward(np.ascontiguousarray(w), np.ascontiguousarray(ids, dtype=np.int64).reshape(-1),
+                       None if pt is None else np.ascontiguousarray(pt), flat_pos, scale, p, seed,
+                       out.reshape(N, D)):
+            raise KernelBoundError("the embedding kernel skipped ids or positions outside their tables; "
+                                   "its inputs must be checked first (tokenpos layers check them at their entry)")
+    return out
 
 
 def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid: np.ndarray | None,
-                scale: float, p: float, seed: int, out: np.ndarray, *, check: bool = True, offset: int = 0,
+                scale: float, p: float, seed: int, out: np.ndarray, *, offset: int = 0,
                 stream: bool = False) -> int:
     """The compiled forward on arrays that are already in shape (nothing is validated here).
 
     w (V, D) C-contiguous float32 / float64, or uint16 bf16 bits; flat_ids (N,) int64; pt (P, D)
     of w's dtype with pid (Lp,) int64, N a multiple of Lp (or both None); out (N, D) C-contiguous of
-    w's dtype, N, D > 0. Returns the number of rows skipped for a bad position or (``check``) id;
-    the caller then raises (:func:`embedding_forward` does, with the shared messages).
+    w's dtype, N, D > 0. Returns the number of rows skipped for a bad position or id (the core's
+    memory bound: nothing is read outside the tables).
     """
     N, D = out.shape
     bf16 = w.dtype == np.uint16
@@ -242,7 +228,7 @@ def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid:
     addr = out.__array_interface__["data"][0] if stream else 0
     stream = bool(stream) and addr % out.itemsize == 0
     work = out.nbytes * (2 if p else 1)                # the dropout hash: about twice the work per byte
-    args = (w, flat_ids, typ(scale), pt, pid, has_pos, bits, thr, typ(inv), np.uint64(int(offset)), bool(check),
+    args = (w, flat_ids, typ(scale), pt, pid, has_pos, bits, thr, typ(inv), np.uint64(int(offset)),
             stream, np.uint64(addr), rows, *prefetch_rows(D * w.itemsize), out)
     if work < PARALLEL_BYTES:
         return forward_core_serial(*args)  # type: ignore[no-any-return]

@@ -16,7 +16,7 @@ from tokenpos.kernels.embedding import _flat_pos_ids, _float_array, prepare_forw
 from tokenpos.kernels.optim import prepare_sparse
 from tokenpos.kernels.rope import prepare_rope
 from tokenpos.tables.dropout import dropout_multiplier
-from tokenpos.tables.validation import check_positions, check_probability, check_token_ids
+from tokenpos.tables.validation import check_probability, check_token_ids
 
 # ----------------------------------------------------------------------------------------------
 # embedding
@@ -37,14 +37,10 @@ def float32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 def embedding_forward_ref(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: Any = None,
                           pos_ids: Any = None, dropout_p: float = 0.0, seed: int = 0,
-                          dropout_offset: int = 0, out: np.ndarray | None = None, check: bool = True,
+                          dropout_offset: int = 0, out: np.ndarray | None = None,
                           bf16: bool = False) -> np.ndarray:
     """Twin of :func:`tokenpos.kernels.embedding_forward`; (...) ids -> (..., D)."""
-    w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p, check=check, bf16=bf16)
-    if pt is not None:
-        check_positions(pos_ids, pt.shape[0])
-    if check:
-        check_token_ids(idx, w.shape[0])
+    w, idx, pt, pid, p = prepare_forward(weight, ids, pos_table, pos_ids, dropout_p, bf16=bf16)
     if bf16:
         w, pt = bf16_to_float32(w), (None if pt is None else bf16_to_float32(pt))
     typ = w.dtype.type

@@ -13,10 +13,8 @@ from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.init import init_weight, resolve_rng
 from tokenpos.tables.validation import (
-    all_in_range,
     check_dtype,
     check_padding_idx,
-    check_positions_at,
     check_positive_int,
     check_seq_len_or_positions,
 )
@@ -40,6 +38,7 @@ class LearnedPositionalEmbedding(Module):
 
     kind = "additive"
     name = "learned"
+    extends = False          # positions >= max_seq_len have no row (PositionError)
 
     def __init__(self, max_seq_len: int, d_model: int, *, init: str = "normal", std: float = 0.02,
                  padding_idx: int | None = None, dtype: Any = np.float32, seed: int | None = None,
@@ -65,15 +64,15 @@ class LearnedPositionalEmbedding(Module):
         out, self._cache = F.embedding_forward(self.weight.data, pos, padding_idx=self.padding_idx)
         return out
 
-    def table_for(self, positions: np.ndarray, shape: tuple[int, ...], *, in_range: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray, Parameter]:
-        """The additive-scheme lookup: (table (P, D), row index of each position, the Parameter that
-        receives the table gradient). ``positions`` broadcast to ``shape`` must lie in [0, P);
-        ``in_range``: the caller knows they do (int64 default positions ending inside the table)."""
-        pos = np.asarray(positions)
-        if not in_range and (pos.dtype != np.int64 or not all_in_range(pos, self.max_seq_len)):
-            check_positions_at(pos, shape, self.max_seq_len)                  # raises, indexing the broadcast
-        return self.weight.data, positions, self.weight
+    @property
+    def table(self) -> np.ndarray:
+        """The (P, D) table whose rows the embedding op adds (the additive-scheme protocol)."""
+        return self.weight.data
+
+    @property
+    def table_param(self) -> Parameter:
+        """The Parameter that receives the table's gradient."""
+        return self.weight
 
     def backward(self, grad_output: np.ndarray) -> None:
         """Accumulate the gradient of the last forward into the rows used (duplicates add up)."""

@@ -33,6 +33,8 @@ class SinusoidalPositionalEncoding(Module):
 
     kind = "additive"
     name = "sinusoidal"
+    extends = True           # positions beyond the table are computed (:meth:`encode`)
+    padding_idx = None       # no padding row
 
     def __init__(self, max_seq_len: int, d_model: int, *, base: float = 10000.0, layout: str = "interleaved",
                  dtype: Any = np.float32, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
@@ -49,24 +51,19 @@ class SinusoidalPositionalEncoding(Module):
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         """Nothing to draw: the table is fixed (seed/rng accepted so every scheme resets alike)."""
 
+    table_param = None       # a fixed table: no gradient
+
     def forward(self, seq_len_or_positions: Any) -> np.ndarray:
         """Rows of the table, (L, D) or (..., D); positions >= max_seq_len are computed in float64, then cast."""
         pos = check_seq_len_or_positions(seq_len_or_positions)
-        table, index, _ = self.table_for(pos, pos.shape)
-        return F.embedding_forward(table, index)[0]
+        if pos.size == 0 or int(pos.max()) < self.max_seq_len:
+            return F.embedding_forward(self.table, pos)[0]
+        return self.encode(pos)
 
-    def table_for(self, positions: np.ndarray, shape: tuple[int, ...], *, in_range: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray, None]:
-        """The additive-scheme lookup: (table (P', D), row index of each position, None: no gradient).
-
-        Inside the precomputed rows (or ``in_range``: the caller knows they are): the table itself.
-        Beyond them: the rows of exactly these positions, computed now (flattened, (N, D)), indexed
-        by ``arange(N)`` in ``positions``' shape.
-        """
-        if in_range or positions.size == 0 or int(positions.max()) < self.max_seq_len:
-            return self.table, positions, None
+    def encode(self, positions: np.ndarray) -> np.ndarray:
+        """The formula for any positions (...) -> (..., D): float64, cast once (the table's bits)."""
         rows = sinusoidal_encoding(positions.reshape(-1), self.d_model, base=self.base, layout=self.layout)
-        return rows.astype(self.dtype), np.arange(positions.size).reshape(positions.shape), None
+        return rows.astype(self.dtype).reshape(*positions.shape, self.d_model)
 
     def backward(self, grad_output: np.ndarray) -> None:
         """Nothing to learn: the table is fixed."""

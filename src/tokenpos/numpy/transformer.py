@@ -4,8 +4,9 @@
     x = W[ids] * s + T[token_type_ids] + P[positions]      (with token types: Hugging Face's BERT order)
     y = dropout(norm(x))                                   (s = sqrt(D) when scale=True, else 1)
 
-Each step is one call of ``tokenpos.numpy.functional``; without norm and token types the first call
-also applies the dropout (one fused pass on the kernel path). The torch backend sums in the same order.
+Each step is one call of ``tokenpos.numpy.functional``, as ``tables.plan.plan_embedding`` (shared with
+torch) decides; without norm and token types the first call also applies the dropout (one fused pass
+on the kernel path). The torch backend sums in the same order.
 
 Shapes: B batch, L length, D d_model; ids (B, L) -> (B, L, D) and ids (L,) -> (L, D).
 """
@@ -22,12 +23,18 @@ from tokenpos.numpy.module import Module, Parameter
 from tokenpos.numpy.norm import build_norm
 from tokenpos.numpy.schemes import build_shortcut
 from tokenpos.numpy.token import TokenEmbedding
-from tokenpos.tables.dropout import draw_seed, undo_draw_seed
+from tokenpos.tables.dropout import draw_seed
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import resolve_rng
+from tokenpos.tables.plan import Batch, EmbeddingPlan, plan_embedding
 from tokenpos.tables.positions import positions_from_padding, shared_default_positions
-from tokenpos.tables.validation import check_positions, check_start_pos_with_positions, check_token_ids
+from tokenpos.tables.validation import (
+    check_positions,
+    check_positions_at,
+    check_start_pos_with_positions,
+    check_token_ids,
+)
 
 
 @dataclass(frozen=True)
@@ -120,49 +127,36 @@ class TransformerEmbedding(Module):
     def padding_idx(self) -> int | None:
         return self.token.padding_idx
 
-    def _resolve_positions(self, ids: np.ndarray, positions: Any, start_pos: int) -> np.ndarray:
-        """The positions of ``ids`` (..., L): given ones (checked; start_pos must then be 0), RoBERTa's, or
-        start_pos + arange(L)."""
-        if positions is not None:
+    # -- the one boundary: every input checked here, before anything changes ---------------------
+    def _batch(self, ids: Any, positions: Any, start_pos: int, token_type_ids: Any) -> Batch:
+        """Every input of :meth:`forward`, checked (ids first, so a bad id is reported before any other
+        bad input, as in torch), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) int64 in [0, V);
+        the positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a learned
+        scheme; token types.
+        """
+        ids = check_token_ids(ids, self.vocab_size)
+        if ids.ndim not in (1, 2):
+            raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
+        L, position = ids.shape[-1], self.position
+        limit = position.max_seq_len if position.kind == "additive" and not position.extends else None
+        if positions is not None:                                   # given: used as they are
             check_start_pos_with_positions(start_pos, positions)
             pos = check_positions(positions)
             if pos.shape not in (ids.shape, ids.shape[-1:]):
                 raise ConfigError(f"positions must have shape {ids.shape[-1:]} or {ids.shape}, got {pos.shape}")
-            return pos
-        pad = self._position_padding()
-        if pad is not None:
-            return positions_from_padding(ids, pad, start_pos)
-        return shared_default_positions(ids.shape[-1], start_pos)         # read-only: nothing here writes it
-
-    def _inputs(self, ids: np.ndarray, positions: Any, start_pos: int, token_type_ids: Any
-                ) -> tuple[np.ndarray, np.ndarray | None, tuple[Any, Any, Any]]:
-        """Checks everything but the ids' values (the op checks those); returns (positions, token
-        types, (table, its row of each position, the table's Parameter) or Nones).
-
-        Any error here is preceded by the ids' own check: a bad id is reported first, as when the
-        ids are checked up front, so kernels on and off raise the same error.
-        """
-        try:
-            if ids.ndim not in (1, 2):
-                raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
-            pos = self._resolve_positions(ids, positions, start_pos)            # (L,) or (B, L)
-            tt = self._token_types(ids, token_type_ids)
-            lookup = (self.position.table_for(pos, ids.shape, in_range=self._in_range(
-                positions, start_pos, ids.shape[-1])) if self.position.kind == "additive" else (None, None, None))
-        except ValueError:                                                      # every typed error
-            check_token_ids(ids, self.vocab_size)
-            raise
-        return pos, tt, lookup
-
-    def _position_padding(self) -> int | None:
-        """The padding id that positions are derived from when none are given (RoBERTa), else None."""
-        return self.token.padding_idx if self.position_ids == "padding" else None
-
-    def _in_range(self, positions: Any, start_pos: int, length: int) -> bool:
-        """Whether the positions are the default ones and end inside the positional table (so
-        ``table_for`` need not read them): start_pos + L <= max_seq_len."""
-        default = positions is None and self._position_padding() is None
-        return default and start_pos + length <= self.position.max_seq_len
+            if limit is not None:
+                check_positions_at(pos, ids.shape, limit)
+            end = int(pos.max()) + 1 if limit is None and position.kind == "additive" and pos.size else None
+        else:
+            if self.position_ids == "padding":                      # RoBERTa: from the padding id
+                pad = int(self.token.padding_idx)                   # type: ignore[arg-type]
+                pos, end = positions_from_padding(ids, pad, start_pos), pad + start_pos + L + 1
+            else:
+                pos = shared_default_positions(L, start_pos)        # read-only: nothing here writes it
+                end = int(pos[-1]) + 1 if L else 0
+            if limit is not None and end > limit:                   # may run past the table: read them
+                check_positions_at(pos, ids.shape, limit)
+        return Batch(ids, pos, end, self._token_types(ids, token_type_ids))
 
     def _token_types(self, ids: np.ndarray, token_type_ids: Any) -> np.ndarray | None:
         if self.token_type is None:
@@ -174,46 +168,45 @@ class TransformerEmbedding(Module):
             raise ConfigError(f"token_type_ids must have shape {ids.shape}, got {tt.shape}")
         return tt
 
+    def _plan(self, batch: Batch, p: float) -> EmbeddingPlan:
+        position = self.position
+        additive = position.kind == "additive"
+        return plan_embedding(kind=position.kind, table_rows=position.max_seq_len if additive else None,
+                              extends=additive and position.extends,
+                              table_padding=additive and position.padding_idx is not None, pos_end=batch.pos_end,
+                              token_types=self.token_type is not None, norm=self.norm is not None, sparse=False,
+                              dropout=p > 0.0)
+
+    # -- the model ---------------------------------------------------------------------------------
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
                 token_type_ids: Any = None) -> np.ndarray:
-        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input but the ids' values is checked before
-        any state changes.
-
-        The ids' values are checked once, by the first embedding op (its kernel inside the gather
-        loop, its plain path first), and a bad id is reported before any other bad input. A call
-        that raises changes nothing: the dropout seed drawn before the op is taken back
-        (``undo_draw_seed``).
-        """
+        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked first (:meth:`_batch`); the
+        dropout seed is drawn after that, so a call that raises changes nothing."""
+        batch = self._batch(ids, positions, start_pos, token_type_ids)
         p = self.dropout if self.training else 0.0
-        ids = check_token_ids(ids, self.vocab_size, values=False)              # the op checks the values
-        pos, tt, (table, index, table_param) = self._inputs(ids, positions, start_pos, token_type_ids)
-        before = self._rng.bit_generator.state if p > 0.0 else None
+        plan = self._plan(batch, p)
+        position, ids, pos = self.position, batch.ids, batch.positions
         seed = draw_seed(self._rng) if p > 0.0 else 0
-        w, late = self.token.weight.data, self.norm is not None or tt is not None   # late: dropout after norm
-        s, pad_pos = self.token.multiplier, getattr(self.position, "padding_idx", None)
-        c_pos = c_tt = c_norm = c_drop = None
-        try:                                                # the first op checks the ids' values
-            if tt is None:
-                x, c_emb = F.embedding_forward(                                 # W[ids] * s + P[pos]
-                    w, ids, scale=s, table=table, pos=index, p=0.0 if late else p, seed=seed,
-                    padding_idx=self.token.padding_idx, table_padding_idx=pad_pos,
-                    table_grad=table_param is not None and table_param.requires_grad, check_ids=True)
-            else:                                                               # HF's (BERT's) order:
-                x, c_emb = F.embedding_forward(w, ids, scale=s, padding_idx=self.token.padding_idx,  # W[ids] * s
-                                               check_ids=True)
-        except ValueError:                                  # a bad id or position: the draw is taken back
-            if before is not None:
-                undo_draw_seed(self._rng, before)
-            raise
-        if tt is not None:
-            t, c_tt = F.embedding_forward(self.token_type.weight.data, tt)      # type: ignore[union-attr]
-            x = x + t                                                           # + T[token_type_ids]
-            if table is not None and index is not None:                         # + P[pos]
-                rows, c_pos = F.embedding_forward(table, np.broadcast_to(index, ids.shape), padding_idx=pad_pos)
-                x = x + rows
+        table = position.table if plan.table else None
+        table_param = position.table_param if plan.table or plan.rows == "lookup" else None
+        x, c_emb = F.embedding_forward(                                         # W[ids] * s (+ P[pos])
+            self.token.weight.data, ids, scale=self.token.multiplier, table=table,
+            pos=pos if plan.table else None, p=p if plan.fused_dropout else 0.0, seed=seed,
+            padding_idx=self.token.padding_idx, table_grad=plan.table and table_param is not None
+            and table_param.requires_grad)
+        c_tt = c_pos = c_norm = c_drop = None
+        if batch.token_types is not None:                                       # + T[tt]
+            t, c_tt = F.embedding_forward(self.token_type.weight.data, batch.token_types)  # type: ignore[union-attr]
+            x = x + t
+        if plan.rows == "lookup":                                               # + P[pos]
+            rows, c_pos = F.embedding_forward(position.table, np.broadcast_to(pos, ids.shape),
+                                              padding_idx=position.padding_idx)
+            x = x + rows
+        elif plan.rows == "formula":
+            x = x + position.encode(pos)
         if self.norm is not None:                                               # norm
             x, c_norm = self.norm.norm_forward(x)
-        if late:                                                                # dropout
+        if plan.late_dropout:                                                   # dropout
             x, c_drop = F.dropout_forward(x, p=p, seed=seed)
         self._cache = TransformerCache(c_emb, c_tt, c_pos, c_norm, c_drop, table_param, x.shape)
         return x

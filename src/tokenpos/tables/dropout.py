@@ -27,8 +27,6 @@ float16/bfloat16 inputs, ``m`` and the product are float32, rounded once to the 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -75,30 +73,6 @@ def dropout_keep_mask(seed: int, shape: tuple[int, ...], p: float, offset: int =
 def draw_seed(rng: np.random.Generator) -> int:
     """A fresh 63-bit dropout seed from an explicit generator."""
     return int(rng.integers(0, SEED_MASK, dtype=np.int64))
-
-
-def undo_draw_seed(rng: np.random.Generator, before: Mapping[str, Any]) -> None:
-    """Puts ``rng`` back to ``before`` (its ``bit_generator.state`` taken just before a
-    :func:`draw_seed`) when that draw is the only one since, so a call that raises after drawing
-    its seed leaves the generator as it found it. If anything else drew from ``rng`` in between
-    (another thread), it is left alone: rewinding would hand out those numbers a second time. The
-    check and the restore hold the bit generator's lock, which its draws take too, so no draw can
-    fall between them."""
-    replay = np.random.Generator(type(rng.bit_generator)())
-    replay.bit_generator.state = before
-    draw_seed(replay)
-    with rng.bit_generator.lock:
-        if _same_state(replay.bit_generator.state, rng.bit_generator.state):
-            rng.bit_generator.state = before
-
-
-def _same_state(a: Any, b: Any) -> bool:
-    """Equality of two ``bit_generator.state`` values (dicts of ints, strings and arrays)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return bool(np.array_equal(a, b))
-    return bool(a == b)
 
 
 def dropout_multiplier(seed: int, shape: tuple[int, ...], p: float, offset: int = 0,

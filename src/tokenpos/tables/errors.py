@@ -21,3 +21,10 @@ class StateDictError(ValueError):
 
 class DtypeError(ConfigError, TypeError):
     """A float input (q, k, v, hidden states) of a dtype that is not floating point (int, bool, complex)."""
+
+
+class KernelBoundError(TokenIdError, PositionError):
+    """A fused kernel met an id or position outside its table and skipped the row (its memory bound).
+
+    Layers check every input at their public entry, so this means an op or kernel was called
+    directly with unchecked data: check it first (``tables.validation.check_token_ids``)."""

@@ -136,16 +136,15 @@ def _out_of_range(t: torch.Tensor, high: int | None) -> bool:
     return int(lo) < 0 or (high is not None and int(hi) >= high)
 
 
-def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | None = None,
-                          values: bool = True) -> torch.Tensor:
+def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | None = None) -> torch.Tensor:
     """Integer ids with every value in [0, vocab_size); returns a tensor (the torch twin of NumPy's
     ``tables.validation.check_token_ids``, same messages). Non-tensors go through the NumPy check and
-    become an int64 tensor on ``device``. ``values=False`` leaves a tensor's values to the caller's
-    op (``ops.embed(..., check_ids=True)``: the numba kernel inside its gather loop, else first).
+    become an int64 tensor on ``device``, the device of the table they index: ids on the meta device
+    (no values) are refused for a table that has values.
 
     Raises:
-        TokenIdError: a non-integer dtype, a nested or sparse tensor (always), or a value out of range
-            (see the module doc).
+        TokenIdError: a non-integer dtype, a nested or sparse tensor, meta ids for a real table
+            (always), or a value out of range (see the module doc).
     """
     if not isinstance(ids, torch.Tensor):
         return torch.as_tensor(check_token_ids(ids, vocab_size), device=device)
@@ -154,7 +153,10 @@ def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | N
         raise TokenIdError(id_layout_message("token ids", layout))
     if not _is_int_tensor(ids):
         raise TokenIdError(token_id_dtype_message(dtype_name(ids.dtype), vocab_size))
-    if values and ids.numel() and _value_checks_apply(ids) and _out_of_range(ids, vocab_size):
+    if ids.is_meta and device is not None and torch.device(device).type != "meta":
+        raise TokenIdError(f"token ids are on the meta device (they hold no values), but the table is on "
+                           f"{device}; expected ids on {device} (or the CPU)")
+    if ids.numel() and _value_checks_apply(ids) and _out_of_range(ids, vocab_size):
         check_token_ids(_numpy_view(ids), vocab_size)     # raises with the shared text
     return ids
 

@@ -86,35 +86,3 @@ def draw_seed_torch(generator: torch.Generator | None) -> torch.Tensor:
     """A fresh 63-bit dropout seed: a 0-d int64 CPU tensor drawn from ``generator`` (None: torch's
     global CPU generator, so ``torch.manual_seed`` reproduces a run)."""
     return torch.randint(0, SEED_MASK, (), generator=generator, dtype=torch.int64)
-
-
-def seed_snapshot(generator: torch.Generator | None) -> tuple[torch.Generator, torch.Generator]:
-    """(the generator :func:`draw_seed_torch` draws from, a copy of its state now): taken before a
-    draw that a failing call must take back (:func:`undo_seed_draw`). A copy costs a few us, a
-    separate check of every id before the draw several times that."""
-    gen = torch.default_generator if generator is None else generator
-    return gen, (gen.clone_state() if hasattr(gen, "clone_state") else copy_by_state(gen))
-
-
-def copy_by_state(gen: torch.Generator) -> torch.Generator:
-    """A new generator on ``gen``'s device in ``gen``'s state: ``clone_state`` for torch releases
-    without it (it came after 2.2, the oldest torch tokenpos supports)."""
-    copy = torch.Generator(device=gen.device)
-    copy.set_state(gen.get_state())
-    return copy
-
-
-def undo_seed_draw(gen: torch.Generator, before: torch.Generator) -> None:
-    """Puts ``gen`` back to ``before`` (:func:`seed_snapshot`'s copy, used up here) when the one draw
-    since was this call's own seed, so a call that raises leaves the generator as it found it. If
-    another thread drew from ``gen`` in between, its state is left alone: rewinding would hand that
-    thread's numbers out a second time.
-
-    torch offers no lock around a generator's state, so a draw another thread makes in the few
-    microseconds between the check and the restore below would be taken back too (its numbers come
-    again once). Only a failing call opens that window (NumPy's generator lock closes it there:
-    ``tables.dropout.undo_draw_seed``)."""
-    state = before.get_state()
-    draw_seed_torch(before)                            # the private copy replays this call's draw
-    if torch.equal(gen.get_state(), before.get_state()):
-        gen.set_state(state)

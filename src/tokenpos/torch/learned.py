@@ -40,6 +40,7 @@ class LearnedPositionalEmbedding(TokenposModule):
 
     kind = "additive"
     name = "learned"
+    extends = False          # positions >= max_seq_len have no row (PositionError)
 
     def __init__(self, max_seq_len: int, d_model: int, *, init: str = "normal", std: float = 0.02,
                  padding_idx: int | None = None, device: Any = None, dtype: Any = None, seed: int | None = None,
@@ -57,6 +58,11 @@ class LearnedPositionalEmbedding(TokenposModule):
                          generator: torch.Generator | None = None) -> None:
         """Re-draw the table (seed/rng: the NumPy numbers; else seeded from torch's generator)."""
         fill_init_(self.weight, self.init, self.std, resolve_torch_rng(seed, rng, generator), self.padding_idx)
+
+    @property
+    def table(self) -> torch.Tensor:
+        """The (P, D) table whose rows the embedding op adds (the additive-scheme protocol): ``weight``."""
+        return self.weight
 
     def forward(self, seq_len_or_positions: Any) -> torch.Tensor:
         """An int L gives rows 0..L-1, (L, D); positions (...) give (..., D). Always a new tensor

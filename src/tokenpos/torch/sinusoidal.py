@@ -40,6 +40,8 @@ class SinusoidalPositionalEncoding(TokenposModule):
 
     kind = "additive"
     name = "sinusoidal"
+    extends = True           # positions beyond the table are computed (:meth:`encode`)
+    padding_idx = None       # no padding row
     table: torch.Tensor
     inv_freq: torch.Tensor
 

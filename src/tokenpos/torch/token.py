@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenpos.tables.errors import ConfigError, TokenIdError
+from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.init import INIT_SCHEMES, RESIZE_INITS, init_weight
 from tokenpos.tables.validation import (
     check_bool,
@@ -28,31 +28,13 @@ from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.ops import embed
 
 
-def checked_ids(ids: Any, vocab_size: int, weight: torch.Tensor, *, values: bool = True) -> torch.Tensor:
-    """The public-entry check of token ids for a table ``weight``: integer dtype, every value in
-    [0, vocab_size) (see ``torch._checks``), and values that exist: meta-device ids (no data) are
-    refused unless the table is on meta too. ``values=False``: the caller's op checks the values
-    (``ops.embed(..., check_ids=True)``: in the kernel's gather loop, else first).
-
-    Raises:
-        TokenIdError: the dtype, a value, or meta ids for a table with data.
-    """
-    if isinstance(ids, torch.Tensor) and not ids.is_cpu and ids.is_meta and not weight.is_meta:
-        raise TokenIdError(f"token ids are on the meta device (they hold no values), but the table is on "
-                           f"{weight.device}; expected ids on {weight.device} (or the CPU)")
-    return check_token_id_tensor(ids, vocab_size, device=weight.device, values=values)
-
-
-def token_rows(token: TokenEmbedding, ids: torch.Tensor, *, check_ids: bool = False) -> torch.Tensor:
-    """``W[ids] * multiplier`` (...) -> (..., D): the ``tokenpos::embedding`` op, or ``F.embedding``
-    for a ``sparse=True`` table (row-sparse gradient). ``check_ids``: the ids' values are unchecked
-    (the op checks them before computing anything)."""
+def token_rows(token: TokenEmbedding, ids: torch.Tensor) -> torch.Tensor:
+    """``W[ids] * multiplier`` (...) -> (..., D) for checked ids: the ``tokenpos::embedding`` op, or
+    ``F.embedding`` for a ``sparse=True`` table (row-sparse gradient)."""
     if token.sparse:
-        if check_ids:
-            check_token_id_tensor(ids, token.vocab_size)
         out = F.embedding(as_index(ids), token.weight, token.padding_idx, sparse=True)      # (..., D)
         return out * token.multiplier if token.scale else out
-    return embed(token.weight, ids, scale=token.multiplier, padding_idx=_pad(token.padding_idx), check_ids=check_ids)
+    return embed(token.weight, ids, scale=token.multiplier, padding_idx=_pad(token.padding_idx))
 
 
 def _pad(padding_idx: int | None) -> int:
@@ -125,7 +107,7 @@ class TokenEmbedding(TokenposModule):
     # -- lookup ------------------------------------------------------------------------------
     def forward(self, ids: Any) -> torch.Tensor:
         """ids (...) -> (..., D) = W[ids] * multiplier. Bad ids raise TokenIdError naming the value and the range."""
-        return token_rows(self, checked_ids(ids, self.vocab_size, self.weight, values=False), check_ids=True)
+        return token_rows(self, check_token_id_tensor(ids, self.vocab_size, device=self.weight.device))
 
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: torch.Tensor) -> torch.Tensor:

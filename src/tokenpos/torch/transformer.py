@@ -4,7 +4,8 @@
     y = dropout(norm(x))
 
 (Hugging Face's summation order, in both backends, so ``from_hf`` reproduces BERT/RoBERTa bit for bit.)
-Without token types and norm, the whole line is ONE ``tokenpos::embedding`` op call.
+Which ops a call runs is decided by ``tables.plan.plan_embedding`` (shared with NumPy); without
+token types and norm, the whole line is ONE ``tokenpos::embedding`` op call.
 
 Shapes: B batch, L length, D d_model; ids (B, L) -> (B, L, D) and ids (L,) -> (L, D).
 """
@@ -20,6 +21,7 @@ import torch
 from tokenpos.tables.dropout import SEED_MASK
 from tokenpos.tables.embedding_args import check_embedding_args
 from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.plan import Batch, EmbeddingPlan, plan_embedding
 from tokenpos.tables.positions import check_padding_start
 from tokenpos.tables.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.torch._checks import (
@@ -29,16 +31,14 @@ from tokenpos.torch._checks import (
     resolve_dtype,
     values_readable,
 )
-from tokenpos.torch._dropout import draw_seed_torch, dropout_torch, seed_snapshot, undo_seed_draw
+from tokenpos.torch._dropout import draw_seed_torch, dropout_torch
 from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
-from tokenpos.torch.learned import LearnedPositionalEmbedding
 from tokenpos.torch.norm import build_norm
 from tokenpos.torch.ops import embed
 from tokenpos.torch.ops.entry import no_seed
 from tokenpos.torch.schemes import build_shortcut
-from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
-from tokenpos.torch.token import TokenEmbedding, _pad, checked_ids, token_rows
+from tokenpos.torch.token import TokenEmbedding, _pad, token_rows
 
 
 @functools.lru_cache(maxsize=64)
@@ -147,61 +147,38 @@ class TransformerEmbedding(TokenposModule):
             if m is not None:
                 m.reset_parameters(rng=init_rng)  # type: ignore[operator]
 
-    # -- inputs (checked once, here) -------------------------------------------------------------
-    def _resolve_positions(self, ids: torch.Tensor, positions: Any, start_pos: int) -> torch.Tensor:
-        """The positions of ``ids`` (..., L): given ones (checked; start_pos must then be 0), RoBERTa's, or
-        start_pos + arange(L)."""
-        if positions is not None:
+    # -- the one boundary: every input checked here, before anything changes ---------------------
+    def _batch(self, ids: Any, positions: Any, start_pos: int, token_type_ids: Any) -> Batch:
+        """Every input of :meth:`forward`, checked (ids first, so a bad id is reported before any other
+        bad input, as in NumPy), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) in [0, V); the
+        positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a learned
+        scheme; token types.
+        """
+        ids = check_token_id_tensor(ids, self.token.vocab_size, device=self.token.weight.device)
+        if ids.dim() not in (1, 2):
+            raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
+        L, position = ids.shape[-1], self.position
+        limit = position.max_seq_len if position.kind == "additive" and not position.extends else None
+        if positions is not None:                                   # given: used as they are
             check_start_pos_with_positions(start_pos, positions)
             pos = check_position_tensor(positions, device=ids.device)
-            if tuple(pos.shape) not in (tuple(ids.shape), tuple(ids.shape[-1:])):
+            if pos.shape != ids.shape and pos.shape != ids.shape[-1:]:
                 raise ConfigError(f"positions must have shape {tuple(ids.shape[-1:])} or {tuple(ids.shape)}, "
                                   f"got {tuple(pos.shape)}")
-        position = self.position
-        limit = position.max_seq_len if isinstance(position, LearnedPositionalEmbedding) else None  # rows of a table
-        if positions is None:
-            pad = self.token.padding_idx if self.position_ids == "padding" else None
-            if pad is not None:                                        # the constructor ensures pad is set
-                pos = positions_from_padding(ids, pad, start_pos)      # checks start_pos for its longer span
+            if limit is not None:                                   # indexed as used, as NumPy does
+                check_position_tensor(pos, limit, broadcast_to=tuple(ids.shape))
+            end = int(pos.max()) + 1 if limit is None and position.kind == "additive" and pos.numel() and \
+                values_readable(pos) else None                      # a fixed table: inside it?
+        else:
+            if self.position_ids == "padding":                      # RoBERTa: from the padding id
+                pad = int(self.token.padding_idx)                   # type: ignore[arg-type]
+                pos, end = positions_from_padding(ids, pad, start_pos), pad + start_pos + L + 1
             else:
-                start_pos = check_start_pos(start_pos, ids.shape[-1])
-                pos = default_positions(start_pos, ids.shape[-1], ids)
-                if limit is None or start_pos + ids.shape[-1] <= limit:
-                    return pos                                         # in range by construction
-        if limit is not None:                                          # range, indexed as NumPy does
-            check_position_tensor(pos, limit, broadcast_to=tuple(ids.shape))
-        return pos
-
-    def _inputs(self, ids: torch.Tensor, positions: Any, start_pos: int, token_type_ids: Any, fuses: bool, *,
-                defer: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Checks everything but the ids' values (``defer``: the op checks those); returns (positions,
-        token types, the positional table of a one-op block or None).
-
-        With ``defer``, any error here is preceded by the ids' own check: a bad id is reported
-        first, as when the ids are checked up front (and as the NumPy layer reports it).
-        """
-        try:
-            if ids.dim() not in (1, 2):
-                raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
-            pos = self._resolve_positions(ids, positions, start_pos)              # (L,) or (B, L)
-            tt = self._token_types(ids, token_type_ids)
-            end = self._positions_end(positions, start_pos, ids.shape[-1])
-            table = self._position_table(pos, end) if fuses else None
-        except ValueError:                                                      # every typed error
-            if defer:
-                checked_ids(ids, self.vocab_size, self.token.weight)
-            raise
-        return pos, tt, table
-
-    def _positions_end(self, positions: Any, start_pos: int, length: int) -> int | None:
-        """An exclusive bound of the positions this layer derives (None for given ones): start_pos + L
-        for the default arange, padding_idx + start_pos + L + 1 for RoBERTa's (the last real token of
-        a row without padding sits at padding_idx + start_pos + L)."""
-        if positions is not None:
-            return None
-        if self.position_ids == "padding":
-            return int(self.token.padding_idx) + start_pos + length + 1  # type: ignore[arg-type]
-        return start_pos + length
+                start_pos = check_start_pos(start_pos, L)
+                pos, end = default_positions(start_pos, L, ids), start_pos + L
+            if limit is not None and end > limit:                   # may run past the table: read them
+                check_position_tensor(pos, limit, broadcast_to=tuple(ids.shape))
+        return Batch(ids, pos, end, self._token_types(ids, token_type_ids))
 
     def _token_types(self, ids: torch.Tensor, token_type_ids: Any) -> torch.Tensor | None:
         if self.num_token_types:
@@ -215,68 +192,43 @@ class TransformerEmbedding(TokenposModule):
             raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
         return None
 
+    def _plan(self, batch: Batch, p: float) -> EmbeddingPlan:
+        position = self.position
+        additive = position.kind == "additive"
+        return plan_embedding(kind=position.kind, table_rows=position.max_seq_len if additive else None,
+                              extends=additive and position.extends,
+                              table_padding=additive and position.padding_idx is not None, pos_end=batch.pos_end,
+                              token_types=self.token_type is not None, norm=self.norm is not None,
+                              sparse=self.token.sparse, dropout=p > 0.0)
+
     # -- the model ---------------------------------------------------------------------------------
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
                 token_type_ids: Any = None) -> torch.Tensor:
-        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked before any work.
-
-        The ids' values are checked once: by the op when the block is one op (its kernel inside the
-        gather loop, else first), else here, first. Either way a bad id is reported before any other
-        bad input, and a call that raises leaves the generator as it was (the dropout seed it drew is
-        taken back: ``undo_seed_draw``).
-        """
-        token, position = self.token, self.position
-        weight = token.weight
+        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked first (:meth:`_batch`); the
+        dropout seed is drawn after that, so a call that raises changes nothing."""
+        batch = self._batch(ids, positions, start_pos, token_type_ids)
         p = self.dropout if self.training else 0.0
-        fuses = self.fuses
-        early = not fuses                              # several ops follow: check the ids first
-        ids = checked_ids(ids, token.vocab_size, weight, values=early)
-        pos, tt, table = self._inputs(ids, positions, start_pos, token_type_ids, fuses, defer=not early)
-        if table is not None or (fuses and position.kind != "additive"):
-            # dropout(W[ids] * s + P[pos]) in one op, which checks the ids (the kernel in its gather loop)
-            before = seed_snapshot(self.generator) if p > 0.0 and not is_compiling() else None
-            seed = self._dropout_seed(p, ids)
-            try:
-                return embed(weight, ids, table, pos if table is not None else None, scale=token.multiplier, p=p,
-                             seed=seed, padding_idx=_pad(token.padding_idx), check_ids=True)
-            except ValueError:                          # a bad id or position: the draw is taken back
-                if before is not None:
-                    undo_seed_draw(*before)
-                raise
-        x = token_rows(token, ids, check_ids=not early)                              # (..., L, D)
-        if self.token_type is not None:
+        plan = self._plan(batch, p)
+        token, position = self.token, self.position
+        seed = self._dropout_seed(p, token.weight)
+        if token.sparse:                                                             # W[ids] * s, row-sparse
+            x = token_rows(token, batch.ids)
+        else:                                                                        # W[ids] * s (+ P[pos])
+            x = embed(token.weight, batch.ids, position.table if plan.table else None,
+                      batch.positions if plan.table else None, scale=token.multiplier,
+                      p=p if plan.fused_dropout else 0.0, seed=seed, padding_idx=_pad(token.padding_idx))
+        if self.token_type is not None:                                              # + T[tt]
+            tt = batch.token_types
             x = x + (self.token_type.weight[0] if tt is None else token_rows(self.token_type, tt))
-        if self.position.kind == "additive":
-            x = x + self.position(pos)                                               # (L, D) or (..., L, D)
+        if plan.rows == "lookup":                                                    # + P[pos]
+            x = x + embed(position.table, batch.positions, padding_idx=_pad(position.padding_idx))
+        elif plan.rows == "formula":
+            x = x + position.encode(batch.positions)
         if self.norm is not None:
             x = self.norm(x)
-        if p > 0.0:
-            x = dropout_torch(x, p, self._dropout_seed(p, x))
+        if plan.late_dropout:
+            x = dropout_torch(x, p, seed)
         return x
-
-    @property
-    def fuses(self) -> bool:
-        """Whether the whole block is one op: no token types, no norm, no sparse token table."""
-        return self.token_type is None and self.norm is None and not self.token.sparse
-
-    def _position_table(self, pos: torch.Tensor, end: int | None) -> torch.Tensor | None:
-        """For a block that is one op (:attr:`fuses`): the (P, D) table the op adds rows of, or None.
-
-        Learned tables without a padding row, and the sinusoidal table when every position lies in
-        it: known from ``end`` (a bound of the positions the layer derived itself, exclusive), else
-        read from the positions when their values can be read (not under torch.compile / torch.func).
-        """
-        position = self.position
-        if position.kind != "additive":
-            return None
-        if isinstance(position, LearnedPositionalEmbedding):
-            return position.weight if position.padding_idx is None else None
-        if isinstance(position, SinusoidalPositionalEncoding):
-            P = position.max_seq_len
-            inside = end <= P if end is not None else (values_readable(pos)
-                                                        and (pos.numel() == 0 or int(pos.max()) < P))
-            return position.table if inside else None
-        return None
 
     def _dropout_seed(self, p: float, like: torch.Tensor) -> torch.Tensor:
         """A 0-d int64 seed on ``like``'s device: fresh per training call (from ``generator``), 0

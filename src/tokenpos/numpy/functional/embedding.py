@@ -8,8 +8,8 @@ shape or a trailing part of it ((L,) for ids (B, L)), out (..., D).
 Float16 weights are gathered, widened to float32, scaled by the float32 constant sqrt(D) (never a
 float16-rounded one), positioned, dropped and rounded once (docs/DESIGN.md). Float32/float64 run
 the fused numba kernel when kernels are on (``_dispatch.use_kernel``), else the same arithmetic in
-NumPy. Inputs are assumed checked by the calling layer (pos in [0, P); ids in range unless
-``check_ids``).
+NumPy. Inputs are checked by the calling layer (ids in [0, V), pos in [0, P)): nothing here checks
+them again (the kernel keeps its memory bound, ``kernels.embedding.forward_rows``).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokenpos._config import OUTPUTS
 from tokenpos.kernels import embedding as kernel
 from tokenpos.numpy.functional._dispatch import compute_dtype, kept, use_kernel
 from tokenpos.numpy.functional.dropout import dropout_multiplier
 from tokenpos.numpy.module import coalesce_rows
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_token_ids
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class EmbeddingCache:
 
 def embedding_forward(weight: np.ndarray, ids: np.ndarray, *, scale: float = 1.0, table: np.ndarray | None = None,
                       pos: np.ndarray | None = None, p: float = 0.0, seed: int = 0, padding_idx: int | None = None,
-                      table_grad: bool = False, table_padding_idx: int | None = None, check_ids: bool = False
+                      table_grad: bool = False, table_padding_idx: int | None = None
                       ) -> tuple[np.ndarray, EmbeddingCache]:
     """weight (V, D), ids (...) -> (out (..., D) in weight's dtype, cache).
 
@@ -61,10 +61,6 @@ def embedding_forward(weight: np.ndarray, ids: np.ndarray, *, scale: float = 1.0
         padding_idx: the token row that receives no gradient in backward.
         table_grad: whether backward returns the (P, D) table gradient (a learned table);
             ``table_padding_idx`` is its row that stays zero (RoBERTa's padding position).
-        check_ids: the caller has not checked the ids' values: the kernel checks them in its
-            gather loop, the NumPy path before it gathers (TokenIdError, nothing computed). The
-            choice of path and the check are made here, in one place, so a concurrent
-            ``tokenpos.set_kernels`` cannot skip the check.
     """
     if (table is None) != (pos is None):
         raise ConfigError("embedding_forward needs table and pos together (or neither)")
@@ -72,11 +68,8 @@ def embedding_forward(weight: np.ndarray, ids: np.ndarray, *, scale: float = 1.0
     cache = EmbeddingCache(kept(ids), None if pos is None else kept(pos), rows, float(scale), float(p), int(seed),
                            padding_idx, table_padding_idx)
     if use_kernel(weight, *(() if table is None else (table,))):
-        out = kernel.embedding_forward(weight, ids, scale=scale, pos_table=table, pos_ids=pos, dropout_p=p,
-                                       seed=seed)
-        return out, cache
-    if check_ids:
-        check_token_ids(ids, weight.shape[0])                         # NumPy indexing would wrap -1
+        out = OUTPUTS.empty((*ids.shape, weight.shape[1]), weight.dtype)
+        return kernel.forward_rows(weight, ids, table, pos, scale, p, seed, out), cache
     ct = compute_dtype(weight.dtype)
     x = weight[ids].astype(ct, copy=False)                           # (..., D), a fresh array
     if scale != 1.0:

@@ -10,8 +10,7 @@ kernel and plain torch.
 
 The choice is made inside the op's implementation, at run time, on real (unwrapped) tensors, so a
 ``torch.compile`` graph keeps the op and still follows ``tokenpos.set_kernels``.
-An op called with ``check_ids=True`` checks the ids' values on whichever path it takes (the numba
-kernel inside its gather loop), so the choice and the check are made in one place.
+Every path receives checked inputs (the layers check them at their public entry).
 """
 
 from __future__ import annotations

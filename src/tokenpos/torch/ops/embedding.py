@@ -18,14 +18,11 @@ again, so double backward works with the kernels on.
 
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from tokenpos.kernels.embedding import embedding_backward as kernel_backward
-from tokenpos.kernels.embedding import embedding_forward as kernel_forward
-from tokenpos.kernels.embedding import run_forward
-from tokenpos.torch._checks import check_token_id_tensor
+from tokenpos.kernels.embedding import forward_rows
 from tokenpos.torch._dropout import dropout_torch
 from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
 
@@ -59,55 +56,17 @@ def _forward_plain(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor 
     return x.to(weight.dtype)
 
 
-def _in_shape(w: np.ndarray, ids: np.ndarray, table: np.ndarray | None, pos: np.ndarray | None) -> bool:
-    """Whether the NumPy views need no conversion for :func:`run_forward`: contiguous 2-D tables of one
-    width, int64 ids and positions, the positions' shape a trailing part of the ids', nothing empty."""
-    if not (w.ndim == 2 and w.flags.c_contiguous and ids.dtype == np.int64 and ids.flags.c_contiguous
-            and ids.size and w.shape[1]):
-        return False
-    if table is None or pos is None:
-        return True
-    k = pos.ndim
-    return (table.ndim == 2 and table.flags.c_contiguous and table.shape[1] == w.shape[1]
-            and pos.dtype == np.int64 and pos.flags.c_contiguous and pos.size > 0 and k <= ids.ndim
-            and pos.shape == ids.shape[ids.ndim - k:])
-
-
-def _forward_numba(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
-                   pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor) -> torch.Tensor:
-    """The numba kernel (float32 / float64 / bf16 bits); ids and positions checked inside its loop.
-
-    Arguments already in shape go straight to the compiled core (:func:`run_forward`); anything
-    else, and any bad value the core reports, goes through :func:`kernel_forward`, which converts,
-    validates and raises the shared error messages.
-    """
-    w, i = np_view(weight), np_view(ids)
-    t, q = (None, None) if table is None or pos is None else (np_view(table), np_view(pos))
-    out, out_np = cpu_empty((*i.shape, w.shape[1]), weight.dtype)
-    seed_int = int(seed) if p else 0
-    if _in_shape(w, i, t, q):
-        nbad = run_forward(w, i.reshape(-1), t, None if q is None else q.reshape(-1), scale, p, seed_int,
-                           out_np.reshape(-1, w.shape[1]))
-        if not nbad:
-            return out
-    kernel_forward(w, i, scale=scale, pos_table=t, pos_ids=q, dropout_p=p, seed=seed_int, out=out_np,
-                   bf16=weight.dtype == torch.bfloat16)
-    return out
-
-
 def forward_impl(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
                  pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
-                 padding_idx: int, check_ids: bool = False) -> torch.Tensor:
-    """The implementation of ``tokenpos::embedding`` on real tensors (the kernel choice: ``_dispatch``).
-
-    ``check_ids``: the caller has not checked the ids' values. The numba kernel checks every id in
-    its gather loop anyway; any other path checks them here first (``TokenIdError``). The path and
-    the check are chosen in this one place, so a concurrent ``tokenpos.set_kernels`` cannot skip it.
-    """
+                 padding_idx: int) -> torch.Tensor:
+    """The implementation of ``tokenpos::embedding`` on real tensors (the kernel choice: ``_dispatch``):
+    on the CPU the numba kernel (float32 / float64 / bf16 bits), writing into a fresh tensor."""
     if weight.is_cpu and cpu_path(weight, table) != "plain":
-        return _forward_numba(weight, ids, table, pos, scale, p, seed)
-    if check_ids:
-        check_token_id_tensor(ids, weight.shape[0])
+        out, out_np = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
+        rows = table is not None and pos is not None
+        forward_rows(np_view(weight), np_view(ids), np_view(table) if rows else None,   # type: ignore[arg-type]
+                     np_view(pos) if rows else None, scale, p, int(seed) if p else 0, out_np)   # type: ignore[arg-type]
+        return out
     if weight.is_cuda:
         tk = triton_kernels(weight) if table is None else triton_kernels(weight, table)
         if tk is not None:

@@ -12,7 +12,8 @@ Each runs its op, reached the cheapest way that keeps the op's semantics:
   This skips the ~100-200 us of Python the custom-op dispatcher spends per call (argument binding,
   its generated autograd Function), which is 5-10 % of a GPT-2-sized batch on the reference CPU.
 
-Every route computes the same values with the same dropout masks (tests/torch/test_ops.py).
+Every route computes the same values with the same dropout masks (tests/torch/test_ops.py). The
+inputs are valid: the layers check them at their public entry; the ops do not check them again.
 Shapes: as the ops (``embedding``: weight (V, D), ids (...) -> (..., D); ``rope``: (B, H, L, Dh)).
 """
 
@@ -22,26 +23,18 @@ from typing import Any
 
 import torch
 
-from tokenpos.torch._checks import check_token_id_tensor
 from tokenpos.torch.ops._dispatch import transforms_active
 from tokenpos.torch.ops.embedding import _forward_plain, forward_impl
 from tokenpos.torch.ops.rope import _rope_plain, rope_impl, rope_qk_impl
 
 
-def _direct_apply(fn: type[torch.autograd.Function]) -> Any:
-    """``fn.apply`` without its Python preamble, which only serves ``torch.func`` transforms (never
-    here: they take the plain formula) and ``setup_context`` Functions (not these)."""
-    return super(torch.autograd.Function, fn).apply  # type: ignore[misc]
-
-
 class _Embedding(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, weight: torch.Tensor, table: torch.Tensor | None, ids: torch.Tensor,
-                pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor, padding_idx: int,
-                check_ids: bool) -> Any:
+                pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor, padding_idx: int) -> Any:
         ctx.save_for_backward(ids, pos, seed)
         ctx.args = (weight.shape[0], 0 if table is None else table.shape[0], scale, p, padding_idx)
-        return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx, check_ids)
+        return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -50,10 +43,7 @@ class _Embedding(torch.autograd.Function):
         P = P if ctx.needs_input_grad[1] else 0
         gw, gt = torch.ops.tokenpos.embedding_backward(grad, ids, pos if P else None, V, P, scale, p, seed,
                                                        padding_idx)
-        return (gw if ctx.needs_input_grad[0] else None), (gt if P else None), None, None, None, None, None, None, None
-
-
-_EMBEDDING = _direct_apply(_Embedding)
+        return (gw if ctx.needs_input_grad[0] else None), (gt if P else None), None, None, None, None, None, None
 
 
 def _cpu_zero() -> torch.Tensor:
@@ -78,24 +68,18 @@ def no_seed(like: torch.Tensor) -> torch.Tensor:
 
 def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None,
           pos: torch.Tensor | None = None, *, scale: float = 1.0, p: float = 0.0,
-          seed: torch.Tensor | None = None, padding_idx: int = -1, check_ids: bool = False) -> torch.Tensor:
-    """``tokenpos::embedding``: dropout(weight[ids] * scale + table[pos]) -> (..., D) (module doc).
-
-    ``check_ids``: the ids' values are unchecked; they are checked before anything is computed (by
-    the numba kernel inside its gather loop, else first: ``embedding.forward_impl``).
-    """
+          seed: torch.Tensor | None = None, padding_idx: int = -1) -> torch.Tensor:
+    """``tokenpos::embedding``: dropout(weight[ids] * scale + table[pos]) -> (..., D) (module doc), on
+    checked ids and positions."""
     if seed is None:
         seed = no_seed(weight)
-    compiling = torch.compiler.is_compiling()
-    if compiling or transforms_active():
-        if check_ids:                         # what can be read here (not traced or vmapped values)
-            check_token_id_tensor(ids, weight.shape[0])
-        if compiling:
-            return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)
+    if torch.compiler.is_compiling():
+        return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)
+    if transforms_active():
         return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
     if torch.is_grad_enabled() and (weight.requires_grad or (table is not None and table.requires_grad)):
-        return _EMBEDDING(weight, table, ids, pos, scale, p, seed, padding_idx, check_ids)  # type: ignore[no-any-return]
-    return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx, check_ids)
+        return _Embedding.apply(weight, table, ids, pos, scale, p, seed, padding_idx)  # type: ignore[no-any-return]
+    return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx)
 
 
 class _Rope(torch.autograd.Function):
@@ -131,7 +115,6 @@ class _RopeQK(torch.autograd.Function):
         return gq, gk, None, None, None
 
 
-_ROPE, _ROPE_QK = _direct_apply(_Rope), _direct_apply(_RopeQK)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
@@ -141,7 +124,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
     if transforms_active():
         return _rope_plain(x, cos, sin, interleaved)
     if torch.is_grad_enabled() and x.requires_grad:
-        return _ROPE(x, cos, sin, interleaved)  # type: ignore[no-any-return]
+        return _Rope.apply(x, cos, sin, interleaved)  # type: ignore[no-any-return]
     return rope_impl(x, cos, sin, interleaved)
 
 
@@ -153,5 +136,5 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     if transforms_active():
         return _rope_plain(q, cos, sin, interleaved), _rope_plain(k, cos, sin, interleaved)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        return _ROPE_QK(q, k, cos, sin, interleaved)  # type: ignore[no-any-return]
+        return _RopeQK.apply(q, k, cos, sin, interleaved)  # type: ignore[no-any-return]
     return rope_qk_impl(q, k, cos, sin, interleaved)
