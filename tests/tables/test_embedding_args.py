@@ -9,6 +9,7 @@ import tokenpos.numpy as tpn
 from tokenpos.numpy.module import Module
 from tokenpos.numpy.schemes import build_shortcut
 from tokenpos.tables.embedding_args import (
+    HEADED_SHORTCUTS,
     POSITIONAL_SHORTCUTS,
     SCHEME_KINDS,
     check_embedding_args,
@@ -37,8 +38,12 @@ def test_every_shortcut_builds_a_scheme_whose_name_is_the_shortcut(name):
 def test_kind_is_the_category_and_name_the_registry_string():
     expected = {tpn.LearnedPositionalEmbedding: ("additive", "learned"),
                 tpn.SinusoidalPositionalEncoding: ("additive", "sinusoidal"),
-                tpn.RotaryEmbedding: ("rotary", "rope"), tpn.ALiBi: ("bias", "alibi"),
-                tpn.T5RelativePositionBias: ("bias", "t5"), tpn.NoPositionalEncoding: ("none", "none")}
+                tpn.SinCos2DPositionalEncoding: ("additive", "sincos2d"),
+                tpn.RotaryEmbedding: ("rotary", "rope"), tpn.MRotaryEmbedding: ("rotary", "mrope"),
+                tpn.RotaryEmbedding2D: ("rotary", "rope2d"), tpn.XPosRotaryEmbedding: ("rotary", "xpos"),
+                tpn.ALiBi: ("bias", "alibi"), tpn.T5RelativePositionBias: ("bias", "t5"),
+                tpn.FIRE: ("bias", "fire"), tpn.KERPLE: ("bias", "kerple"),
+                tpn.NoPositionalEncoding: ("none", "none")}
     for cls, (kind, name) in expected.items():
         assert (cls.kind, cls.name) == (kind, name), cls
 
@@ -49,9 +54,9 @@ def test_none_means_the_none_shortcut():
 
 @pytest.mark.parametrize("bad", ["Learned", "rotary", 3, 1.5, object(), {"kind": "rope"}, np.zeros(3)])
 def test_anything_but_a_shortcut_or_a_scheme_is_a_config_error_listing_the_choices(bad):
-    with pytest.raises(ConfigError, match=r"positional must be one of 'alibi', 'fire', 'kerple', 'learned', 'none', "
-                                          r"'rope', 'sinusoidal', 't5', None, or a positional-scheme object of the "
-                                          r"layer's backend.*; got"):
+    with pytest.raises(ConfigError, match=r"positional must be one of 'alibi', 'fire', 'kerple', 'learned', 'mrope', "
+                                          r"'none', 'rope', 'rope2d', 'sincos2d', 'sinusoidal', 't5', 'xpos', None, "
+                                          r"or a positional-scheme object of the layer's backend.*; got"):
         args(positional=bad)
 
 
@@ -76,13 +81,13 @@ def test_a_scheme_of_the_torch_backend_given_to_the_numpy_layer_is_a_config_erro
         tpn.TransformerEmbedding(10, 8, positional=tpt.RotaryEmbedding(4))
 
 
-@pytest.mark.parametrize("shortcut", ["rope", "alibi", "t5"])
+@pytest.mark.parametrize("shortcut", HEADED_SHORTCUTS)
 def test_num_heads_zero_is_a_config_error_not_a_zero_division(shortcut):
     with pytest.raises(ConfigError, match=r"num_heads must be >= 1, got 0"):
         tpn.TransformerEmbedding(10, 8, positional=shortcut, num_heads=0)
 
 
-@pytest.mark.parametrize("shortcut", ["rope", "alibi", "t5"])
+@pytest.mark.parametrize("shortcut", HEADED_SHORTCUTS)
 def test_headed_shortcuts_need_num_heads_dividing_d_model(shortcut):
     with pytest.raises(ConfigError, match=rf"positional='{shortcut}' needs num_heads="):
         args(positional=shortcut)

@@ -3,7 +3,8 @@
 Every scheme class has two class attributes (docs/DESIGN.md): ``kind``, its category ("additive"
 is added to the embeddings, "rotary" rotates q and k, "bias" is added to attention logits, "none"),
 and ``name``, its registry string. ``TransformerEmbedding(positional=...)`` takes a scheme object
-(settings travel with it) or one of the shortcuts below, built here with their defaults.
+(settings travel with it) or one of the shortcuts of ``tokenpos.tables.registry``, built with their
+defaults by :func:`build_shortcut`.
 """
 
 from __future__ import annotations
@@ -12,16 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.numpy.alibi import ALiBi
-from tokenpos.numpy.fire import FIRE
-from tokenpos.numpy.kerple import KERPLE
-from tokenpos.numpy.learned import LearnedPositionalEmbedding
 from tokenpos.numpy.module import Module
-from tokenpos.numpy.rotary import RotaryEmbedding
-from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
-from tokenpos.numpy.t5_bias import T5RelativePositionBias
-from tokenpos.tables.embedding_args import positional_choice_message
-from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.registry import ShortcutContext, build_scheme
 
 
 class NoPositionalEncoding(Module):
@@ -47,26 +40,11 @@ def build_shortcut(name: str, *, d_model: int, max_seq_len: int, num_heads: int 
                    position_padding_idx: int | None, init: str, std: float, dtype: Any,
                    rng: np.random.Generator) -> Module:
     """The scheme a string shortcut of ``tables.embedding_args.POSITIONAL_SHORTCUTS`` stands for,
-    with its defaults (arguments already checked; H is set for the headed shortcuts).
+    with its defaults (``tables.registry``; arguments already checked, H set for the headed shortcuts).
 
     Pass a scheme object to TransformerEmbedding for any other setting (rope scaling, layouts,
     T5 buckets, ...).
     """
-    if name == "learned":          # position_padding_idx: RoBERTa's padding position, or None
-        return LearnedPositionalEmbedding(max_seq_len, d_model, init=init, std=std, padding_idx=position_padding_idx,
-                                          dtype=dtype, rng=rng)
-    if name == "sinusoidal":
-        return SinusoidalPositionalEncoding(max_seq_len, d_model, dtype=dtype)
-    if name == "rope":
-        return RotaryEmbedding(d_model // int(num_heads), max_seq_len=max_seq_len)   # type: ignore[arg-type]
-    if name == "alibi":
-        return ALiBi(int(num_heads), dtype=dtype)                                  # type: ignore[arg-type]
-    if name == "t5":
-        return T5RelativePositionBias(int(num_heads), init=init, std=std, dtype=dtype, rng=rng)  # type: ignore[arg-type]
-    if name == "fire":
-        return FIRE(int(num_heads), init_L=float(max_seq_len), dtype=dtype, rng=rng)     # type: ignore[arg-type]
-    if name == "kerple":
-        return KERPLE(int(num_heads), dtype=dtype, rng=rng)                          # type: ignore[arg-type]
-    if name == "none":
-        return NoPositionalEncoding()
-    raise ConfigError(positional_choice_message(name))
+    context = ShortcutContext(d_model=d_model, max_seq_len=max_seq_len, num_heads=num_heads, init=init, std=std,
+                              position_padding_idx=position_padding_idx)
+    return build_scheme(name, "numpy", context, dtype=dtype, rng=rng)

@@ -7,10 +7,11 @@ positional-scheme object. A scheme object is recognised by two class attributes:
   "rotary" rotates q and k, "bias" is added to the attention logits, "none" adds nothing);
 - ``name``: its registry string ("learned", "sinusoidal", "rope", "alibi", "t5", "none", ...).
 
-Scheme settings (rope scaling, T5 buckets, sinusoidal layout, ...) travel with the object; only
-``num_heads`` remains here, for the "rope" / "alibi" / "t5" shortcuts. Token-table options are
-checked by ``TokenEmbedding``. Everything is checked before any table is built, so a bad argument
-never leaves a half-made layer.
+The shortcuts, their kinds and defaults are the entries of ``tables.registry`` (one per scheme);
+:data:`POSITIONAL_SHORTCUTS` and :data:`HEADED_SHORTCUTS` are derived from it. Scheme settings (rope
+scaling, T5 buckets, sinusoidal layout, ...) travel with the object; only ``num_heads`` remains here,
+for the shortcuts that need it. Token-table options are checked by ``TokenEmbedding``. Everything is
+checked before any table is built, so a bad argument never leaves a half-made layer.
 """
 
 from __future__ import annotations
@@ -19,29 +20,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.registry import (
+    HEADED,
+    SCHEME_KINDS,
+    SHORTCUTS,
+    needs_heads_message,
+    positional_choice_message,
+)
 from tokenpos.tables.validation import check_bool, check_choice, check_int, check_positive_int, check_probability
 
-POSITIONAL_SHORTCUTS = ("alibi", "fire", "kerple", "learned", "none", "rope", "sinusoidal", "t5")
-SCHEME_KINDS = ("additive", "bias", "none", "rotary")
-HEADED_SHORTCUTS = ("alibi", "fire", "kerple", "rope", "t5")          # the shortcuts that need num_heads
+POSITIONAL_SHORTCUTS = SHORTCUTS          # every registered scheme's name, sorted (tables.registry)
+HEADED_SHORTCUTS = HEADED                 # the shortcuts that need num_heads
 POSITION_IDS = ("default", "padding")
 
 
 # ----------------------------------------------------------------------------------------------
-# Messages (both backends raise these texts)
+# Messages (both backends raise these texts; positional_choice_message lives with the registry)
 # ----------------------------------------------------------------------------------------------
-
-
-def positional_choice_message(value: Any, backend: str | None = None) -> str:
-    """``positional must be one of 'alibi', ...; got 'x'``: the same text in both backends.
-
-    ``backend`` is accepted for existing callers and not used: a NumPy and a torch layer given the
-    same bad value say the same thing.
-    """
-    listed = ", ".join(repr(c) for c in POSITIONAL_SHORTCUTS)
-    shown = repr(value) if isinstance(value, str) else f"{value!r} ({type(value).__name__})"
-    return (f"positional must be one of {listed}, None, or a positional-scheme object of the layer's backend "
-            f"(class attributes kind in {SCHEME_KINDS} and name); got {shown}")
 
 
 def scheme_backend_message(scheme: Any, backend: str) -> str:
@@ -92,8 +87,7 @@ def check_num_heads(num_heads: Any, d_model: int, positional: Any) -> int | None
     shortcut = positional if isinstance(positional, str) else None
     if num_heads is None:
         if shortcut in HEADED_SHORTCUTS:
-            raise ConfigError(f"positional={shortcut!r} needs num_heads= (a positive divisor of d_model={d_model}); "
-                              f"got None")
+            raise ConfigError(needs_heads_message(shortcut, d_model))
         return None
     h = check_positive_int("num_heads", num_heads)
     if d_model % h:
