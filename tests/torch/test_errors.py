@@ -266,8 +266,8 @@ def test_bad_ids_give_one_error_whichever_pass_checks_them(kernels: bool, dropou
     import tokenpos.torch._checks as checks
 
     passes: list[int] = []
-    real = checks._out_of_range
-    monkeypatch.setattr(checks, "_out_of_range", lambda *a: passes.append(1) or real(*a))
+    real = checks._outside
+    monkeypatch.setattr(checks, "_outside", lambda *a: passes.append(1) or real(*a))
     ids = np.array([[1, 2], [3, 50]])
     with tokenpos.use_kernels(kernels):
         np_layer = tpn.TransformerEmbedding(50, 4, 8, dropout=dropout, seed=0)

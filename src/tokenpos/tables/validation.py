@@ -30,7 +30,8 @@ def token_id_range_message(value: int, index: tuple[int, ...], vocab_size: int) 
 
 
 def token_id_dtype_message(dtype: Any, vocab_size: int) -> str:
-    return (f"token ids must be integers, got dtype {dtype}; expected an integer array with values in "
+    """``token ids must be integers, got dtype float32; ...`` (a NumPy or torch dtype, or its name)."""
+    return (f"token ids must be integers, got dtype {dtype_name(dtype)}; expected an integer array with values in "
             f"[0, {int(vocab_size)})")
 
 
@@ -43,7 +44,8 @@ def position_range_message(value: int, index: tuple[int, ...], max_seq_len: int,
 
 
 def position_dtype_message(dtype: Any) -> str:
-    return f"positions must be integers, got dtype {dtype}; expected a non-negative integer array"
+    """``positions must be integers, got dtype float32; ...`` (a NumPy or torch dtype, or its name)."""
+    return f"positions must be integers, got dtype {dtype_name(dtype)}; expected a non-negative integer array"
 
 
 def float_dtype_message(name: str, dtype: Any) -> str:

@@ -64,12 +64,6 @@ def values_readable(t: torch.Tensor) -> bool:
     return not is_compiling() and not is_wrapped(t)
 
 
-def _value_checks_apply(t: torch.Tensor) -> bool:
-    if not values_readable(t):                                   # vmap: no .item() to read
-        return False
-    return t.is_cpu or device_checks_enabled()
-
-
 def resolve_dtype(dtype: Any) -> torch.dtype:
     """None -> torch's default dtype; torch or NumPy float dtypes -> the torch dtype; else ConfigError."""
     if dtype is None:
@@ -86,10 +80,6 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
         listed = ", ".join(dtype_name(d) for d in DTYPES)
         raise ConfigError(f"dtype must be one of {listed}; got {dtype_name(dt if dt is not None else dtype)}")
     return dt
-
-
-def _is_int_tensor(t: torch.Tensor) -> bool:
-    return t.dtype in _INT_DTYPES
 
 
 def as_index(t: torch.Tensor) -> torch.Tensor:
@@ -127,8 +117,12 @@ def _layout_name(t: torch.Tensor) -> str | None:
     return None
 
 
-def _out_of_range(t: torch.Tensor, high: int | None) -> bool:
-    """Whether any value is < 0 or >= high (cheap reduction; wide unsigned dtypes via NumPy)."""
+def _outside(t: torch.Tensor, high: int | None) -> bool:
+    """Whether any value of ``t`` is < 0 or >= high, where its values can be read here (see the module
+    doc: CPU tensors in eager mode, other devices with device checks on): one reduction (``aminmax``;
+    the wide unsigned dtypes, which have no min/max kernels, through NumPy)."""
+    if not t.numel() or not values_readable(t) or not (t.is_cpu or device_checks_enabled()):
+        return False
     if t.dtype in _WIDE_UINT_DTYPES:
         arr = _numpy_view(t)                 # uint64 values beyond int64 are refused even without a bound
         return int(arr.max()) >= (high if high is not None else INT64_MAX + 1)
@@ -151,12 +145,12 @@ def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | N
     layout = _layout_name(ids)
     if layout is not None:
         raise TokenIdError(id_layout_message("token ids", layout))
-    if not _is_int_tensor(ids):
-        raise TokenIdError(token_id_dtype_message(dtype_name(ids.dtype), vocab_size))
+    if ids.dtype not in _INT_DTYPES:
+        raise TokenIdError(token_id_dtype_message(ids.dtype, vocab_size))
     if ids.is_meta and device is not None and torch.device(device).type != "meta":
         raise TokenIdError(f"token ids are on the meta device (they hold no values), but the table is on "
                            f"{device}; expected ids on {device} (or the CPU)")
-    if ids.numel() and _value_checks_apply(ids) and _out_of_range(ids, vocab_size):
+    if _outside(ids, vocab_size):
         check_token_ids(_numpy_view(ids), vocab_size)     # raises with the shared text
     return ids
 
@@ -179,9 +173,9 @@ def check_position_tensor(positions: Any, max_seq_len: int | None = None, *,
     layout = _layout_name(positions)
     if layout is not None:
         raise PositionError(id_layout_message("positions", layout))
-    if not _is_int_tensor(positions):
-        raise PositionError(position_dtype_message(dtype_name(positions.dtype)))
-    if positions.numel() and _value_checks_apply(positions) and _out_of_range(positions, max_seq_len):
+    if positions.dtype not in _INT_DTYPES:
+        raise PositionError(position_dtype_message(positions.dtype))
+    if _outside(positions, max_seq_len):
         arr = _numpy_view(positions)
         check_positions_at(arr, broadcast_to, max_seq_len)
     return positions

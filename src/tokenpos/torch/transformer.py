@@ -47,19 +47,19 @@ def _cpu_arange(start: int, stop: int) -> torch.Tensor:
         return torch.arange(start, stop, device="cpu")  # whatever the default device (torch.device context)
 
 
-def default_positions(start: int, length: int, like: torch.Tensor) -> torch.Tensor:
-    """``start + arange(length)`` (int64) on ``like``'s device. On the CPU in eager mode, one shared
+def default_positions(start: int, length: int, device: torch.device) -> torch.Tensor:
+    """``start + arange(length)`` (int64) on ``device``. On the CPU in eager mode, one shared
     tensor per (start, length) (a ``torch.arange`` per call costs 30-100 us when caches are cold):
     the ops never write their inputs. A caller can still reach it, through a graph's
     ``grad_fn.saved_tensors``; if it was written there (its version counter moved), the cache is
     dropped and rebuilt, so a later call never reads changed positions."""
-    if like.is_cpu and not torch.compiler.is_compiling():
+    if device.type == "cpu" and not torch.compiler.is_compiling():
         pos = _cpu_arange(start, start + length)
         if pos._version:                                # written in place by someone: not ours any more
             _cpu_arange.cache_clear()
             pos = _cpu_arange(start, start + length)
         return pos
-    return torch.arange(start, start + length, device=like.device)
+    return torch.arange(start, start + length, device=device)
 
 
 def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int = 0) -> torch.Tensor:
@@ -167,15 +167,15 @@ class TransformerEmbedding(TokenposModule):
                                   f"got {tuple(pos.shape)}")
             if limit is not None:                                   # indexed as used, as NumPy does
                 check_position_tensor(pos, limit, broadcast_to=tuple(ids.shape))
-            end = int(pos.max()) + 1 if limit is None and position.kind == "additive" and pos.numel() and \
-                values_readable(pos) else None                      # a fixed table: inside it?
+            readable = limit is None and position.kind == "additive" and pos.numel() and values_readable(pos)
+            end = int(pos.max()) + 1 if readable else None          # a table that extends: inside it?
         else:
             if self.position_ids == "padding":                      # RoBERTa: from the padding id
                 pad = int(self.token.padding_idx)                   # type: ignore[arg-type]
                 pos, end = positions_from_padding(ids, pad, start_pos), pad + start_pos + L + 1
             else:
                 start_pos = check_start_pos(start_pos, L)
-                pos, end = default_positions(start_pos, L, ids), start_pos + L
+                pos, end = default_positions(start_pos, L, ids.device), start_pos + L
             if limit is not None and end > limit:                   # may run past the table: read them
                 check_position_tensor(pos, limit, broadcast_to=tuple(ids.shape))
         return Batch(ids, pos, end, self._token_types(ids, token_type_ids))
