@@ -21,6 +21,7 @@ from tokenpos.tables import (
     rotate_half,
     rotate_pairs,
 )
+from tokenpos.tables.rope_state import rope_variant
 
 FAST = settings(max_examples=30, deadline=None)
 
@@ -182,12 +183,36 @@ def test_frequency_state_follows_hf_dynamic_update() -> None:
                       rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
     hf = LlamaRotaryEmbedding(cfg)
     ours = RopeFrequencies(16, scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=32)
+    state = ours.initial_state                              # the state is a value: passed in, returned
     x = torch.zeros(1)
     for seq_len in (8, 40, 36, 64, 50, 20, 33, 100, 31):   # grow, keep, grow, keep, reset, grow, ...
         hf(x, torch.arange(seq_len)[None])
-        _, inv = ours.select(seq_len)
-        assert ours.max_seq_len_cached == int(hf.max_seq_len_cached)
+        _, which, state = rope_variant(ours, seq_len, state)
+        inv = ours.inv_freq_for(which, state)
+        assert state.max_seq_len_cached == int(hf.max_seq_len_cached)
         np.testing.assert_allclose(inv, hf.inv_freq.numpy(), **TOL["hf.rope_inv_freq"])
+
+
+def test_variant_choice_is_pure() -> None:
+    """rope_variant changes neither the frozen settings nor the state it is given."""
+    import dataclasses
+
+    dyn = RopeFrequencies(8, scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=16)
+    start = dyn.initial_state
+    key, which, grown = rope_variant(dyn, 40, start)
+    assert start is dyn.initial_state and start.max_seq_len_cached == 16
+    assert (key, which, grown.max_seq_len_cached) == (("dynamic", 40), "dynamic", 40)
+    assert rope_variant(dyn, 40, start)[0] == key                          # same input, same answer
+    assert rope_variant(dyn, 8, grown)[2].max_seq_len_cached == 16         # reset
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        dyn.rope_type = "default"  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        dyn.original_inv_freq[0] = 0.0
+    long = RopeFrequencies(8, scaling={"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                                       "original_max_position_embeddings": 12}, max_position_embeddings=16)
+    assert rope_variant(long, 12, long.initial_state)[:2] == (("longrope", "short"), "original")
+    assert rope_variant(long, 13, long.initial_state)[:2] == (("longrope", "long"), "long")
+    assert rope_variant(RopeFrequencies(8), 10**9, start)[:2] == (("static",), "original")
 
 
 def test_kwargs_from_hf_configs() -> None:

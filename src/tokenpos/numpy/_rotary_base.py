@@ -3,11 +3,12 @@
 Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim. q, k: (B, H, L, Dh)
 (or (B, L, H, Dh) with ``qk_layout="blhd"``).
 
-A layer defines ``apply_forward(q, k, positions, *, start_pos, key_positions) -> (q', k', cache)``
-(through :meth:`RotaryBase._rotate_qk`) and, when its cache is not a ``(cache_q, cache_k | None)``
-pair, ``_split_cache``. This base adds the layout plumbing, the functional ``apply_backward`` (the
-rotation by -angle, through ``tokenpos.numpy.functional``) and the stateful ``apply`` / ``forward`` /
-``backward``.
+A layer defines ``_rotate_bhld(q, k, positions, start_pos, key_positions) -> (q', k', cache)`` on
+(B, H, L, Dh) views, already checked by :meth:`RotaryBase._qk` (the same protocol as the torch
+``RotaryBase``, whose layers return ``(q', k')``), rotating through :meth:`RotaryBase._rotate_pair`,
+whose :class:`RotaryCache` is the cache. This base adds the layout plumbing, the functional pair
+``apply_forward`` / ``apply_backward`` (the rotation by -angle, through ``tokenpos.numpy.functional``)
+and the stateful ``apply`` / ``forward`` / ``backward``.
 
 ``positions`` None means ``start_pos + arange(L)``; given positions are used as they are, so
 ``start_pos`` must then be 0 (None for 2-D RoPE, whose default it is): anything else raises
@@ -16,6 +17,7 @@ ConfigError (``tables.validation.check_start_pos_with_positions``) before anythi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,6 +40,15 @@ def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | N
         raise ConfigError(rope_dtype_message(name, x.dtype))
     check_heads(name, x.shape, qk_layout, num_heads)
     return x.transpose(0, 2, 1, 3) if qk_layout == "blhd" else x
+
+
+@dataclass(frozen=True)
+class RotaryCache:
+    """What ``apply_backward`` needs: the functional cache of q, and of k when k was rotated by its own
+    tables (None when one ``rope_qk`` pass rotated both)."""
+
+    q: F.RopeCache
+    k: F.RopeCache | None
 
 
 class RotaryBase(Module):
@@ -66,39 +77,41 @@ class RotaryBase(Module):
         return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
 
     # -- rotation ----------------------------------------------------------------------------------
-    def _rotate_qk(self, q: np.ndarray, k: np.ndarray, tables_q: tuple[np.ndarray, np.ndarray],
-                   tables_k: tuple[np.ndarray, np.ndarray] | None, interleaved: bool
-                   ) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache | None]]:
-        """Rotate q, k (B, H, L, Dh) by cos / sin (..., F) already in their dtypes.
+    @staticmethod
+    def _rotate_pair(q: np.ndarray, k: np.ndarray, tables_q: tuple[np.ndarray, np.ndarray],
+                     tables_k: tuple[np.ndarray, np.ndarray] | None, interleaved: bool
+                     ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """Rotate q, k (B, H, L, Dh) by cos / sin (..., F) already in their dtypes -> (B, H, L, Dh) and the cache.
 
-        ``tables_k`` None: one ``rope_qk_forward`` pass with q's tables (cache ``(c, None)``); else
-        one ``rope_forward`` per tensor (cache ``(c_q, c_k)``). Outputs are in the declared layout.
+        ``tables_k`` None: one ``rope_qk_forward`` pass with q's tables; else one ``rope_forward`` per tensor.
         """
         if tables_k is None:
             q_out, k_out, cache = F.rope_qk_forward(q, k, *tables_q, interleaved=interleaved)
-            return self._out(q_out), self._out(k_out), (cache, None)
+            return q_out, k_out, RotaryCache(cache, None)
         q_out, cache_q = F.rope_forward(q, *tables_q, interleaved=interleaved)
         k_out, cache_k = F.rope_forward(k, *tables_k, interleaved=interleaved)
-        return self._out(q_out), self._out(k_out), (cache_q, cache_k)
+        return q_out, k_out, RotaryCache(cache_q, cache_k)
 
-    def _split_cache(self, cache: Any) -> tuple[F.RopeCache, F.RopeCache | None]:
-        """``(cache of q, cache of k or None when one rope_qk pass rotated both)``."""
-        return cache[0], cache[1]
+    def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
+                     ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:  # pragma: no cover - abstract
+        """q, k (B, H, L, Dh) views (checked) -> (q', k') (B, H, L, Dh) and the cache for backward."""
+        raise NotImplementedError(f"{type(self).__name__} defines _rotate_bhld")
 
     def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: Any = 0,
-                      key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, Any]:  # pragma: no cover
+                      key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
         """The functional forward: ``(q', k', cache)`` for :meth:`apply_backward`; no state kept."""
-        raise NotImplementedError(f"{type(self).__name__} defines apply_forward")
+        q, k = self._qk(q, k)
+        q_out, k_out, cache = self._rotate_bhld(q, k, positions, start_pos, key_positions)
+        return self._out(q_out), self._out(k_out), cache
 
-    def apply_backward(self, grad_q: Any, grad_k: Any, cache: Any) -> tuple[np.ndarray, np.ndarray]:
+    def apply_backward(self, grad_q: Any, grad_k: Any, cache: RotaryCache) -> tuple[np.ndarray, np.ndarray]:
         """Gradients (dq, dk) w.r.t. q and k from those w.r.t. q' and k' (declared layout): the transpose
         of the forward map (the rotation by -angle, scaled as the forward was)."""
-        cache_q, cache_k = self._split_cache(cache)
         gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
-        if cache_k is None:
-            dq, dk = F.rope_qk_backward(gq, gk, cache_q)
+        if cache.k is None:
+            dq, dk = F.rope_qk_backward(gq, gk, cache.q)
         else:
-            dq, dk = F.rope_backward(gq, cache_q), F.rope_backward(gk, cache_k)
+            dq, dk = F.rope_backward(gq, cache.q), F.rope_backward(gk, cache.k)
         return self._out(dq), self._out(dk)
 
     # -- stateful pair -----------------------------------------------------------------------------

@@ -17,11 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.numpy import functional as F
-from tokenpos.numpy._rotary_base import RotaryBase
-from tokenpos.tables.errors import ConfigError
+from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.tables.mrope import mrope_angles, mrope_cos_sin, mrope_kwargs_from_hf_config, mrope_positions
-from tokenpos.tables.mrope_layer import MRopeSettings, mrope_positions_message
+from tokenpos.tables.mrope_layer import MRopeSettings, check_mrope_positions_shape
 from tokenpos.tables.rope_checks import check_qk_lengths
 from tokenpos.tables.validation import check_int, check_start_pos_with_positions
 
@@ -55,7 +53,7 @@ class MRotaryEmbedding(RotaryBase):
         self.head_dim, self.max_seq_len, self.qk_layout, self.num_heads = st.head_dim, st.max_seq_len, \
             st.qk_layout, st.num_heads
         self.inv_freq, self.attention_factor, self.axis_map = st.inv_freq, st.attention_factor, st.axis_map
-        self._last: tuple[F.RopeCache, F.RopeCache | None] | None = None
+        self._last: RotaryCache | None = None
 
     @classmethod
     def from_hf_config(cls, config: Any, **kwargs: Any) -> MRotaryEmbedding:
@@ -72,29 +70,27 @@ class MRotaryEmbedding(RotaryBase):
             start_pos = check_int("start_pos", start_pos, minimum=0)
             return mrope_positions(np.arange(start_pos, start_pos + length, dtype=np.int64))
         check_start_pos_with_positions(start_pos, positions)
-        pos = mrope_positions(positions)
-        if pos.shape[-1] != length or (pos.ndim == 3 and pos.shape[1] not in (1, batch)):
-            raise ConfigError(mrope_positions_message(np.shape(positions), batch, length))
+        pos = mrope_positions(positions)                   # (3, ..., L); its own messages for other ranks
+        check_mrope_positions_shape(np.shape(positions), batch, length)
         return pos
 
     def _tables(self, pos: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         ang = mrope_angles(pos, self.inv_freq, self.axis_map)              # (L, F) | (B, L, F) float64
         return (np.cos(ang) * self.attention_factor).astype(dtype), (np.sin(ang) * self.attention_factor).astype(dtype)
 
-    def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0, key_positions: Any = None
-                      ) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache | None]]:
-        """``(q', k', cache)``: one functional pass over q and k at the same positions; with
+    def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
+                     ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """q, k (B, H, L, Dh) rotated: one functional pass over q and k at the same positions; with
         ``key_positions`` (Lk,) | (3, B, Lk) | ... (a KV cache, as the attention functions pass) k is
         rotated at its own positions. Given ``positions`` need ``start_pos=0`` (else ConfigError)."""
-        q, k = self._qk(q, k)
         if key_positions is None:
             check_qk_lengths(q.shape, k.shape)
         pos = self._positions(positions, start_pos, q.shape[0], q.shape[2])
         tables_q = self._tables(pos, q.dtype)
         if key_positions is None and q.dtype == k.dtype:
-            return self._rotate_qk(q, k, tables_q, None, False)
+            return self._rotate_pair(q, k, tables_q, None, False)
         kpos = pos if key_positions is None else self._positions(key_positions, 0, k.shape[0], k.shape[2])
-        return self._rotate_qk(q, k, tables_q, self._tables(kpos, k.dtype), False)
+        return self._rotate_pair(q, k, tables_q, self._tables(kpos, k.dtype), False)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, mrope_section={self.settings.mrope_section}, "

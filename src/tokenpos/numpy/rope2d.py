@@ -11,14 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.numpy import functional as F
-from tokenpos.numpy._rotary_base import RotaryBase
+from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.numpy.module import Module
 from tokenpos.tables.mrope import mrope_angles
 from tokenpos.tables.rope2d import check_positions_2d, sincos_2d_table
 from tokenpos.tables.rope_checks import check_qk_layout, check_qk_lengths, check_same_key_positions
-from tokenpos.tables.rope_layers import check_rope2d_positions_shape, rope2d_args_from_hf_config, rope2d_layer_args
-from tokenpos.tables.validation import check_start_pos_with_positions
+from tokenpos.tables.rope_layers import (
+    check_rope2d_positions_given,
+    check_rope2d_positions_shape,
+    rope2d_args_from_hf_config,
+    rope2d_layer_args,
+)
+from tokenpos.tables.validation import check_positions
 
 
 class RotaryEmbedding2D(RotaryBase):
@@ -40,7 +44,7 @@ class RotaryEmbedding2D(RotaryBase):
         super().__init__()
         self.head_dim, self.base, self.inv_freq, self.axis_map = rope2d_layer_args(head_dim, base)
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
-        self._last: F.RopeCache | None = None
+        self._last: RotaryCache | None = None
 
     @classmethod
     def from_hf_config(cls, config: Any, **kwargs: Any) -> RotaryEmbedding2D:
@@ -53,26 +57,23 @@ class RotaryEmbedding2D(RotaryBase):
         ang = mrope_angles(np.moveaxis(check_positions_2d(positions), -1, 0), self.inv_freq, self.axis_map)
         return np.cos(ang), np.sin(ang)
 
-    def apply_forward(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
-                      key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, F.RopeCache]:
-        """``(q', k', cache)``; q and k share the patch positions (explicit, so ``start_pos`` must be None or
-        0, else ConfigError: it would be ignored; ``key_positions``, if given, must equal them)."""
-        q, k = self._qk(q, k)
+    def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
+                     ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """q, k (B, H, N, Dh) rotated at the same (row, col) positions (explicit, so ``start_pos`` must be
+        None or 0, else ConfigError: it would be ignored; ``key_positions``, if given, must equal them)."""
         check_qk_lengths(q.shape, k.shape)
-        check_start_pos_with_positions(start_pos, positions, none_ok=True)
-        pos = check_positions_2d(positions)
+        check_rope2d_positions_given(positions, start_pos)
+        pos = check_positions(positions)
         check_rope2d_positions_shape(pos.shape, q.shape[0], q.shape[2])
         check_same_key_positions("2-D RoPE", pos, key_positions)
         cos, sin = (t.astype(q.dtype) for t in self.cos_sin(pos))
-        if q.dtype == k.dtype:
-            q_out, k_out, cache = F.rope_qk_forward(q, k, cos, sin, interleaved=False)
-        else:
-            q_out, cache = F.rope_forward(q, cos, sin, interleaved=False)
-            k_out = F.rope_forward(k, cos.astype(k.dtype), sin.astype(k.dtype), interleaved=False)[0]
-        return self._out(q_out), self._out(k_out), cache
+        return self._rotate_pair(q, k, (cos, sin), None if q.dtype == k.dtype else
+                                 (cos.astype(k.dtype), sin.astype(k.dtype)), False)
 
-    def _split_cache(self, cache: F.RopeCache) -> tuple[F.RopeCache, F.RopeCache]:
-        return cache, cache                                  # q and k rotate by the same tables
+    def apply_forward(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
+                      key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """``(q', k', cache)`` (see :meth:`_rotate_bhld`; ``start_pos``: None or 0)."""
+        return super().apply_forward(q, k, positions, start_pos=start_pos, key_positions=key_positions)
 
     def apply(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
               key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:

@@ -14,32 +14,20 @@ everything the rows depend on; each call cuts its (L, F) or (B, L, F) rows, cast
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from tokenpos.numpy import functional as F
-from tokenpos.numpy._rotary_base import RotaryBase
+from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.numpy._rotary_base import to_bhld as to_bhld
 from tokenpos.tables.rope import expand_to_layout, rope_angles
 from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
 from tokenpos.tables.rope_layers import RopeFromHFConfig
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
-from tokenpos.tables.rope_state import rotary_frequencies
+from tokenpos.tables.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
+from tokenpos.tables.rope_state import rope_cache_rows, rope_variant, rotary_frequencies
 from tokenpos.tables.validation import check_int, check_positions, check_start_pos_with_positions
-
-# Positions up to this many times max_seq_len grow the cache; larger ones are computed directly.
-CACHE_GROWTH_LIMIT = 16
-
-
-@dataclass(frozen=True)
-class RotaryCache:
-    """What ``apply_backward`` needs: the functional cache of q (and k, when k has its own positions;
-    None when one ``rope_qk`` pass rotated both)."""
-
-    q: F.RopeCache
-    k: F.RopeCache | None
 
 
 class _Snapshot(NamedTuple):
@@ -74,9 +62,9 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
             tensor in the other layout is refused instead of silently rotated along heads.
         seed, rng: accepted for the common scheme signature; RoPE has no random state.
 
-    Threads: one layer may serve several threads. The frequency variant and the cache rows of a
-    call are taken together under a lock from an immutable snapshot (``_Snapshot``); the rotation
-    runs outside the lock.
+    Threads: one layer may serve several threads. The frequency variant (``tables.rope_state.rope_variant``,
+    from the layer's frozen ``RopeState``) and the cache rows of a call are taken together under a lock
+    from an immutable snapshot (``_Snapshot``), and the new state is kept; the rotation runs outside the lock.
 
     Shape:
         apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (1, L) | (B, L) | None) -> (q', k'),
@@ -97,6 +85,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         self.scaling = dict(self.freqs.params)
         self.attention_factor = self.freqs.attention_factor
         self._lock = threading.RLock()
+        self._rope_state = self.freqs.initial_state                 # HF's dynamic state: a frozen value, swapped
         self._last: RotaryCache | None = None
         self.reset_parameters()
 
@@ -118,7 +107,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
     @property
     def inv_freq(self) -> np.ndarray:
         """The inverse frequencies serving the last call (F,) float64 (the original ones before any call)."""
-        return self.freqs.current_inv_freq
+        return self._rope_state.inv_freq
 
     @property
     def _cos(self) -> np.ndarray:
@@ -172,20 +161,19 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         return out
 
     def _cover(self, need: int, seq_len: int | None) -> tuple[_Snapshot, np.ndarray | None]:
-        """(Under the lock.) Pick the variant for rows [0, need); swap in a snapshot holding them.
+        """(Under the lock.) Pick the variant for rows [0, need), keep the new state, and swap in a
+        snapshot holding the rows (``tables.rope_state.rope_cache_rows``: grown or rebuilt as needed).
 
         Returns ``(snapshot, None)``, or ``(snapshot, inv_freq)`` for positions too far out to cache.
         """
-        variant, inv_freq = self.freqs.select(max(need, seq_len or 0))
-        key, snap = self._key(variant), self._snap
-        if key != snap.key:                                         # anything changed: rebuild
-            snap = _Snapshot(key, *self._table(inv_freq, self.max_seq_len), {})
-        if need > snap.cos.shape[0]:
-            if need > CACHE_GROWTH_LIMIT * self.max_seq_len:
-                self._snap = snap
-                return snap, inv_freq
-            snap = _Snapshot(key, *self._table(inv_freq, max(need, 2 * snap.cos.shape[0])), {})
-        self._snap = snap
+        key, which, self._rope_state = rope_variant(self.freqs, max(need, seq_len or 0), self._rope_state)
+        inv_freq = self.freqs.inv_freq_for(which, self._rope_state)
+        key, snap = self._key(key), self._snap
+        rows = rope_cache_rows(need, snap.cos.shape[0], key == snap.key, self.max_seq_len)
+        if rows is None:                                            # far out: the formula
+            return snap, inv_freq
+        if key != snap.key or rows != snap.cos.shape[0]:            # rebuilt or grown: a new snapshot
+            snap = self._snap = _Snapshot(key, *self._table(inv_freq, rows), {})
         return snap, None
 
     def _table(self, inv_freq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -215,16 +203,15 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         cos, sin = self._tables([(pos, start_pos if positions is None else None)], seq_len, x.dtype)[0]
         return self._out(F.rope_forward(x, cos, sin, interleaved=self.interleaved)[0])
 
-    def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
-                      key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
-        """The functional forward: ``(q', k', cache)`` for :meth:`apply_backward`; no state kept.
+    def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
+                     ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """q, k (B, H, L, Dh) rotated at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L)).
 
         ``key_positions`` (Lk,) | (B, Lk) rotates k at other positions than q (a KV cache); by
         default k uses q's positions, which needs the same length. Both use one frequency variant,
         chosen by the largest position of the call. Given ``positions`` need ``start_pos=0`` (ConfigError
         otherwise: it would be ignored); ``key_positions`` are used as given.
         """
-        q, k = self._qk(q, k)
         pos_q = self._positions(positions, start_pos, q.shape[0], q.shape[2])
         if key_positions is None:
             check_qk_lengths(q.shape, k.shape)
@@ -234,16 +221,11 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         seq_len = max(int(pos_q.max(initial=-1)), int(pos_k.max(initial=-1))) + 1
         start = start_pos if positions is None else None
         if key_positions is None and q.dtype == k.dtype:            # one pass over q and k
-            q_out, k_out, caches = self._rotate_qk(q, k, self._tables([(pos_q, start)], seq_len, q.dtype)[0],
-                                                   None, self.interleaved)
-        else:
-            (cq, sq), (ck, sk) = self._tables([(pos_q, start), (pos_k, None)], seq_len, None)
-            q_out, k_out, caches = self._rotate_qk(q, k, (cq.astype(q.dtype), sq.astype(q.dtype)),
-                                                   (ck.astype(k.dtype), sk.astype(k.dtype)), self.interleaved)
-        return q_out, k_out, RotaryCache(*caches)
-
-    def _split_cache(self, cache: RotaryCache) -> tuple[F.RopeCache, F.RopeCache | None]:
-        return cache.q, cache.k
+            return self._rotate_pair(q, k, self._tables([(pos_q, start)], seq_len, q.dtype)[0], None,
+                                     self.interleaved)
+        (cq, sq), (ck, sk) = self._tables([(pos_q, start), (pos_k, None)], seq_len, None)
+        return self._rotate_pair(q, k, (cq.astype(q.dtype), sq.astype(q.dtype)),
+                                 (ck.astype(k.dtype), sk.astype(k.dtype)), self.interleaved)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.numpy import functional as F
-from tokenpos.numpy._rotary_base import RotaryBase
+from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope import rope_angles, rope_inv_freq
 from tokenpos.tables.rope_checks import (
@@ -25,7 +24,7 @@ from tokenpos.tables.rope_checks import (
 )
 from tokenpos.tables.rope_layers import xpos_layer_args
 from tokenpos.tables.validation import check_int, check_positions, check_start_pos_with_positions
-from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_scale
+from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_center, xpos_scale, xpos_scaled_tables
 
 
 class XPosRotaryEmbedding(RotaryBase):
@@ -56,22 +55,19 @@ class XPosRotaryEmbedding(RotaryBase):
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
         self.inv_freq, _ = rope_inv_freq(self.rotary_dim, base=base)
         self.base = float(base)
-        self._last: tuple[F.RopeCache, F.RopeCache] | None = None
+        self._last: RotaryCache | None = None
 
     def tables(self, positions: Any, length: int) -> tuple[np.ndarray, ...]:
         """``(cos_q, sin_q, cos_k, sin_k)`` (..., F) float64 for int positions (...)."""
         pos = check_positions(positions)
         ang = rope_angles(pos, self.inv_freq)
-        center = length // 2 if self.center is None else self.center
-        s = xpos_scale(pos, self.rotary_dim, scale_base=self.scale_base, center=center)
-        cos, sin = np.cos(ang), np.sin(ang)
-        return cos * s, sin * s, cos / s, sin / s
+        s = xpos_scale(pos, self.rotary_dim, scale_base=self.scale_base, center=xpos_center(self.center, length))
+        return xpos_scaled_tables(np.cos(ang), np.sin(ang), s)
 
-    def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0, key_positions: Any = None
-                      ) -> tuple[np.ndarray, np.ndarray, tuple[F.RopeCache, F.RopeCache | None]]:
-        """``(q', k', cache)``; q and k share positions (``key_positions``, if given, must equal them; given
-        ``positions`` need ``start_pos=0``, else ConfigError)."""
-        q, k = self._qk(q, k)
+    def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
+                     ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """q, k (B, H, L, Dh) rotated and scaled; they share positions (``key_positions``, if given, must
+        equal them; given ``positions`` need ``start_pos=0``, else ConfigError)."""
         b, length = q.shape[0], q.shape[2]
         check_qk_lengths(q.shape, k.shape)
         if positions is None and key_positions is not None:      # the attention's KV path: as torch, refused
@@ -85,7 +81,7 @@ class XPosRotaryEmbedding(RotaryBase):
             pos = pos[0] if check_positions_shape(pos.shape, b, length) else pos
         check_same_key_positions("xPos", pos, key_positions)
         cq, sq, ck, sk = (t.astype(q.dtype if i < 2 else k.dtype) for i, t in enumerate(self.tables(pos, length)))
-        return self._rotate_qk(q, k, (cq, sq), (ck, sk), self.interleaved)   # backward: the transposed maps
+        return self._rotate_pair(q, k, (cq, sq), (ck, sk), self.interleaved)   # backward: the transposed maps
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "

@@ -12,11 +12,11 @@ import numpy as np
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.mrope import MROPE_LAYOUTS, mrope_axis_map
 from tokenpos.tables.rope import check_qk_layout, rope_inv_freq
-from tokenpos.tables.rope_scaling import normalize_rope_scaling
+from tokenpos.tables.rope_scaling import LENGTH_DEPENDENT_TYPES, normalize_rope_scaling
 from tokenpos.tables.validation import check_choice, check_int
 
 # length-dependent scalings keep per-call state; no M-RoPE model uses them
-MROPE_REFUSED_TYPES = ("dynamic", "longrope")
+MROPE_REFUSED_TYPES = LENGTH_DEPENDENT_TYPES
 
 
 class MRopeSettings:
@@ -50,3 +50,13 @@ class MRopeSettings:
 def mrope_positions_message(shape: tuple[int, ...], batch: int, length: int) -> str:
     return (f"M-RoPE positions must have shape (3, {batch} or 1, {length}), ({batch} or 1, {length}) or "
             f"({length},), got {tuple(int(s) for s in shape)}")
+
+
+def check_mrope_positions_shape(shape: tuple[int, ...], batch: int, length: int) -> None:
+    """M-RoPE positions of q (B, H, L, Dh): (3, B | 1, L), (B | 1, L) or (L,); else ``ConfigError``
+    (:func:`mrope_positions_message`). Both backends check the shape with this, after the values."""
+    shape = tuple(int(s) for s in shape)
+    ok = shape[-1:] == (length,) and (len(shape) == 1 or (len(shape) == 2 and shape[0] in (1, batch)) or (
+        len(shape) == 3 and shape[0] == 3 and shape[1] in (1, batch)))
+    if not ok:
+        raise ConfigError(mrope_positions_message(shape, batch, length))

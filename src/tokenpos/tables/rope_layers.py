@@ -17,7 +17,7 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope2d import rope2d_inv_freq
 from tokenpos.tables.rope_checks import check_rotary_dim
 from tokenpos.tables.rope_state import rope_kwargs_from_hf_config
-from tokenpos.tables.validation import check_float, check_int
+from tokenpos.tables.validation import check_float, check_int, check_start_pos_with_positions
 
 _R = TypeVar("_R", bound="RopeFromHFConfig")
 
@@ -65,6 +65,13 @@ def rope2d_args_from_hf_config(config: Any) -> tuple[int, float]:
         raise ConfigError(f"2-D RoPE reads rope_parameters {{'rope_type': 'axial', 'rope_theta'}}, got {params}")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return int(head_dim), float(params.get("rope_theta", 10000.0))
+
+
+def check_rope2d_positions_given(positions: Any, start_pos: Any) -> None:
+    """2-D RoPE has no default positions: None is refused; given ones need ``start_pos`` None or 0."""
+    if positions is None:
+        raise ConfigError("2-D RoPE needs positions of shape (N, 2) or (B, N, 2) (row, col); got None")
+    check_start_pos_with_positions(start_pos, positions, none_ok=True)
 
 
 def check_rope2d_positions_shape(shape: tuple[int, ...], batch: int, length: int) -> None:

@@ -292,3 +292,5 @@ ROPE_INIT_FUNCTIONS: dict[str, RopeFn] = {
 }
 # Types whose partial_rotary_factor selects frequencies inside a full-width (R = Dh) rotation.
 FULL_WIDTH_TYPES = frozenset({"proportional"})
+# Types whose frequencies depend on the length a call needs (``tables.rope_state.rope_variant`` picks them).
+LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")

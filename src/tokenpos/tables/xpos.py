@@ -27,6 +27,20 @@ def xpos_zeta(rotary_dim: int) -> np.ndarray:
     return (np.arange(0, rotary_dim, 2, dtype=np.float64) + 0.4 * rotary_dim) / (1.4 * rotary_dim)
 
 
+def xpos_center(center: float | None, length: int) -> float | int:
+    """The position where the scale is 1: ``center``, or ``L // 2`` of the call when None (rotary-embedding-torch)."""
+    return length // 2 if center is None else center
+
+
+def xpos_scale_of(zeta: Any, positions: Any, *, scale_base: float, center: float) -> Any:
+    """The xPos scale formula, written once for NumPy arrays and torch tensors alike (operators only).
+
+    ``zeta ** ((positions - center) / scale_base)``: zeta (F,) and float positions (...) of one array
+    type (float64; float32 on MPS) -> (..., F). No checks (see :func:`xpos_scale`).
+    """
+    return zeta ** ((positions[..., None] - center) / scale_base)
+
+
 def xpos_scale(positions: Any, rotary_dim: int, *, scale_base: float = 512.0, center: float = 0.0) -> np.ndarray:
     """Per-pair scales of q at int positions (...): ``zeta ** ((pos - center) / scale_base)`` -> (..., F) float64.
 
@@ -34,8 +48,13 @@ def xpos_scale(positions: Any, rotary_dim: int, *, scale_base: float = 512.0, ce
     """
     scale_base = check_float("scale_base", scale_base, low=0.0, low_inclusive=False)
     pos = check_positions(positions).astype(np.float64)
-    power = (pos - float(center)) / scale_base
-    return xpos_zeta(rotary_dim) ** power[..., None]
+    return xpos_scale_of(xpos_zeta(rotary_dim), pos, scale_base=scale_base, center=float(center))  # type: ignore[no-any-return]
+
+
+def xpos_scaled_tables(cos: Any, sin: Any, scale: Any) -> tuple[Any, Any, Any, Any]:
+    """``(cos_q, sin_q, cos_k, sin_k) = (cos * s, sin * s, cos / s, sin / s)``: the per-tensor tables of q and k
+    (NumPy arrays or torch tensors, (..., F))."""
+    return cos * scale, sin * scale, cos / scale, sin / scale
 
 
 XPOS_TOGETHER_MESSAGE = ("xPos scales q up and k down: rotate q and k together at explicit positions, "

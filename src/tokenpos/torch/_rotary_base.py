@@ -4,8 +4,9 @@ Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim, 
 q, k: (B, H, L, Dh) (or (B, L, H, Dh) with ``qk_layout="blhd"``).
 
 A layer defines ``_rotate_bhld(q, k, positions, start_pos, key_positions) -> (q', k')`` on
-(B, H, L, Dh) views (checking its inputs with :meth:`RotaryBase._qk`, rotating through
-:meth:`RotaryBase._rotate_pair`). This base adds ``apply`` / ``forward`` (``apply(fn)`` with one
+(B, H, L, Dh) views, already checked by :meth:`RotaryBase._qk` (the same protocol as the NumPy
+``RotaryBase``, whose layers also return their backward cache), rotating through
+:meth:`RotaryBase._rotate_pair`. This base adds ``apply`` / ``forward`` (``apply(fn)`` with one
 callable stays ``nn.Module.apply``), the layout plumbing, and the non-persistent frequency buffers:
 float64 (float32 on MPS), reloaded from ``tokenpos.tables`` when ``.half()`` / ``.to(dtype)`` cast them.
 
@@ -69,9 +70,9 @@ class RotaryBase(TokenposModule):
                                  persistent=False)
 
     def _table(self, values: np.ndarray) -> torch.Tensor:
-        """A float64 NumPy table -> a tensor on the layer's device in the table dtype."""
+        """A float64 NumPy table (read-only ones too: copied) -> a tensor on the layer's device in the table dtype."""
         dev = self.inv_freq.device
-        return torch.from_numpy(values).to(dev, calc_dtype(dev))
+        return torch.tensor(values).to(dev, calc_dtype(dev))
 
     def _tables_cast(self) -> bool:
         """Whether a dtype cast (``.half()``, ``.to(dtype)``) reached the frequencies (then reloaded)."""
@@ -130,8 +131,9 @@ class RotaryBase(TokenposModule):
         ck, sk = self._op_tables(tables_k[0], k), self._op_tables(tables_k[1], k)
         return ops.rotate(q, cq, sq, interleaved), ops.rotate(k, ck, sk, interleaved)
 
-    def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
+    def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - abstract
+        """q, k (B, H, L, Dh) views (checked) -> (q', k') (B, H, L, Dh)."""
         raise NotImplementedError(f"{type(self).__name__} defines _rotate_bhld")
 
     def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
@@ -142,8 +144,10 @@ class RotaryBase(TokenposModule):
         ``apply(fn)`` with a single callable is ``nn.Module.apply`` (``model.apply(init_fn)`` recurses
         through every child, this one included), so that idiom keeps working.
         """
+        # nn.Module.apply recursion calls child.apply(fn) on every child, so apply(fn) must stay nn.Module.apply.
         if k is None and callable(q) and not isinstance(q, torch.Tensor):
             return super().apply(q)
+        q, k = self._qk(q, k)
         q_out, k_out = self._rotate_bhld(q, k, positions, start_pos, key_positions)
         return self._out(q_out), self._out(k_out)
 

@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.mrope import mrope_kwargs_from_hf_config
-from tokenpos.tables.mrope_layer import MRopeSettings, mrope_positions_message
+from tokenpos.tables.mrope_layer import MRopeSettings, check_mrope_positions_shape
 from tokenpos.tables.rope_checks import check_qk_lengths
 from tokenpos.tables.validation import check_int, check_start_pos_with_positions
 from tokenpos.torch import ops
@@ -77,13 +76,8 @@ class MRotaryEmbedding(RotaryBase):
         else:
             check_start_pos_with_positions(start_pos, positions)
             pos = check_position_tensor(positions, device=self.inv_freq.device)
-        shape = tuple(pos.shape)
-        ok = shape[-1:] == (length,) and (len(shape) < 3 or (len(shape) == 3 and shape[0] == 3 and shape[1] in
-                                                             (1, batch))) and (len(shape) != 2 or shape[0] in
-                                                                               (1, batch))
-        if not ok:
-            raise ConfigError(mrope_positions_message(shape, batch, length))
-        return pos if pos.dim() == 3 else pos.expand(3, *shape)
+        check_mrope_positions_shape(tuple(pos.shape), batch, length)
+        return pos if pos.dim() == 3 else pos.expand(3, *pos.shape)
 
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: Any = None) -> torch.Tensor:
         """Rotate one tensor x (B, H, L, Dh) at positions (3, B, L) | (B, L) | (L,) | None (start_pos + arange;
@@ -92,11 +86,10 @@ class MRotaryEmbedding(RotaryBase):
         cos, sin = self._pairs(self._positions(positions, start_pos, x.shape[0], x.shape[2]))
         return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), False))
 
-    def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
+    def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k (B, H, L, Dh) rotated (one ``tokenpos::rope_qk`` call); ``key_positions`` rotates k at its
         own positions (a KV cache)."""
-        q, k = self._qk(q, k)
         if key_positions is None:
             check_qk_lengths(tuple(q.shape), tuple(k.shape))
         tables_q = self._pairs(self._positions(positions, start_pos, q.shape[0], q.shape[2]))  # (B|1, L, F) | (L, F)

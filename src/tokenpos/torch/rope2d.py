@@ -11,11 +11,14 @@ from typing import Any
 
 import torch
 
-from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.rope2d import rope2d_inv_freq, sincos_2d_table
 from tokenpos.tables.rope_checks import check_qk_layout, check_qk_lengths
-from tokenpos.tables.rope_layers import check_rope2d_positions_shape, rope2d_args_from_hf_config, rope2d_layer_args
-from tokenpos.tables.validation import check_start_pos_with_positions
+from tokenpos.tables.rope_layers import (
+    check_rope2d_positions_given,
+    check_rope2d_positions_shape,
+    rope2d_args_from_hf_config,
+    rope2d_layer_args,
+)
 from tokenpos.torch._checks import calc_dtype as _calc
 from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._module import TokenposModule
@@ -72,13 +75,12 @@ class RotaryEmbedding2D(RotaryBase):
 
     forward = apply
 
-    def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
+    def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k = self._qk(q, k)
+        """q, k (B, H, N, Dh) rotated at the same (row, col) positions (``start_pos``: None or 0;
+        ``key_positions``, if given, must equal them)."""
         check_qk_lengths(tuple(q.shape), tuple(k.shape))
-        if positions is None:
-            raise ConfigError("2-D RoPE needs positions of shape (N, 2) or (B, N, 2) (row, col); got None")
-        check_start_pos_with_positions(start_pos, positions, none_ok=True)
+        check_rope2d_positions_given(positions, start_pos)
         pos = check_position_tensor(positions, device=self.inv_freq.device)
         check_rope2d_positions_shape(tuple(pos.shape), q.shape[0], q.shape[2])
         self._same_key_positions("2-D RoPE", pos, key_positions)

@@ -13,8 +13,9 @@ and rounded once. So bf16 inputs at position 1,000,000 still get accurate angles
 Cache: ``cos_cached`` / ``sin_cached`` (P, F) non-persistent buffers, one entry per rotated pair, for
 positions [0, P); replaced (never written into) when its key changes (R, base, layout, attention
 factor, the frozen scaling and the frequency variant) or when a call needs more rows (eager mode).
-The variant and the rows of one call are taken together under a lock, so threads sharing a layer
-never mix frequencies. Calls with ``positions=None`` slice the cache; explicit position tensors are
+The variant (``tables.rope_state.rope_variant``, from the layer's frozen ``RopeState``) and the rows of
+one call are taken together under a lock, and the new state kept, so threads sharing a layer never mix
+frequencies. Calls with ``positions=None`` slice the cache; explicit position tensors are
 computed from the formula (same numbers). Under ``torch.compile`` nothing is mutated. Static scalings
 and longrope run under ``fullgraph=True``; ``dynamic`` keeps HF's state in Python and reads
 ``max(positions)``, so it is eager-only with explicit positions.
@@ -38,15 +39,14 @@ from tokenpos.tables.rope import rope_angles
 from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
 from tokenpos.tables.rope_layers import RopeFromHFConfig
 from tokenpos.tables.rope_scaling import freeze_rope_scaling
-from tokenpos.tables.rope_state import rotary_frequencies
+from tokenpos.tables.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
+from tokenpos.tables.rope_state import rope_cache_rows, rope_variant, rotary_frequencies
 from tokenpos.tables.validation import check_int, check_start_pos_with_positions
 from tokenpos.torch import ops
 from tokenpos.torch._checks import calc_dtype as _calc_dtype
 from tokenpos.torch._checks import check_position_tensor, is_compiling
 from tokenpos.torch._rotary_base import RotaryBase
 from tokenpos.torch._rotary_base import to_bhld as to_bhld
-
-CACHE_GROWTH_LIMIT = 16
 
 
 class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
@@ -86,6 +86,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
             head_dim, max_seq_len, interleaved, base=base, scaling=scaling, rotary_dim=rotary_dim)
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
         self._lock = threading.RLock()
+        self._rope_state = self.freqs.initial_state         # HF's dynamic state: a frozen value, swapped under the lock
         self.base, self.rotary_dim = self.freqs.base, self.freqs.rotary_dim
         self.scaling = dict(self.freqs.params)
         self.attention_factor = self.freqs.attention_factor
@@ -119,9 +120,10 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
     def _load_tables(self) -> None:
         """(Re)compute the frequencies and the cache from ``tokenpos.tables`` in float64."""
         self.inv_freq = self._table(self.freqs.original_inv_freq)
-        if self.rope_type == "longrope":
-            self.long_inv_freq = self._table(self.freqs.long_inv_freq())
+        if self.freqs.long_inv_freq is not None:
+            self.long_inv_freq = self._table(self.freqs.long_inv_freq)
         variant, inv_np, _ = self._variant(self.max_seq_len, mutate=False)
+        assert inv_np is not None
         self._build(variant, inv_np, self.max_seq_len)
 
     def _build(self, variant: tuple[Any, ...], inv_freq: np.ndarray, n: int) -> None:
@@ -132,17 +134,22 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         self.sin_cached = torch.from_numpy(np.sin(ang) * self.attention_factor).to(dev, calc)
         self._cache_key = self._key(variant)
 
-    def _variant(self, need: int, mutate: bool = True) -> tuple[tuple[Any, ...], np.ndarray, torch.Tensor]:
-        """(variant key, inv_freq (F,) float64 NumPy, the same as a tensor) for a call needing ``need`` rows."""
-        if self.rope_type == "longrope":
-            long = need > int(self.scaling["original_max_position_embeddings"])
-            if long:
-                return ("longrope", "long"), self.freqs.long_inv_freq(), self.long_inv_freq
-            return ("longrope", "short"), self.freqs.original_inv_freq, self.inv_freq
-        if self.rope_type == "dynamic":
-            key, inv = self.freqs.select(need) if mutate else self.freqs.peek(need)
-            return key, inv, torch.from_numpy(inv).to(self.inv_freq.device, self.inv_freq.dtype)
-        return ("static",), self.freqs.original_inv_freq, self.inv_freq
+    def _variant(self, need: int | torch.Tensor, mutate: bool = True
+                 ) -> tuple[tuple[Any, ...], np.ndarray | None, torch.Tensor]:
+        """(variant key, inv_freq (F,) float64 NumPy, the same as a tensor) for a call needing ``need`` rows,
+        chosen by ``tables.rope_state.rope_variant``; keeps the new state unless ``mutate`` is False.
+
+        ``need`` may be a 0-d tensor: longrope then chooses on the device with ``torch.where`` (nothing is
+        read, so torch.compile traces it; no NumPy frequencies: None); dynamic reads it (eager only).
+        """
+        key, which, state = rope_variant(self.freqs, need, self._rope_state)
+        if mutate and state is not self._rope_state:
+            self._rope_state = state
+        if isinstance(which, torch.Tensor):
+            return key, None, torch.where(which, self.long_inv_freq, self.inv_freq)
+        inv_np = self.freqs.inv_freq_for(which, state)
+        inv_t = {"original": self.inv_freq, "long": self.long_inv_freq}.get(which)
+        return key, inv_np, self._table(inv_np) if inv_t is None else inv_t
 
     def _key(self, variant: tuple[Any, ...]) -> tuple[Any, ...]:
         return (self.rotary_dim, self.base, self.interleaved, self.attention_factor, self._scaling_key(), variant)
@@ -175,13 +182,13 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         frequencies to compute the rows from the formula (under torch.compile, or far positions).
         """
         variant, inv_np, inv_t = self._variant(max(need, seq_len or 0))
-        same_key = self._key(variant) == self._cache_key
-        if same_key and need <= self.cos_cached.shape[0]:
+        same_key, rows = self._key(variant) == self._cache_key, self.cos_cached.shape[0]
+        n = rope_cache_rows(need, rows, same_key, self.max_seq_len)
+        if same_key and n == rows:
             return None
-        if is_compiling() or need > CACHE_GROWTH_LIMIT * self.max_seq_len:   # no mutation: the formula
+        if n is None or is_compiling() or inv_np is None:              # no mutation: the formula
             return inv_t
-        # grow (doubling) or rebuild for a new key
-        self._build(variant, inv_np, max(need, 2 * self.cos_cached.shape[0] if same_key else 0, self.max_seq_len))
+        self._build(variant, inv_np, n)                                # grow (doubling) or rebuild for a new key
         return None
 
     def _cached_as(self, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,17 +220,13 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
 
     def _pairs_positions(self, pos: torch.Tensor, need: torch.Tensor | int | None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (..., F) for an int tensor of positions (...), from the formula; ``need`` picks the variant."""
-        if self.rope_type == "longrope":
-            need = pos.max() + 1 if need is None else need
-            orig = int(self.scaling["original_max_position_embeddings"])
-            inv_t = torch.where(torch.as_tensor(need, device=pos.device) > orig, self.long_inv_freq, self.inv_freq)
-        elif self.rope_type == "dynamic":
-            need = int(pos.max()) + 1 if need is None else int(need)
-            inv_t = self._variant(need)[2]
-        else:
-            inv_t = self.inv_freq
-        return self._formula(pos, inv_t)
+        """cos, sin (..., F) for an int tensor of positions (...), from the formula; ``need`` (default
+        ``max(pos) + 1``, a tensor: not read by longrope) picks the variant."""
+        if need is None:
+            need = pos.max() + 1 if self.freqs.length_dependent else 0
+        elif isinstance(need, torch.Tensor):
+            need = need.to(pos.device)
+        return self._formula(pos, self._variant(need)[2])
 
     def cos_sin_range(self, start: int, length: int, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (L, R) in float64, in the layout, for positions ``start + arange(length)``."""
@@ -275,7 +278,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         cos, sin = self._pairs_of(x, positions, start_pos, seq_len)
         return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), self.interleaved))
 
-    def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
+    def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k (B, H, L, Dh) rotated at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L)).
 
@@ -283,7 +286,6 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         uses q's positions (one ``tokenpos::rope_qk`` call). One frequency variant serves both
         (chosen by the largest position). Given ``positions`` need ``start_pos=0`` (ConfigError otherwise).
         """
-        q, k = self._qk(q, k)
         if key_positions is None:
             check_qk_lengths(tuple(q.shape), tuple(k.shape))
         if key_positions is None and q.dtype == k.dtype:
@@ -295,7 +297,8 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
             check_start_pos_with_positions(start_pos, positions)
             pos_q = self._positions(positions, q.shape[0], q.shape[2])
         pos_k = pos_q if key_positions is None else self._positions(key_positions, k.shape[0], k.shape[2])
-        need = torch.maximum(pos_q.max(), pos_k.max()) + 1 if pos_q.numel() and pos_k.numel() else 0
+        need = torch.maximum(pos_q.max(), pos_k.max()) + 1 \
+            if self.freqs.length_dependent and pos_q.numel() and pos_k.numel() else 0
         with self._guard():                                              # one variant for q and k
             cq, sq = self._pairs_positions(pos_q, need)
             ck, sk = self._pairs_positions(pos_k, need)

@@ -1,8 +1,10 @@
 """XPosRotaryEmbedding (xPos) for the torch backend: the NumPy twin's scaled tables through ``tokenpos::rope``.
 
 Shapes: B batch, H heads, L length, Dh head dim, R rotary dim, F = R / 2. q, k: (B, H, L, Dh);
-positions (L,) / (1, L) / (B, L). Angles and scales are computed per call in float64 (float32 on MPS);
-q and k each go through one ``tokenpos::rope`` op with their own scaled tables (autograd registered).
+positions (L,) / (1, L) / (B, L). Angles and scales are computed per call in float64 (float32 on MPS),
+the scale by the one xPos formula of ``tokenpos.tables.xpos`` (``xpos_scale_of``, written for NumPy
+arrays and tensors alike); q and k each go through one ``tokenpos::rope`` op with their own scaled
+tables (autograd registered).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from tokenpos.tables.rope import rope_inv_freq
 from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
 from tokenpos.tables.rope_layers import xpos_layer_args
 from tokenpos.tables.validation import check_int, check_start_pos_with_positions
-from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_zeta
+from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_center, xpos_scale_of, xpos_scaled_tables, xpos_zeta
 from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._rotary_base import RotaryBase
 
@@ -52,23 +54,20 @@ class XPosRotaryEmbedding(RotaryBase):
 
     def tables(self, pos: torch.Tensor, length: int) -> tuple[torch.Tensor, ...]:
         """``(cos_q, sin_q, cos_k, sin_k)`` (..., F) in float64 for an int tensor of positions (...)."""
-        p = pos.to(self.inv_freq.dtype)[..., None]
-        ang = p * self.inv_freq
-        center = length // 2 if self.center is None else self.center
-        s = self.zeta ** ((p - center) / self.scale_base)
-        cos, sin = torch.cos(ang), torch.sin(ang)
-        return cos * s, sin * s, cos / s, sin / s
+        p = pos.to(self.inv_freq.dtype)
+        ang = p[..., None] * self.inv_freq
+        s = xpos_scale_of(self.zeta, p, scale_base=self.scale_base, center=xpos_center(self.center, length))
+        return xpos_scaled_tables(torch.cos(ang), torch.sin(ang), s)
 
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: Any = None) -> Any:
         """Refused: xPos scales q and k differently, so one tensor alone is ambiguous (use :meth:`apply`;
         in the attention functions pass ``positions=`` so they call ``apply``)."""
         raise ConfigError(XPOS_TOGETHER_MESSAGE)
 
-    def _rotate_bhld(self, q: Any, k: Any, positions: Any, start_pos: Any, key_positions: Any
+    def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k (B, H, L, Dh) rotated and scaled; ``key_positions`` (the attention functions pass it) must
         equal q's positions; given ``positions`` need ``start_pos=0`` (else ConfigError)."""
-        q, k = self._qk(q, k)
         b, length = q.shape[0], q.shape[2]
         check_qk_lengths(tuple(q.shape), tuple(k.shape))
         if positions is None:
