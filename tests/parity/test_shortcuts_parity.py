@@ -19,14 +19,6 @@ from tokenpos.tables.registry import SCHEMES
 V, D, P, H = 11, 16, 16, 2                         # Dh = 8; P = 16 is a 4 x 4 grid for sincos2d
 SHORTCUTS = sorted(SCHEMES)
 
-# SinCos2DPositionalEncoding (numpy/rope2d.py, torch/rope2d.py) has only forward() -> the whole table: no
-# rows at given positions, no max_seq_len / table attributes, so TransformerEmbedding cannot add it yet.
-# Strict: this starts failing as soon as the class follows the additive protocol; then drop the mark.
-NEEDS_ADDITIVE_PROTOCOL = pytest.mark.xfail(
-    strict=True, raises=(AttributeError, TypeError),
-    reason="SinCos2DPositionalEncoding does not follow the additive-scheme protocol (rows at positions)")
-
-
 def pair(name: str, **kw):
     """The NumPy and torch TransformerEmbedding with shortcut ``name``, both from seed 0, in eval mode."""
     np_emb = tpn.TransformerEmbedding(V, D, P, positional=name, num_heads=H, seed=0, **kw)
@@ -34,10 +26,6 @@ def pair(name: str, **kw):
     np_emb.eval()
     t_emb.eval()
     return np_emb, t_emb
-
-
-def _marked(names, mark, which):
-    return [pytest.param(n, marks=mark) if n in which else n for n in names]
 
 
 @pytest.mark.parametrize("name", SHORTCUTS)
@@ -59,9 +47,11 @@ def test_learned_with_padding_positions_keeps_the_zero_row_in_both_backends():
     assert not np_emb.position.weight.data[1].any()
 
 
-@pytest.mark.parametrize("name", _marked(SHORTCUTS, NEEDS_ADDITIVE_PROTOCOL, {"sincos2d"}))
+@pytest.mark.parametrize("name", SHORTCUTS)
 @pytest.mark.parametrize("call", [{}, {"start_pos": 3}], ids=["default", "start_pos"])
 def test_transformer_embedding_forward_agrees(name, call):
+    """Every shortcut, sincos2d's patch grid included, runs in the layer and agrees across backends;
+    an additive table that does not extend refuses positions past its rows in both."""
     np_emb, t_emb = pair(name)
     ids = np.random.default_rng(1).integers(0, V, size=(2, 5))
     np_out = np_emb(ids, **call)
@@ -109,3 +99,14 @@ def test_the_shortcut_scheme_in_attention_agrees(name):
                      torch_params=t_params)
     for n in SHIFT_ONLY & set(np_params):
         assert np.abs(np_params[n].grad).max() < 1e-5 and t_params[n].grad.abs().max() < 1e-5, n
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_patch_grid_refuses_positions_past_its_rows(backend):
+    from tokenpos.tables.errors import PositionError
+
+    emb = pair("sincos2d")[0 if backend == "numpy" else 1]
+    ids = np.zeros((1, 3), np.int64) if backend == "numpy" else torch.zeros((1, 3), dtype=torch.int64)
+    with pytest.raises(PositionError, match="out of range"):
+        emb(ids, start_pos=P - 2)
+    assert emb.position(P).shape[0] == P and emb.position().shape == (P, D)

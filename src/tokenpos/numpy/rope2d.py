@@ -22,7 +22,7 @@ from tokenpos.tables.rope_layers import (
     rope2d_args_from_hf_config,
     rope2d_layer_args,
 )
-from tokenpos.tables.validation import check_positions
+from tokenpos.tables.validation import check_positions, check_seq_len_or_positions
 
 
 class RotaryEmbedding2D(RotaryBase):
@@ -88,28 +88,42 @@ class RotaryEmbedding2D(RotaryBase):
 
 
 class SinCos2DPositionalEncoding(Module):
-    """The fixed 2-D sin-cos table of an (H, W) patch grid (ViT-MAE), added to patch embeddings.
+    """The fixed 2-D sin-cos table of an (H, W) patch grid (ViT-MAE), added to patch embeddings; row p is
+    patch p in row-major order (after the CLS row when ``cls_token``).
+
+    An additive scheme (``TransformerEmbedding(positional=...)``): ``table`` is the (P, D) table in
+    ``dtype``, P = ``max_seq_len`` = H * W [+ 1]; a position >= P has no row (PositionError).
 
     Shape:
-        forward() -> (H * W [+ 1], D) in ``dtype``; the table is computed in float64 and rounded once.
+        forward() -> (P, D); forward(L) -> (L, D); forward(positions (...)) -> (..., D), in ``dtype``; the
+        table is computed in float64 and rounded once.
     """
 
     kind = "additive"
     name = "sincos2d"
+    extends = False          # a patch grid: positions >= H * W [+ 1] have no row
+    padding_idx = None
+    table_param = None       # a fixed table: no gradient
 
     def __init__(self, height: int, width: int, d_model: int, *, base: float = 10000.0, cls_token: bool = False,
                  dtype: Any = np.float32, seed: Any = None, rng: Any = None) -> None:
         super().__init__()
         self.table64 = sincos_2d_table(height, width, d_model, base=base, cls_token=cls_token)
         self.dtype = np.dtype(dtype)
+        self.table = self.table64.astype(self.dtype)                          # (P, D), read by the embedding op
         self.height, self.width, self.d_model, self.cls_token = height, width, d_model, cls_token
+        self.max_seq_len = self.table.shape[0]
 
     def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
         """Nothing to reset (a fixed table)."""
 
-    def forward(self) -> np.ndarray:
-        """A fresh copy of the table (H * W [+ 1], D): changing it never changes the layer."""
-        return self.table64.astype(self.dtype)
+    def forward(self, seq_len_or_positions: Any = None) -> np.ndarray:
+        """A fresh copy of the whole table, of its first L rows, or of its rows at positions: changing it
+        never changes the layer."""
+        if seq_len_or_positions is None:
+            return self.table64.astype(self.dtype)
+        pos = check_seq_len_or_positions(seq_len_or_positions, self.max_seq_len)
+        return self.table64[pos].astype(self.dtype)
 
     def backward(self, grad_output: Any) -> None:
         """The table is fixed: no parameter gradient, no input gradient."""

@@ -19,8 +19,8 @@ from tokenpos.tables.rope_layers import (
     rope2d_args_from_hf_config,
     rope2d_layer_args,
 )
+from tokenpos.torch._checks import as_index, check_position_tensor, check_seq_len, is_seq_len
 from tokenpos.torch._checks import calc_dtype as _calc
-from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch._rotary_base import RotaryBase
 
@@ -92,33 +92,51 @@ class RotaryEmbedding2D(RotaryBase):
 
 
 class SinCos2DPositionalEncoding(TokenposModule):
-    """The fixed 2-D sin-cos table of an (H, W) patch grid (ViT-MAE) as a non-persistent float64 buffer.
+    """The fixed 2-D sin-cos table of an (H, W) patch grid (ViT-MAE) as a non-persistent float64 buffer
+    ``table64``; row p is patch p in row-major order (after the CLS row when ``cls_token``).
+
+    An additive scheme (``TransformerEmbedding(positional=...)``): ``table`` is the (P, D) table in the
+    layer's dtype, P = ``max_seq_len`` = H * W [+ 1]; a position >= P has no row (PositionError).
 
     Shape:
-        forward() -> (H * W [+ 1], D) in the layer's dtype (a fresh tensor; rounded once from float64).
+        forward() -> (P, D); forward(L) -> (L, D); forward(positions (...)) -> (..., D): in the layer's
+        dtype, rounded once from float64, a fresh tensor.
     """
 
     kind = "additive"
     name = "sincos2d"
+    extends = False          # a patch grid: positions >= H * W [+ 1] have no row
+    padding_idx = None
 
     def __init__(self, height: int, width: int, d_model: int, *, base: float = 10000.0, cls_token: bool = False,
                  seed: Any = None, rng: Any = None, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         self.height, self.width, self.d_model, self.cls_token, self.base = height, width, d_model, cls_token, base
+        self.max_seq_len = height * width + int(bool(cls_token))
         self.out_dtype = dtype or torch.get_default_dtype()
         dev = torch.empty(0, device=device).device
-        self.table: torch.Tensor
-        self.register_buffer("table", torch.empty(0, device=dev, dtype=_calc(dev)), persistent=False)
+        self.table64: torch.Tensor
+        self.register_buffer("table64", torch.empty(0, device=dev, dtype=_calc(dev)), persistent=False)
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
         """(Re)compute the table from ``tokenpos.tables`` (no randomness)."""
-        if self.table.is_meta:
+        if self.table64.is_meta:
             return
         t = sincos_2d_table(self.height, self.width, self.d_model, base=self.base, cls_token=self.cls_token)
-        self.table = torch.from_numpy(t).to(self.table.device, _calc(self.table.device))
+        self.table64 = torch.from_numpy(t).to(self.table64.device, _calc(self.table64.device))
 
-    def forward(self) -> torch.Tensor:
-        """(H * W [+ 1], D), never a view of the buffer."""
-        return self.table.to(self.out_dtype, copy=True)
+    @property
+    def table(self) -> torch.Tensor:
+        """The (P, D) table in the layer's dtype (rounded once from float64)."""
+        return self.table64.to(self.out_dtype)
+
+    def forward(self, seq_len_or_positions: Any = None) -> torch.Tensor:
+        """The whole table, its first L rows, or its rows at positions; never a view of the buffer."""
+        if seq_len_or_positions is None:
+            return self.table64.to(self.out_dtype, copy=True)
+        if is_seq_len(seq_len_or_positions):
+            return self.table64[:check_seq_len(seq_len_or_positions, self.max_seq_len)].to(self.out_dtype, copy=True)
+        pos = check_position_tensor(seq_len_or_positions, self.max_seq_len, device=self.table64.device)
+        return self.table64[as_index(pos)].to(self.out_dtype)
