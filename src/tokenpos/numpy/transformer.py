@@ -128,7 +128,7 @@ class TransformerEmbedding(Module):
         return self.token.padding_idx
 
     # -- the one boundary: every input checked here, before anything changes ---------------------
-    def _batch(self, ids: Any, positions: Any, start_pos: int, token_type_ids: Any) -> Batch:
+    def _batch(self, ids: Any, positions: Any, start_pos: int, token_type_ids: Any) -> Batch[np.ndarray]:
         """Every input of :meth:`forward`, checked (ids first, so a bad id is reported before any other
         bad input, as in torch), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) int64 in [0, V);
         the positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a learned
@@ -168,7 +168,7 @@ class TransformerEmbedding(Module):
             raise ConfigError(f"token_type_ids must have shape {ids.shape}, got {tt.shape}")
         return tt
 
-    def _plan(self, batch: Batch, p: float) -> EmbeddingPlan:
+    def _plan(self, batch: Batch[np.ndarray], p: float) -> EmbeddingPlan:
         position = self.position
         additive = position.kind == "additive"
         return plan_embedding(kind=position.kind, table_rows=position.max_seq_len if additive else None,

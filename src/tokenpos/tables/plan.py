@@ -16,6 +16,9 @@ reading data (``pos_end``), so it is the same in eager mode, under ``torch.compi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+A = TypeVar("A")            # the backend's array type: np.ndarray or torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ def plan_embedding(*, kind: str, table_rows: int | None, extends: bool, table_pa
 
 
 @dataclass(frozen=True)
-class Batch:
+class Batch(Generic[A]):
     """The inputs of one ``TransformerEmbedding`` call after the boundary check (NumPy arrays or
     torch tensors, by backend): every value valid, nothing left for an op to check.
 
@@ -75,7 +78,7 @@ class Batch:
         token_types: (B, L) / (L,) token-type ids in [0, num_token_types), or None (all type 0).
     """
 
-    ids: object
-    positions: object
+    ids: A
+    positions: A
     pos_end: int | None
-    token_types: object | None
+    token_types: A | None

@@ -118,7 +118,7 @@ class TransformerEmbedding(TokenposModule):
         self.token = TokenEmbedding(vocab_size, d_model, init=init, std=std, scale=args.scale,
                                     padding_idx=padding_idx, device=device, dtype=dtype, rng=init_rng)
         self.d_model = self.token.d_model
-        self.position = args.scheme if args.scheme is not None else build_shortcut(
+        self.position: Any = args.scheme if args.scheme is not None else build_shortcut(
             args.positional, d_model=self.d_model, max_seq_len=self.max_seq_len, num_heads=args.num_heads,
             position_padding_idx=padding_idx if self.position_ids == "padding" else None, init=init, std=std,
             rng=init_rng, device=device, dtype=dtype)
@@ -148,7 +148,7 @@ class TransformerEmbedding(TokenposModule):
                 m.reset_parameters(rng=init_rng)  # type: ignore[operator]
 
     # -- the one boundary: every input checked here, before anything changes ---------------------
-    def _batch(self, ids: Any, positions: Any, start_pos: int, token_type_ids: Any) -> Batch:
+    def _batch(self, ids: Any, positions: Any, start_pos: int, token_type_ids: Any) -> Batch[torch.Tensor]:
         """Every input of :meth:`forward`, checked (ids first, so a bad id is reported before any other
         bad input, as in NumPy), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) in [0, V); the
         positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a learned
@@ -192,7 +192,7 @@ class TransformerEmbedding(TokenposModule):
             raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
         return None
 
-    def _plan(self, batch: Batch, p: float) -> EmbeddingPlan:
+    def _plan(self, batch: Batch[torch.Tensor], p: float) -> EmbeddingPlan:
         position = self.position
         additive = position.kind == "additive"
         return plan_embedding(kind=position.kind, table_rows=position.max_seq_len if additive else None,
