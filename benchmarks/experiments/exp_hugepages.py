@@ -15,7 +15,6 @@ Public APIs only: :mod:`tokenpos.torch`, :mod:`tokenpos.kernels`, :mod:`tokenpos
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from itertools import count
@@ -24,24 +23,19 @@ from typing import Any
 
 import numpy as np
 import torch
+from _cli import FULL, QUICK, parse, parser  # the shared command line (this folder is on sys.path when run)
 
 import tokenpos.torch as tpt
 from tokenpos.analysis.bench_timing import machine, time_interleaved
 from tokenpos.kernels import embedding_forward
 
-FULL = (50257, 768, 512, 16)      # V, D, L, B: the bench's forward
-QUICK = (4096, 256, 64, 4)
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=25, help="interleaved reps (default 25)")
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny shapes, 3 reps: checks that it runs (numbers mean nothing)")
-    args = ap.parse_args(argv)
+    ap = parser(__doc__, 25, "interleaved reps")
+    args, reps = parse(ap, argv)
     V, D, L, B = QUICK if args.quick else FULL
-    reps = 3 if args.quick else args.reps
     print(machine())
     print(f"transparent_hugepage: {THP.read_text().strip() if THP.exists() else 'unknown (not Linux?)'}")
     rng = np.random.default_rng(0)

@@ -18,48 +18,31 @@ median ms and x ``index_select`` (its time / the row's: > 1 is faster), then eac
 (the kernel's times are bimodal on a shared guest).
 
 Public APIs only: :mod:`tokenpos.torch`, ``tokenpos.kernels.embedding.run_forward`` and
-:mod:`tokenpos.analysis.bench_timing`.
+:mod:`tokenpos.analysis.bench_timing` (and the bench's own plain gather, ``bench_cases.gather_rows``).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from itertools import count
 
 import numpy as np
 import torch
-from numba import njit, prange
+from _cli import FULL, QUICK, parse, parser  # the shared command line (this folder is on sys.path when run)
 
 import tokenpos.torch as tpt
+from tokenpos.analysis.bench_cases import gather_rows
 from tokenpos.analysis.bench_timing import machine, time_interleaved
 from tokenpos.kernels.embedding import run_forward
 
-FULL = (50257, 768, 512, 16)      # V, D, L, B: the bench's forward
-QUICK = (4096, 256, 64, 4)
-
-
-@njit(parallel=True, cache=True)
-def plain_gather(weight, ids, out):  # pragma: no cover - compiled
-    """out[n] = weight[ids[n]], no arithmetic: the bench's other gather limit."""
-    for n in prange(ids.shape[0]):
-        w = weight[ids[n]]
-        o = out[n]
-        for d in range(w.shape[0]):
-            o[d] = w[d]
-
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, 30, "interleaved reps")
     ap.add_argument("--mode", choices=("fp32", "dropout", "bf16"), default="fp32",
                     help="fp32 forward, fp32 with dropout 0.1, or bf16 tables (default fp32)")
-    ap.add_argument("--reps", type=int, default=30, help="interleaved reps (default 30)")
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny shapes, 3 reps: checks that it runs (numbers mean nothing)")
-    args = ap.parse_args(argv)
+    args, reps = parse(ap, argv)
     V, D, L, B = QUICK if args.quick else FULL
-    reps = 3 if args.quick else args.reps
     bf16 = args.mode == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32
     print(machine())
@@ -84,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return lambda: run_forward(w, ids[nxt()], table, pid, scale, p, 5, out)
 
     impls = {"torch.index_select(out=)": lambda: torch.index_select(W, 0, tids[nxt()], out=out_t),
-             "plain parallel numba gather": lambda: plain_gather(w, ids[nxt()], out),
+             "plain parallel numba gather": lambda: gather_rows(w, ids[nxt()], out),
              "kernel": kernel(pt, np.arange(L)),
              "kernel, every row at position 0": kernel(pt, np.zeros(L, np.int64)),
              "kernel, no positions": kernel(None, None)}

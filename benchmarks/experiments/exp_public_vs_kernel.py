@@ -16,7 +16,6 @@ Public APIs only: :mod:`tokenpos.numpy`, :mod:`tokenpos.torch`, ``tokenpos.kerne
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from itertools import count
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _cli import parse, parser  # the shared command line (this folder is on sys.path when run)
 
 import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
@@ -84,12 +84,8 @@ def _impls(V: int, D: int, L: int, B: int, H: int, Dh: int) -> dict[str, dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=30, help="interleaved reps per case (default 30)")
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny shapes, 3 reps: checks that it runs (numbers mean nothing)")
-    args = ap.parse_args(argv)
-    reps = 3 if args.quick else args.reps
+    ap = parser(__doc__, 30, "interleaved reps per case")
+    args, reps = parse(ap, argv)
     print(machine())
     alive: dict[str, object] = {}
     with torch.no_grad():

@@ -13,28 +13,21 @@ Public APIs only: :func:`tokenpos.kernels.embedding_forward`.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import numpy as np
 import torch
+from _cli import FULL, QUICK, parse, parser  # the shared command line (this folder is on sys.path when run)
 
 from tokenpos.analysis.bench_timing import machine
 from tokenpos.kernels import embedding_forward
 
-FULL = (50257, 768, 512, 16)      # V, D, L, B: the bench's forward
-QUICK = (4096, 256, 64, 4)
-
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=60, help="timed pairs (default 60)")
-    ap.add_argument("--quick", action="store_true",
-                    help="tiny shapes, 3 reps: checks that it runs (numbers mean nothing)")
-    args = ap.parse_args(argv)
+    ap = parser(__doc__, 60, "timed pairs")
+    args, reps = parse(ap, argv)
     V, D, L, B = QUICK if args.quick else FULL
-    reps = 3 if args.quick else args.reps
     print(machine())
     W, P = torch.randn(V, D), torch.randn(L, D)
     ids = [torch.randint(0, V, (B, L)) for _ in range(4)]
