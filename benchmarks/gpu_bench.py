@@ -96,7 +96,7 @@ def eager_rope(q, k, cos_full, sin_full):
 
 def rope_case(args, device, dtype) -> list[dict]:
     from tokenpos.kernels.triton import rope_qk, rope_qk_backward
-    from tokenpos.tables.rope import rope_angles, rope_inv_freq
+    from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq
 
     B, H, Hk, L, Dh = (1, 2, 1, 8, 16) if args.smoke else (4, 32, 8, 4096 // (4 if args.quick else 1), 128)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -164,7 +164,7 @@ def eager_embedding(w, ids, table, pos, scale: float, p: float):
 
 def embedding_case(args, device, dtype) -> list[dict]:
     from tokenpos.kernels.triton import embedding_backward, embedding_forward
-    from tokenpos.tables.dropout import dropout_keep_mask
+    from tokenpos.tables.formulas.dropout import dropout_keep_mask
 
     V, D, B, L = (50, 32, 2, 8) if args.smoke else (50257, 4096, 4, 2048 // (4 if args.quick else 1))
     p, scale = 0.1, math.sqrt(D)

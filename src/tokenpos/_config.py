@@ -34,7 +34,7 @@ result:
   The ops never write their inputs; written through a graph's ``grad_fn.saved_tensors``, it is
   dropped and rebuilt before the next call reads it (its version counter says so). The no-dropout
   seed (``tokenpos.torch.ops.entry.no_seed``) is guarded the same way.
-- ``tokenpos.tables.positions.shared_default_positions``: the NumPy twin, one read-only int64
+- ``tokenpos.tables.formulas.positions.shared_default_positions``: the NumPy twin, one read-only int64
   ``arange`` per (length, start) (an LRU of 64); NumPy refuses any write to it.
 - ``tokenpos._hugepages``: libc's ``madvise``, looked up once. Large CPU torch tables ask for
   transparent huge pages before their first write (advice: only the page size changes).

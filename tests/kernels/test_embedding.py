@@ -216,7 +216,7 @@ def test_out_none_is_a_fresh_array_every_call(rng, monkeypatch, through: str) ->
 
 def test_ids_checked_inside_the_loop_give_the_shared_message(rng) -> None:
     """The first bad id in C order is reported with the shared message."""
-    from tokenpos.tables.validation import token_id_range_message
+    from tokenpos.tables.checks.validation import token_id_range_message
 
     w = rng.standard_normal((10, 8)).astype(np.float32)
     ids = rng.integers(0, 10, (3, 40))
@@ -307,7 +307,7 @@ def test_backward_with_huge_ids_uses_a_sort(rng) -> None:
                                  np.array([[0, 1], [5, 0]])], ids=["high", "negative", "int32", "2d"])
 def test_positions_are_checked_with_the_shared_message(pos: np.ndarray) -> None:
     """Bad positions never reach a table read: the checked API refuses them with the shared message."""
-    from tokenpos.tables.validation import check_positions
+    from tokenpos.tables.checks.validation import check_positions
 
     w, pt = np.ones((4, 3), np.float32), np.ones((2, 3), np.float32)
     ids = np.zeros(pos.shape if pos.ndim == 2 else (2,), np.int64)

@@ -7,7 +7,7 @@ import pytest
 
 from tokenpos.kernels import embedding_backward, embedding_forward
 from tokenpos.kernels._rng import keep_mask
-from tokenpos.tables.dropout import dropout_keep_mask
+from tokenpos.tables.formulas.dropout import dropout_keep_mask
 
 
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**62 + 17, 2**63 - 2])

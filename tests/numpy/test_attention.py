@@ -204,7 +204,7 @@ def test_positions_with_a_pre_rotated_key_cache_take_no_start_pos() -> None:
 
 
 def test_query_temperature_refuses_start_pos_with_positions() -> None:
-    from tokenpos.tables.llama4 import query_temperature
+    from tokenpos.tables.formulas.llama4 import query_temperature
 
     want = query_temperature((2, 0.7), None, None, 2, 6)                         # queries at 4, 5
     for start in (None, 0):

@@ -13,7 +13,7 @@ from tests.numpy.helpers import FAST
 from tests.tolerances import TOL
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.dropout import dropout_keep_mask
+from tokenpos.tables.formulas.dropout import dropout_keep_mask
 
 V, D, P = 9, 6, 5
 IDS = np.array([[3, 1, 3, 8], [1, 0, 4, 3]])           # duplicates; id 1 is the padding id where used

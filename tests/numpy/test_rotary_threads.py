@@ -20,7 +20,7 @@ import tokenpos
 from tests.tolerances import TOL
 from tokenpos.numpy import RotaryEmbedding
 from tokenpos.tables import ConfigError, rope_inv_freq
-from tokenpos.tables.rope import rope_cos_sin, rope_rotate
+from tokenpos.tables.formulas.rope import rope_cos_sin, rope_rotate
 
 DH, MAX = 8, 16
 SCALINGS = {

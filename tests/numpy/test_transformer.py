@@ -15,8 +15,8 @@ from tests.numpy.gradcheck import check_grads
 from tests.numpy.helpers import SLOW, dense_lookup_grad, dtypes, id_arrays
 from tests.tolerances import TOL
 from tokenpos.tables import sinusoidal_encoding
-from tokenpos.tables.dropout import dropout_keep_mask
-from tokenpos.tables.positions import positions_from_padding
+from tokenpos.tables.formulas.dropout import dropout_keep_mask
+from tokenpos.tables.formulas.positions import positions_from_padding
 
 V, D, P = 7, 4, 6
 

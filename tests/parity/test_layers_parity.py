@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tests.numpy.helpers import FAST, id_arrays
 from tests.parity.helpers import assert_parity
-from tokenpos.tables.dropout import SEED_MASK
+from tokenpos.tables.formulas.dropout import SEED_MASK
 
 RNG = np.random.default_rng(1234)
 IDS = RNG.integers(0, 50, size=(3, 7))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tokenpos.numpy as tpn
-from tokenpos.tables.embedding_args import HEADED_SHORTCUTS, POSITIONAL_SHORTCUTS, SCHEME_KINDS, is_scheme
+from tokenpos.tables.checks.embedding import HEADED_SHORTCUTS, POSITIONAL_SHORTCUTS, SCHEME_KINDS, is_scheme
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.registry import (
     FACTORY_KWARGS,
@@ -71,7 +71,7 @@ def test_each_entry_is_well_formed(name):
 
 
 def test_listing_the_names_imports_no_backend():
-    code = ("import sys, tokenpos.tables.registry as r, tokenpos.tables.embedding_args as a; "
+    code = ("import sys, tokenpos.tables.registry as r, tokenpos.tables.checks.embedding as a; "
             "assert len(a.POSITIONAL_SHORTCUTS) == len(r.SCHEMES); "
             "bad = [m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(('tokenpos.numpy', "
             "'tokenpos.torch'))]; assert not bad, bad")

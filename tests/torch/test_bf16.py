@@ -6,7 +6,7 @@ import torch
 
 import tokenpos.torch as tpt
 from tests.tolerances import TOL
-from tokenpos.tables.sinusoidal import sinusoidal_encoding, sinusoidal_table
+from tokenpos.tables.formulas.sinusoidal import sinusoidal_encoding, sinusoidal_table
 
 
 def test_bf16_sinusoidal_table_is_the_float64_truth_rounded_once() -> None:

@@ -1,4 +1,4 @@
-"""Counter-based dropout in torch: bit-identical masks to tables.dropout, reproducible from torch seeds."""
+"""Counter-based dropout in torch: bit-identical masks to tables.formulas.dropout, reproducible from torch seeds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tokenpos.torch as tpt
-from tokenpos.tables.dropout import SEED_MASK, dropout_keep_mask
+from tokenpos.tables.formulas.dropout import SEED_MASK, dropout_keep_mask
 
 
 @settings(max_examples=40, deadline=None)

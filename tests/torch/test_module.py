@@ -11,7 +11,7 @@ import torch
 
 import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
-from tokenpos.tables.positions import positions_from_padding as np_positions_from_padding
+from tokenpos.tables.formulas.positions import positions_from_padding as np_positions_from_padding
 from tokenpos.torch.transformer import positions_from_padding
 
 LAYERS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {

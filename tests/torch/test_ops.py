@@ -12,7 +12,7 @@ from torch.library import opcheck
 import tokenpos.torch.ops as ops
 from tests.tolerances import TOL
 from tokenpos import use_kernels
-from tokenpos.tables.dropout import dropout_keep_mask
+from tokenpos.tables.formulas.dropout import dropout_keep_mask
 
 SAMPLES = list(ops.samples())
 OPS = torch.ops.tokenpos

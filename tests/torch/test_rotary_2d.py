@@ -14,7 +14,7 @@ from tests.tolerances import TOL
 from tokenpos.numpy.rope2d import RotaryEmbedding2D as NpRope2D
 from tokenpos.numpy.rope2d import SinCos2DPositionalEncoding as NpSinCos2D
 from tokenpos.tables import ConfigError, rope_rotate
-from tokenpos.tables.rope2d import patch_positions_2d
+from tokenpos.tables.formulas.rope2d import patch_positions_2d
 from tokenpos.torch.rope2d import RotaryEmbedding2D, SinCos2DPositionalEncoding
 
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,8 @@ from tests.numpy.gradcheck import check_grads
 from tests.parity.helpers import assert_fn_parity
 from tokenpos.numpy.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
 from tokenpos.tables import ConfigError
-from tokenpos.tables.llama4 import llama4_attn_scales, llama4_kwargs_from_hf_config, llama4_rope_layers
+from tokenpos.tables.formulas.llama4 import llama4_attn_scales, llama4_rope_layers
+from tokenpos.tables.hf.models import llama4_kwargs_from_hf_config
 from tokenpos.torch import RotaryEmbedding
 from tokenpos.torch.attention import scaled_dot_product_attention
 

@@ -15,7 +15,7 @@ from tests.parity.helpers import assert_fn_parity
 from tests.tolerances import TOL
 from tokenpos.numpy.mrope import MRotaryEmbedding as NpMRope
 from tokenpos.tables import ConfigError
-from tokenpos.tables.mrope import mrope_position_ids
+from tokenpos.tables.formulas.mrope import mrope_position_ids
 from tokenpos.torch.mrope import MRotaryEmbedding
 
 transformers = pytest.importorskip("transformers")
@@ -136,7 +136,7 @@ def test_bf16_at_position_one_million_keeps_accurate_angles() -> None:
     assert out.dtype == torch.bfloat16
     np_rope = NpMRope(64, mrope_section=[16, 8, 8])
     cos, sin = np_rope.cos_sin(pos[:, None].numpy())                   # (1, L, Dh)
-    from tokenpos.tables.rope import rope_rotate
+    from tokenpos.tables.formulas.rope import rope_rotate
 
     truth = rope_rotate(x.double().numpy(), cos[:, None], sin[:, None])
     err = float(np.abs(out.double().numpy() - truth).max()) / float(x.abs().max())

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tokenpos.tables import rope_cos_sin, rope_inv_freq, rope_rotate
-from tokenpos.tables.rope import permute_qk_weight
+from tokenpos.tables.formulas.rope import permute_qk_weight
 from tokenpos.torch import RotaryEmbedding
 
 FP16_SCALE = 2.0 ** -9        # a few fp16 ulps at 1.0, relative to max|x|

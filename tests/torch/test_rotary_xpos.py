@@ -12,7 +12,7 @@ from tests.parity.helpers import assert_fn_parity
 from tests.tolerances import TOL
 from tokenpos.numpy.xpos import XPosRotaryEmbedding as NpXPos
 from tokenpos.tables import rope_cos_sin, rope_inv_freq, rope_rotate
-from tokenpos.tables.xpos import xpos_scale
+from tokenpos.tables.formulas.xpos import xpos_scale
 from tokenpos.torch.xpos import XPosRotaryEmbedding
 
 ret = pytest.importorskip("rotary_embedding_torch")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import tokenpos.torch as tpt
-from tokenpos.tables.sinusoidal import sinusoidal_table
+from tokenpos.tables.formulas.sinusoidal import sinusoidal_table
 
 
 def test_an_output_never_aliases_the_table() -> None:

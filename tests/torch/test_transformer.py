@@ -19,8 +19,8 @@ import tokenpos.torch as tpt
 from tests.threads import run_threads
 from tests.tolerances import TOL
 from tokenpos.kernels import embedding_forward
-from tokenpos.tables.dropout import SEED_MASK, dropout_keep_mask
 from tokenpos.tables.errors import ConfigError, TokenIdError
+from tokenpos.tables.formulas.dropout import SEED_MASK, dropout_keep_mask
 
 IDS = torch.tensor([[0, 0, 0, 5, 9, 5, 49], [3, 3, 7, 0, 11, 2, 5]])          # padding and duplicates
 

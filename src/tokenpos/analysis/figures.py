@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenpos._files import atomic_write_bytes
+from tokenpos.tables.checks.validation import check_choice, check_int
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_choice, check_int
 
 FORMATS = ("png", "svg", "pdf")
 MAX_DPI = 600

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tokenpos.tables.checks.validation import check_choice, check_int, check_positive_int
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_choice, check_int, check_positive_int
 
 MIB = 2**20
 MB = 10**6
@@ -23,7 +23,7 @@ JSON_PRECISIONS: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}  
 ADAM_BYTES_PER_PARAM = 4 * 4  # fp32 weight + grad + Adam m + Adam v
 POSITIONAL_KINDS = ("learned", "sinusoidal", "rope", "alibi", "t5", "none")
 T5_NUM_BUCKETS = 32
-FIRE_WIDTH = 32          # FIRE's MLP width (tokenpos.tables.fire, the paper's listing)
+FIRE_WIDTH = 32          # FIRE's MLP width (tokenpos.tables.formulas.fire, the paper's listing)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Pure integer arithmetic. V vocab, Vp padded vocab, W tensor-parallel ranks (``tp``), M
 pad_to_multiple_of, Vl = Vp / W rows per rank, D d_model, B batch, L sequence length.
 
-- Padding (Megatron's rule, :func:`tokenpos.tables.vocab_parallel.padded_vocab_size`): Vp is the smallest
+- Padding (Megatron's rule, :func:`tokenpos.tables.formulas.vocab_parallel.padded_vocab_size`): Vp is the smallest
   multiple of M * W that is >= V; the Vp - V padding rows are stored, trained and optimised like the others.
 - Per rank: the token table shard Vl x D; an untied output projection is sharded the same way, so it
   doubles the weight and the Adam state (fp32 weight + grad + m + v = 16 bytes per parameter).
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenpos.analysis.memory import ADAM_BYTES_PER_PARAM, MIB, ModelConfig
-from tokenpos.tables.validation import check_positive_int
-from tokenpos.tables.vocab_parallel import padded_vocab_size
+from tokenpos.tables.checks.validation import check_positive_int
+from tokenpos.tables.formulas.vocab_parallel import padded_vocab_size
 
 LOGITS_BYTES = {"fp32": 4, "bf16": 2}       # logits dtype -> bytes per value
 DEFAULT_BATCH = 8

@@ -22,7 +22,7 @@ import numpy as np
 
 from tokenpos.analysis import plots_relative, plots_rope
 from tokenpos.analysis.figures import FORMATS, LIMITS, MAX_DPI, MAX_PIXELS, check_size, new_figure, output_path, save
-from tokenpos.tables.validation import check_choice, check_int, check_positive_int
+from tokenpos.tables.checks.validation import check_choice, check_int, check_positive_int
 
 # ---------------------------------------------------------------------------------------------- sinusoidal
 
@@ -67,7 +67,7 @@ def similarity_curves(*, max_distance: int = 256, d_model: int = 128, head_dim: 
         ``(distances (K,), {label: (K,)})`` with K = max_distance + 1.
     """
     from tokenpos.tables import init_weight, sinusoidal_table
-    from tokenpos.tables.rope import rope_cos_sin, rope_inv_freq, rope_rotate
+    from tokenpos.tables.formulas.rope import rope_cos_sin, rope_inv_freq, rope_rotate
 
     K = check_positive_int("max_distance", max_distance) + 1
     k = np.arange(K)                                                                  # (K,)

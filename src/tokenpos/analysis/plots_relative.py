@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from tokenpos.analysis.figures import check_size, new_figure, save
-from tokenpos.tables.validation import check_float
+from tokenpos.tables.checks.validation import check_float
 
 # ---------------------------------------------------------------------------------------------- rope
 
@@ -37,7 +37,7 @@ def rope_scalings(original_max: int, factor: float) -> dict[str, dict[str, Any] 
 def rope_wavelengths(*, head_dim: int = 128, base: float = 10000.0, original_max: int = 4096,
                      factor: float = 4.0) -> dict[str, tuple[np.ndarray, float]]:
     """``{label: (wavelength per pair (F,), attention_factor)}``; wavelength = 2 pi / inv_freq, in positions."""
-    from tokenpos.tables.rope import rope_inv_freq
+    from tokenpos.tables.formulas.rope import rope_inv_freq
 
     out = {}
     for label, scaling in rope_scalings(original_max, factor).items():
@@ -84,7 +84,7 @@ def plot_rope(path: str | Path, *, head_dim: int = 128, base: float = 10000.0, o
 
 def plot_alibi(path: str | Path, *, num_heads: int = 8, seq_len: int = 24, dpi: int = 110) -> Path:
     """One heatmap per head of the causal ALiBi bias ``-m_h |i - j|`` (keys after the query masked)."""
-    from tokenpos.tables.alibi import alibi_bias, alibi_slopes
+    from tokenpos.tables.formulas.alibi import alibi_bias, alibi_slopes
 
     H = check_size("num_heads", num_heads)
     L = check_size("seq_len", seq_len, "alibi_seq_len")
@@ -116,7 +116,7 @@ def plot_alibi(path: str | Path, *, num_heads: int = 8, seq_len: int = 24, dpi: 
 def plot_t5(path: str | Path, *, seq_len: int = 256, num_buckets: int = 32, max_distance: int = 128,
             dpi: int = 110) -> Path:
     """Left: the bidirectional bucket of each (query, key) pair. Right: bucket against relative position."""
-    from tokenpos.tables.t5 import t5_bucket_matrix, t5_relative_bucket
+    from tokenpos.tables.formulas.t5 import t5_bucket_matrix, t5_relative_bucket
 
     L = check_size("seq_len", seq_len, "t5_seq_len")
     check_size("num_buckets", num_buckets)

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from tokenpos.analysis.figures import new_figure, save
-from tokenpos.tables.mrope import mrope_axis_map, mrope_position_ids
-from tokenpos.tables.rope import rope_inv_freq
-from tokenpos.tables.rope2d import patch_positions_2d, rope2d_inv_freq, sincos_2d_table
-from tokenpos.tables.validation import check_positive_int
+from tokenpos.tables.checks.validation import check_positive_int
+from tokenpos.tables.formulas.mrope import mrope_axis_map, mrope_position_ids
+from tokenpos.tables.formulas.rope import rope_inv_freq
+from tokenpos.tables.formulas.rope2d import patch_positions_2d, rope2d_inv_freq, sincos_2d_table
 
 AXES = ("T", "H", "W")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from tokenpos.analysis import report_html as H
 from tokenpos.analysis.memory import MIB, PRECISIONS, format_share, format_size, position_alternatives
-from tokenpos.tables.validation import check_choice
+from tokenpos.tables.checks.validation import check_choice
 
 Progress = Callable[[str, int, int], None]
 MODES = ("quick", "default", "full")

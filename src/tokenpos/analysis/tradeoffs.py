@@ -64,7 +64,7 @@ def _learned_beyond(L: int, D: int) -> str:
         try:
             from tokenpos.numpy.learned import LearnedPositionalEmbedding
         except ImportError:  # the backend is optional here: the check every layer calls
-            from tokenpos.tables.validation import check_seq_len_or_positions
+            from tokenpos.tables.checks.validation import check_seq_len_or_positions
 
             check_seq_len_or_positions(positions, L)
         else:
@@ -76,9 +76,9 @@ def _learned_beyond(L: int, D: int) -> str:
 
 def _extrapolation(L: int, D: int, H: int, Dh: int, rng: np.random.Generator) -> list[Extrapolation]:
     from tokenpos.tables import sinusoidal_table
-    from tokenpos.tables.alibi import alibi_slopes
-    from tokenpos.tables.rope import rope_cos_sin, rope_inv_freq, rope_rotate
-    from tokenpos.tables.t5 import t5_relative_bucket
+    from tokenpos.tables.formulas.alibi import alibi_slopes
+    from tokenpos.tables.formulas.rope import rope_cos_sin, rope_inv_freq, rope_rotate
+    from tokenpos.tables.formulas.t5 import t5_relative_bucket
 
     out = [Extrapolation("learned", "refused", f"Asking for {2 * L} positions raises: {_learned_beyond(L, D)}. "
                          f"Longer contexts need a bigger table and training on long sequences.")]

@@ -34,7 +34,7 @@ Row-sparse optimisers (:mod:`.optim`), in place, ``mode="exact"|"lazy"``:
 
 Every kernel ``f`` has a twin ``f_ref`` in :mod:`.reference` with the same signature; the
 optimisers' twins are dense (``adam_dense_ref``, ``sgd_dense_ref``) and lazy (``*_lazy_ref``).
-Dropout masks equal :func:`tokenpos.tables.dropout.dropout_keep_mask` bit for bit; forwards equal
+Dropout masks equal :func:`tokenpos.tables.formulas.dropout.dropout_keep_mask` bit for bit; forwards equal
 their twins bit for bit; sums and optimiser steps agree to float rounding.
 
 Machinery (private): :mod:`._threading` (the numba threading layer, chosen once at import: TBB,

@@ -24,7 +24,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from tokenpos.tables.dropout import GOLDEN, MIX1, MIX2
+from tokenpos.tables.formulas.dropout import GOLDEN, MIX1, MIX2
 
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)

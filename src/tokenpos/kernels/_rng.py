@@ -1,4 +1,4 @@
-"""The counter-based dropout hash of :mod:`tokenpos.tables.dropout`, compiled by numba.
+"""The counter-based dropout hash of :mod:`tokenpos.tables.formulas.dropout`, compiled by numba.
 
 Bit-identical to the NumPy formula (the tests compare every bit):
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from tokenpos.tables.dropout import GOLDEN, MIX1, MIX2, SEED_MASK, dropout_threshold
+from tokenpos.tables.formulas.dropout import GOLDEN, MIX1, MIX2, SEED_MASK, dropout_threshold
 
 _S30 = np.uint64(30)
 _S27 = np.uint64(27)
@@ -39,7 +39,7 @@ def mix64(z):  # pragma: no cover - compiled
 
 @njit(inline="always", cache=True)
 def key_of(seed):  # pragma: no cover - compiled
-    """The per-call key of a masked uint64 seed: :func:`tokenpos.tables.dropout.seed_key`, compiled."""
+    """The per-call key of a masked uint64 seed: :func:`tokenpos.tables.formulas.dropout.seed_key`, compiled."""
     return mix64(seed + GOLDEN)
 
 

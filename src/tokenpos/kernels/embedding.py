@@ -8,7 +8,7 @@ Forward, one pass over the output (one read of each gathered row, one write):
     y[n, :]   = weight[ids[n], :] * scale + pos_table[pos_ids[n], :]      (pos part optional)
     out[n, d] = y[n, d] * m[n, d],   m = 1 / (1 - p) if keep(seed, offset + n*D + d) else 0
 
-``keep`` is :func:`tokenpos.tables.dropout.dropout_keep_mask`'s hash, bit for bit; the dropout is
+``keep`` is :func:`tokenpos.tables.formulas.dropout.dropout_keep_mask`'s hash, bit for bit; the dropout is
 a multiply, so NaN/Inf propagate as in ``torch.nn.Dropout``. Arithmetic is in the weight dtype, in
 this order, with no fused multiply-add, so the kernel and its reference twin
 (:mod:`tokenpos.kernels.reference`) agree bit for bit. bf16 tables (uint16 bits, ``bf16=True``)
@@ -34,8 +34,8 @@ from tokenpos.kernels._forward import forward_core, forward_core_serial
 from tokenpos.kernels._launch import launch
 from tokenpos.kernels._rng import dropout_params
 from tokenpos.kernels._threading import parallel_guard
+from tokenpos.tables.checks.validation import check_positions, check_probability, check_token_ids
 from tokenpos.tables.errors import ConfigError, KernelBoundError
-from tokenpos.tables.validation import check_positions, check_probability, check_token_ids
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _BITS16 = (np.dtype(np.uint16), np.dtype(np.int16))

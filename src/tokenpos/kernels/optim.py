@@ -49,8 +49,8 @@ from tokenpos.kernels._optim_cores import (
     sgd_lazy_core,
     sparse_adam_core,
 )
+from tokenpos.tables.checks.validation import check_choice
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_choice
 
 MODES = ("exact", "lazy")
 ADAM_MODES = (*MODES, "sparse_adam")

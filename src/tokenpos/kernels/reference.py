@@ -1,7 +1,7 @@
 """Plain-NumPy reference twins of every kernel: the tests' oracle and the ``set_kernels(False)`` path.
 
 Each function has the same signature and semantics as its kernel (same argument checks, same
-dropout counters via :func:`tokenpos.tables.dropout.dropout_multiplier`), written as the obvious
+dropout counters via :func:`tokenpos.tables.formulas.dropout.dropout_multiplier`), written as the obvious
 array expression. Forwards use the same arithmetic order as the kernels, so they agree bit for bit;
 backward sums and optimiser updates agree to float rounding.
 """
@@ -15,8 +15,8 @@ import numpy as np
 from tokenpos.kernels.embedding import _flat_pos_ids, _float_array, prepare_forward
 from tokenpos.kernels.optim import prepare_sparse
 from tokenpos.kernels.rope import prepare_rope
-from tokenpos.tables.dropout import dropout_multiplier
-from tokenpos.tables.validation import check_probability, check_token_ids
+from tokenpos.tables.checks.validation import check_probability, check_token_ids
+from tokenpos.tables.formulas.dropout import dropout_multiplier
 
 # ----------------------------------------------------------------------------------------------
 # embedding

@@ -3,7 +3,7 @@
 Shapes: B batch, H query heads, Hk key heads (GQA: Hk may differ from H), L length, Dh head dim,
 R rotary dim (even, <= Dh). Inputs are (B, H, L, Dh) and (B, Hk, L, Dh). ``cos``/``sin`` are the
 caller's tables of shape (L, R/2) (every batch row at the same positions) or (B, L, R/2) (per-row
-positions), float32 or float64, computed in high precision by the caller (``tables.rope``).
+positions), float32 or float64, computed in high precision by the caller (``tables.formulas.rope``).
 
 Layouts (only the first R dims rotate; dims R..Dh-1 pass through unchanged):
 
@@ -25,8 +25,8 @@ from numba import njit, prange
 
 from tokenpos._config import OUTPUTS
 from tokenpos.kernels._threading import parallel_guard
+from tokenpos.tables.checks.validation import check_choice
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_choice
 
 LAYOUTS = ("half", "interleaved")
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))

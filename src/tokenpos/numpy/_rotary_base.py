@@ -12,7 +12,7 @@ and the stateful ``apply`` / ``forward`` / ``backward``.
 
 ``positions`` None means ``start_pos + arange(L)``; given positions are used as they are, so
 ``start_pos`` must then be 0 (None for 2-D RoPE, whose default it is): anything else raises
-ConfigError (``tables.validation.check_start_pos_with_positions``) before anything is kept.
+ConfigError (``tables.checks.validation.check_start_pos_with_positions``) before anything is kept.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module
+from tokenpos.tables.checks.rope import check_heads, rope_dtype_message, rope_layout_shape_message
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope_checks import check_heads, rope_dtype_message, rope_layout_shape_message
 
 
 def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> np.ndarray:

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy.module import Module
-from tokenpos.tables.alibi import alibi_bias, alibi_slopes
-from tokenpos.tables.validation import check_dtype, check_positive_int
+from tokenpos.tables.checks.validation import check_dtype, check_positive_int
+from tokenpos.tables.formulas.alibi import alibi_bias, alibi_slopes
 
 
 class ALiBi(Module):

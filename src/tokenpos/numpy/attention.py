@@ -30,16 +30,17 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.tables.attention import (
+from tokenpos.tables.checks.attention import (
     attention_shape_message,
-    causal_keep_mask,
+    check_bias_shape,
+    check_mask_shape,
+    check_scheme,
     key_start_message,
-    resolve_query_start,
 )
-from tokenpos.tables.attention_checks import check_bias_shape, check_mask_shape, check_scheme
+from tokenpos.tables.checks.validation import check_float_array, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
-from tokenpos.tables.llama4 import query_temperature
-from tokenpos.tables.validation import check_float_array, check_start_pos_with_positions
+from tokenpos.tables.formulas.attention import causal_keep_mask, resolve_query_start
+from tokenpos.tables.formulas.llama4 import query_temperature
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def scaled_dot_product_attention_forward(
         attn_mask: optional, broadcastable to (B, H, Lq, Lk): bool (True = attend) or additive floats.
         scale: logit scale, default 1 / sqrt(Dh).
         attn_temperature: Llama 4's NoPE-layer temperature ``(floor_scale, attn_scale)``: each query is
-            multiplied by ``tables.llama4.llama4_attn_scales`` of its position (``positions``, else
+            multiplied by ``tables.formulas.llama4.llama4_attn_scales`` of its position (``positions``, else
             start_pos + arange(Lq)) after any rotation; None = off.
     """
     q, k, v = check_float_array("q", q), check_float_array("k", k), check_float_array("v", v)

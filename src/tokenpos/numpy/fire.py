@@ -2,7 +2,7 @@
 
 Shapes: H heads, W MLP width, Lq query length, Lk key length (query i sits at key position
 ``Lk - Lq + i`` by default). Formula, and where it follows the paper's reference listing rather
-than its text: ``tokenpos.tables.fire``.
+than its text: ``tokenpos.tables.formulas.fire``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.fire import FIRE_EPS, FIRE_INIT_C, FIRE_PARAMS, fire_bias, fire_bias_backward, fire_init
-from tokenpos.tables.init import resolve_rng
-from tokenpos.tables.validation import check_dtype, check_float, check_positive_int
+from tokenpos.tables.checks.validation import check_dtype, check_float, check_positive_int
+from tokenpos.tables.formulas.fire import FIRE_EPS, FIRE_INIT_C, FIRE_PARAMS, fire_bias, fire_bias_backward, fire_init
+from tokenpos.tables.formulas.init import resolve_rng
 
 
 class FIRE(Module):

@@ -2,7 +2,7 @@
 
 Shapes: H heads, Lq query length, Lk key length (query i sits at key position ``Lk - Lq + i`` by
 default). Formula, initialisation and the reference code's in-place positivity projection:
-``tokenpos.tables.kerple``.
+``tokenpos.tables.formulas.kerple``.
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.init import resolve_rng
-from tokenpos.tables.kerple import (
+from tokenpos.tables.checks.bias import check_kerple_eps
+from tokenpos.tables.checks.validation import check_dtype, check_positive_int
+from tokenpos.tables.formulas.init import resolve_rng
+from tokenpos.tables.formulas.kerple import (
     KERPLE_EPS,
-    check_kerple_eps,
     kerple_bias,
     kerple_bias_backward,
     kerple_distance,
     kerple_init,
     kerple_project,
 )
-from tokenpos.tables.validation import check_dtype, check_positive_int
 
 
 class KERPLE(Module):

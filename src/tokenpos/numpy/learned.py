@@ -11,13 +11,13 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.init import init_weight, resolve_rng
-from tokenpos.tables.validation import (
+from tokenpos.tables.checks.validation import (
     check_dtype,
     check_padding_idx,
     check_positive_int,
     check_seq_len_or_positions,
 )
+from tokenpos.tables.formulas.init import init_weight, resolve_rng
 
 
 class LearnedPositionalEmbedding(Module):

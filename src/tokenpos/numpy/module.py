@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from tokenpos.tables.checks.validation import check_state_dict
 from tokenpos.tables.errors import StateDictError
-from tokenpos.tables.validation import check_state_dict
 
 
 @dataclass(frozen=True)

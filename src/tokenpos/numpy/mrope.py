@@ -4,7 +4,7 @@ Shapes: B batch, H heads, L length, Dh head dim, F = Dh / 2. q, k: (B, H, L, Dh)
 with ``qk_layout="blhd"``); positions (3, B, L) / (3, 1, L) (temporal, height, width) or text
 positions (B, L) / (1, L) / (L,) (the same id on the three axes).
 
-cos / sin come from positions in float64 (``tokenpos.tables.mrope``), one entry per pair (B, L, F),
+cos / sin come from positions in float64 (``tokenpos.tables.formulas.mrope``), one entry per pair (B, L, F),
 are cast to the input dtype and rotate in the half layout through the functional pair
 (``tokenpos.numpy.functional.rope_qk_forward``: fused kernel or plain NumPy); the backward is the
 rotation by -angle. No cache: the tables depend
@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
-from tokenpos.tables.mrope import mrope_angles, mrope_cos_sin, mrope_kwargs_from_hf_config, mrope_positions
-from tokenpos.tables.mrope_layer import MRopeSettings, check_mrope_positions_shape
-from tokenpos.tables.rope_checks import check_qk_lengths
-from tokenpos.tables.validation import check_int, check_start_pos_with_positions
+from tokenpos.tables.checks.rope import check_qk_lengths
+from tokenpos.tables.checks.rotary_layers import check_mrope_positions_shape
+from tokenpos.tables.checks.validation import check_int, check_start_pos_with_positions
+from tokenpos.tables.formulas.mrope import MRopeSettings, mrope_angles, mrope_cos_sin, mrope_positions
+from tokenpos.tables.hf.models import mrope_kwargs_from_hf_config
 
 
 class MRotaryEmbedding(RotaryBase):

@@ -12,7 +12,7 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.validation import (
+from tokenpos.tables.checks.validation import (
     check_choice,
     check_dtype,
     check_feature_dim,

@@ -42,8 +42,8 @@ from tokenpos._config import kernels_enabled
 from tokenpos.kernels.optim import sparse_adam_step_size, sparse_adam_update, sparse_sgd_update
 from tokenpos.numpy.module import Parameter
 from tokenpos.numpy.optim_state import check_optimizer_state, check_state_fits
+from tokenpos.tables.checks.validation import check_choice, check_float
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_choice, check_float
 
 SPARSE_MODES = ("exact", "lazy")
 ADAM_SPARSE_MODES = (*SPARSE_MODES, "sparse_adam")

@@ -2,7 +2,7 @@
 
 Shapes: B batch, H heads, N patches, Dh head dim, F = Dh / 2, D model dim. q, k: (B, H, N, Dh);
 positions (N, 2) or (B, N, 2) (row, col). The rotation runs through ``functional.rope_qk_forward``
-(half layout) with cos / sin (N, F) or (B, N, F) from ``tokenpos.tables.rope2d`` in float64.
+(half layout) with cos / sin (N, F) or (B, N, F) from ``tokenpos.tables.formulas.rope2d`` in float64.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import numpy as np
 
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.numpy.module import Module
-from tokenpos.tables.mrope import mrope_angles
-from tokenpos.tables.rope2d import check_positions_2d, sincos_2d_table
-from tokenpos.tables.rope_checks import check_qk_layout, check_qk_lengths, check_same_key_positions
-from tokenpos.tables.rope_layers import (
+from tokenpos.tables.checks.rope import check_qk_layout, check_qk_lengths, check_same_key_positions
+from tokenpos.tables.checks.rotary_layers import (
+    check_positions_2d,
     check_rope2d_positions_given,
     check_rope2d_positions_shape,
-    rope2d_args_from_hf_config,
-    rope2d_layer_args,
 )
-from tokenpos.tables.validation import check_positions, check_seq_len_or_positions
+from tokenpos.tables.checks.validation import check_positions, check_seq_len_or_positions
+from tokenpos.tables.formulas.mrope import mrope_angles
+from tokenpos.tables.formulas.rope2d import rope2d_layer_args, sincos_2d_table
+from tokenpos.tables.hf.models import rope2d_args_from_hf_config
 
 
 class RotaryEmbedding2D(RotaryBase):

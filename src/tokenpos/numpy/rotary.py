@@ -4,7 +4,7 @@ Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim, 
 F = R / 2, P cached positions. q, k: (B, H, L, Dh) (or (B, L, H, Dh) with ``qk_layout="blhd"``);
 positions: (L,), (1, L) or (B, L) integers.
 
-cos/sin come from positions in float64 (``tokenpos.tables.rope``), times the scaling's attention
+cos/sin come from positions in float64 (``tokenpos.tables.formulas.rope``), times the scaling's attention
 factor, kept as one entry per rotated pair, (P, F), in an immutable snapshot cache keyed by
 everything the rows depend on; each call cuts its (L, F) or (B, L, F) rows, cast to the input dtype
 (as HF does), and runs one functional pair (``tokenpos.numpy.functional.rope_qk_forward`` /
@@ -21,13 +21,13 @@ import numpy as np
 from tokenpos.numpy import functional as F
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.numpy._rotary_base import to_bhld as to_bhld
-from tokenpos.tables.rope import expand_to_layout, rope_angles
-from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
-from tokenpos.tables.rope_layers import RopeFromHFConfig
-from tokenpos.tables.rope_scaling import freeze_rope_scaling
-from tokenpos.tables.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
-from tokenpos.tables.rope_state import rope_cache_rows, rope_variant, rotary_frequencies
-from tokenpos.tables.validation import check_int, check_positions, check_start_pos_with_positions
+from tokenpos.tables.checks.rope import check_positions_shape, check_qk_layout, check_qk_lengths
+from tokenpos.tables.checks.validation import check_int, check_positions, check_start_pos_with_positions
+from tokenpos.tables.formulas.rope import expand_to_layout, rope_angles
+from tokenpos.tables.formulas.rope_scaling import freeze_rope_scaling
+from tokenpos.tables.formulas.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
+from tokenpos.tables.formulas.rope_state import rope_cache_rows, rope_variant, rotary_frequencies
+from tokenpos.tables.hf.rope import RopeFromHFConfig
 
 
 class _Snapshot(NamedTuple):
@@ -62,7 +62,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
             tensor in the other layout is refused instead of silently rotated along heads.
         seed, rng: accepted for the common scheme signature; RoPE has no random state.
 
-    Threads: one layer may serve several threads. The frequency variant (``tables.rope_state.rope_variant``,
+    Threads: one layer may serve several threads. The frequency variant (``tables.formulas.rope_state.rope_variant``,
     from the layer's frozen ``RopeState``) and the cache rows of a call are taken together under a lock
     from an immutable snapshot (``_Snapshot``), and the new state is kept; the rotation runs outside the lock.
 
@@ -162,7 +162,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
 
     def _cover(self, need: int, seq_len: int | None) -> tuple[_Snapshot, np.ndarray | None]:
         """(Under the lock.) Pick the variant for rows [0, need), keep the new state, and swap in a
-        snapshot holding the rows (``tables.rope_state.rope_cache_rows``: grown or rebuilt as needed).
+        snapshot holding the rows (``tables.formulas.rope_state.rope_cache_rows``: grown or rebuilt as needed).
 
         Returns ``(snapshot, None)``, or ``(snapshot, inv_freq)`` for positions too far out to cache.
         """

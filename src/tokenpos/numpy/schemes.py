@@ -39,7 +39,7 @@ class NoPositionalEncoding(Module):
 def build_shortcut(name: str, *, d_model: int, max_seq_len: int, num_heads: int | None,
                    position_padding_idx: int | None, init: str, std: float, dtype: Any,
                    rng: np.random.Generator) -> Module:
-    """The scheme a string shortcut of ``tables.embedding_args.POSITIONAL_SHORTCUTS`` stands for,
+    """The scheme a string shortcut of ``tables.checks.embedding.POSITIONAL_SHORTCUTS`` stands for,
     with its defaults (``tables.registry``; arguments already checked, H set for the headed shortcuts).
 
     Pass a scheme object to TransformerEmbedding for any other setting (rope scaling, layouts,

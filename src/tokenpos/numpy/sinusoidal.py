@@ -11,14 +11,14 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module
-from tokenpos.tables.sinusoidal import LAYOUTS, sinusoidal_encoding, sinusoidal_table
-from tokenpos.tables.validation import (
+from tokenpos.tables.checks.validation import (
     check_choice,
     check_dtype,
     check_float,
     check_positive_int,
     check_seq_len_or_positions,
 )
+from tokenpos.tables.formulas.sinusoidal import LAYOUTS, sinusoidal_encoding, sinusoidal_table
 
 
 class SinusoidalPositionalEncoding(Module):

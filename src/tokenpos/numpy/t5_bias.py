@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.init import init_weight, resolve_rng
-from tokenpos.tables.t5 import check_t5_config, t5_bias, t5_bias_backward, t5_bucket_matrix
-from tokenpos.tables.validation import check_dtype, check_positive_int
+from tokenpos.tables.checks.bias import check_t5_config
+from tokenpos.tables.checks.validation import check_dtype, check_positive_int
+from tokenpos.tables.formulas.init import init_weight, resolve_rng
+from tokenpos.tables.formulas.t5 import t5_bias, t5_bias_backward, t5_bucket_matrix
 
 
 class T5RelativePositionBias(Module):

@@ -12,9 +12,7 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.init import RESIZE_INITS, init_weight, resolve_rng
-from tokenpos.tables.validation import (
+from tokenpos.tables.checks.validation import (
     check_bool,
     check_choice,
     check_dtype,
@@ -24,6 +22,8 @@ from tokenpos.tables.validation import (
     check_positive_int,
     check_token_ids,
 )
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.formulas.init import RESIZE_INITS, init_weight, resolve_rng
 
 
 class TokenEmbedding(Module):

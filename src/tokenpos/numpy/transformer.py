@@ -23,18 +23,18 @@ from tokenpos.numpy.module import Module, Parameter
 from tokenpos.numpy.norm import build_norm
 from tokenpos.numpy.schemes import build_shortcut
 from tokenpos.numpy.token import TokenEmbedding
-from tokenpos.tables.dropout import draw_seed
-from tokenpos.tables.embedding_args import check_embedding_args
-from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.init import resolve_rng
-from tokenpos.tables.plan import Batch, EmbeddingPlan, plan_embedding
-from tokenpos.tables.positions import positions_from_padding, shared_default_positions
-from tokenpos.tables.validation import (
+from tokenpos.tables.checks.embedding import check_embedding_args
+from tokenpos.tables.checks.validation import (
     check_positions,
     check_positions_at,
     check_start_pos_with_positions,
     check_token_ids,
 )
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.formulas.dropout import draw_seed
+from tokenpos.tables.formulas.init import resolve_rng
+from tokenpos.tables.formulas.positions import positions_from_padding, shared_default_positions
+from tokenpos.tables.plan import Batch, EmbeddingPlan, plan_embedding
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Shapes: B batch, H heads, L length, Dh head dim, R rotary dim, F = R / 2. q, k: (B, H, L, Dh);
 positions (L,) / (1, L) / (B, L). cos, sin and the xPos scale come from ``tokenpos.tables`` in float64
-and are folded into per-tensor tables (``tables.xpos``), which run through the same functional RoPE
+and are folded into per-tensor tables (``tables.formulas.xpos``), which run through the same functional RoPE
 pair (``functional.rope_forward``) as plain RoPE; so the backward is the transpose of the scaled
 rotation with no extra code. No cache: nothing is shared between threads.
 """
@@ -14,21 +14,21 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
-from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope import rope_angles, rope_inv_freq
-from tokenpos.tables.rope_checks import (
+from tokenpos.tables.checks.rope import (
     check_positions_shape,
     check_qk_layout,
     check_qk_lengths,
     check_same_key_positions,
 )
-from tokenpos.tables.rope_layers import xpos_layer_args
-from tokenpos.tables.validation import check_int, check_positions, check_start_pos_with_positions
-from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_center, xpos_scale, xpos_scaled_tables
+from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, xpos_layer_args
+from tokenpos.tables.checks.validation import check_int, check_positions, check_start_pos_with_positions
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq
+from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale, xpos_scaled_tables
 
 
 class XPosRotaryEmbedding(RotaryBase):
-    """xPos: ``q' = s * R(n) q``, ``k' = R(n) k / s`` with s the per-pair decay scale (see ``tables.xpos``).
+    """xPos: ``q' = s * R(n) q``, ``k' = R(n) k / s`` with s the per-pair decay scale (see ``tables.formulas.xpos``).
 
     Args:
         head_dim: Dh. rotary_dim: R (None = Dh). base: rope_theta.

@@ -1,14 +1,24 @@
 """The single source of truth for every formula in tokenpos: pure functions returning NumPy arrays.
 
-Nothing here imports a backend. Frequencies, angles and positions are computed in float64.
+Nothing here imports a backend. Frequencies, angles and positions are computed in float64. The
+package is laid out by concept; this module re-exports the public names:
+
+- ``formulas/``: every formula (pure functions and frozen values), one module per scheme or concept;
+- ``checks/``: every input check and every error message (``checks.validation``: the generic ones);
+- ``hf/``: reading Hugging Face configs into tokenpos arguments;
+- ``errors`` (exception classes), ``plan`` (what one ``TransformerEmbedding`` call does),
+  ``registry`` (the positional-scheme registry), ``checkpoint`` (safetensors checkpoint IO).
+
+Imports run one way: ``hf`` -> ``formulas`` -> ``checks`` -> ``errors`` (``checks.embedding`` also
+reads ``registry``); a check never imports a formula, a formula never reads an HF config.
 """
 
-from tokenpos.tables.alibi import alibi_bias, alibi_distances, alibi_slopes
-from tokenpos.tables.attention import causal_keep_mask
-from tokenpos.tables.dropout import dropout_keep_mask
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, StateDictError, TokenIdError
-from tokenpos.tables.init import INIT_SCHEMES, init_weight, resolve_rng
-from tokenpos.tables.rope import (
+from tokenpos.tables.formulas.alibi import alibi_bias, alibi_distances, alibi_slopes
+from tokenpos.tables.formulas.attention import causal_keep_mask
+from tokenpos.tables.formulas.dropout import dropout_keep_mask
+from tokenpos.tables.formulas.init import INIT_SCHEMES, init_weight, resolve_rng
+from tokenpos.tables.formulas.rope import (
     permute_qk_weight,
     qk_permutation,
     rope_angles,
@@ -19,10 +29,17 @@ from tokenpos.tables.rope import (
     rotate_half,
     rotate_pairs,
 )
-from tokenpos.tables.rope_scaling import ROPE_INIT_FUNCTIONS, normalize_rope_scaling
-from tokenpos.tables.rope_state import RopeFrequencies, rope_kwargs_from_hf_config
-from tokenpos.tables.sinusoidal import sinusoidal_encoding, sinusoidal_inv_freq, sinusoidal_table
-from tokenpos.tables.t5 import t5_bias, t5_bias_backward, t5_bucket_matrix, t5_relative_bucket, t5_relative_positions
+from tokenpos.tables.formulas.rope_scaling import ROPE_INIT_FUNCTIONS, normalize_rope_scaling
+from tokenpos.tables.formulas.rope_state import RopeFrequencies
+from tokenpos.tables.formulas.sinusoidal import sinusoidal_encoding, sinusoidal_inv_freq, sinusoidal_table
+from tokenpos.tables.formulas.t5 import (
+    t5_bias,
+    t5_bias_backward,
+    t5_bucket_matrix,
+    t5_relative_bucket,
+    t5_relative_positions,
+)
+from tokenpos.tables.hf.rope import rope_kwargs_from_hf_config
 
 __all__ = [
     "ROPE_INIT_FUNCTIONS",

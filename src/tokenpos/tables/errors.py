@@ -27,4 +27,4 @@ class KernelBoundError(TokenIdError, PositionError):
     """A fused kernel met an id or position outside its table and skipped the row (its memory bound).
 
     Layers check every input at their public entry, so this means an op or kernel was called
-    directly with unchecked data: check it first (``tables.validation.check_token_ids``)."""
+    directly with unchecked data: check it first (``tables.checks.validation.check_token_ids``)."""

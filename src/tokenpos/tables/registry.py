@@ -8,7 +8,7 @@ import strings (``"tokenpos.numpy.rotary:RotaryEmbedding"``: resolved with impor
 is built, so this module imports no backend and listing the names needs none), whether the shortcut
 needs ``num_heads``, a small function from the layer's :class:`ShortcutContext` to the constructor's
 arguments, and the factory kwargs the constructors take. Both backends' ``build_shortcut`` call
-:func:`build_scheme`; ``tables.embedding_args`` derives ``POSITIONAL_SHORTCUTS`` and
+:func:`build_scheme`; ``tables.checks.embedding`` derives ``POSITIONAL_SHORTCUTS`` and
 ``HEADED_SHORTCUTS`` from :data:`SCHEMES`.
 
 The shortcuts and their defaults (every other setting: build the scheme object and pass it):
@@ -44,16 +44,19 @@ shortcuts act in attention and use Dh = D // H or H.
 
 How to add a scheme ``foo``:
 
-1. its formula in ``tokenpos/tables/foo.py`` (pure NumPy, float64; checks and messages there too);
+1. its formula in ``tokenpos/tables/formulas/foo.py`` (pure NumPy, float64), its checks and messages in
+   ``tokenpos/tables/checks/`` (a scheme-specific module, or ``validation.py`` for generic ones), and any
+   Hugging Face config reading in ``tokenpos/tables/hf/``;
 2. its two layer classes, ``tokenpos/numpy/foo.py`` and ``tokenpos/torch/foo.py``, with the same
    constructor, class attributes ``kind`` and ``name = "foo"``, and the protocol of their kind
    (docs/DESIGN.md, "Positional schemes: one protocol");
 3. one :class:`SchemeEntry` in :data:`SCHEMES` below (its defaults in the table above);
-4. tests: the formula in ``tests/tables``, each layer in ``tests/numpy`` / ``tests/torch``, NumPy <-> torch
-   in ``tests/parity``, the shortcut's defaults in ``tests/tables/test_registry.py`` (it also fails until
-   both classes have an entry, and lists the shortcut names, as does the choice-message test in
-   ``tests/tables/test_embedding_args.py``). ``tests/parity/test_shortcuts_parity.py`` then builds the
-   shortcut in ``TransformerEmbedding`` and in attention in both backends by itself.
+4. tests: the formula in ``tests/tables/formulas`` (checks in ``tests/tables/checks``), each layer in
+   ``tests/numpy`` / ``tests/torch``, NumPy <-> torch in ``tests/parity``, the shortcut's defaults in
+   ``tests/tables/test_registry.py`` (it also fails until both classes have an entry, and lists the shortcut
+   names, as does the choice-message test in ``tests/tables/checks/test_embedding.py``).
+   ``tests/parity/test_shortcuts_parity.py`` then builds the shortcut in ``TransformerEmbedding`` and in
+   attention in both backends by itself.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ FACTORY_KWARGS = ("device", "dtype", "rng")     # what a backend may pass to bui
 
 @dataclass(frozen=True)
 class ShortcutContext:
-    """What a shortcut may read: the layer's settings (checked by ``tables.embedding_args``).
+    """What a shortcut may read: the layer's settings (checked by ``tables.checks.embedding``).
 
     ``num_heads`` is None when the layer was given none (allowed only for shortcuts without heads);
     ``position_padding_idx`` is RoBERTa's padding position (``position_ids="padding"``), else None.

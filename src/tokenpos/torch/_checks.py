@@ -1,7 +1,7 @@
 """Input validation for the torch backend: same checks, same exception types, same texts as NumPy.
 
 Cheap tensor reductions decide whether anything is wrong; only then is the offending tensor copied to
-the CPU and handed to the NumPy check of :mod:`tokenpos.tables.validation`, which finds the first bad
+the CPU and handed to the NumPy check of :mod:`tokenpos.tables.checks.validation`, which finds the first bad
 index and raises. So the text is written once and is identical in both backends.
 
 When the data-dependent checks run:
@@ -24,8 +24,7 @@ import numpy as np
 import torch
 
 from tokenpos._config import device_checks_enabled
-from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, TokenIdError
-from tokenpos.tables.validation import (
+from tokenpos.tables.checks.validation import (
     INT64_MAX,
     check_positions_at,
     check_seq_len_or_positions,
@@ -36,6 +35,7 @@ from tokenpos.tables.validation import (
     position_dtype_message,
     token_id_dtype_message,
 )
+from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, TokenIdError
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # the unsigned 16/32/64-bit dtypes have no min/max kernels in torch: their values are checked through
@@ -96,7 +96,7 @@ def _numpy_view(t: torch.Tensor) -> np.ndarray:
 
 def check_float_tensor(name: str, t: Any) -> torch.Tensor:
     """A float input (q, k, v, hidden states): a tensor of a floating dtype; the torch twin of
-    ``tables.validation.check_float_array`` (same message).
+    ``tables.checks.validation.check_float_array`` (same message).
 
     Raises:
         DtypeError (a ConfigError and a TypeError): integer, bool or complex tensors, or a non-tensor.
@@ -132,7 +132,7 @@ def _outside(t: torch.Tensor, high: int | None) -> bool:
 
 def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | None = None) -> torch.Tensor:
     """Integer ids with every value in [0, vocab_size); returns a tensor (the torch twin of NumPy's
-    ``tables.validation.check_token_ids``, same messages). Non-tensors go through the NumPy check and
+    ``tables.checks.validation.check_token_ids``, same messages). Non-tensors go through the NumPy check and
     become an int64 tensor on ``device``, the device of the table they index: ids on the meta device
     (no values) are refused for a table that has values.
 

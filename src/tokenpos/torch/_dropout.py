@@ -1,4 +1,4 @@
-"""Counter-based dropout in torch ops, bit-identical to :mod:`tokenpos.tables.dropout`.
+"""Counter-based dropout in torch ops, bit-identical to :mod:`tokenpos.tables.formulas.dropout`.
 
 The uint64 hash is evaluated in int64: addition, multiplication and xor wrap identically in two's
 complement, and a logical right shift is an arithmetic shift followed by a mask. Everything is a
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from tokenpos.tables.dropout import GOLDEN, MIX1, MIX2, SEED_MASK, dropout_threshold
+from tokenpos.tables.formulas.dropout import GOLDEN, MIX1, MIX2, SEED_MASK, dropout_threshold
 
 
 def _signed(u: Any) -> int:
@@ -43,7 +43,7 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
 
 
 def seed_key_torch(seed: Any, device: Any = None) -> torch.Tensor:
-    """0-dim int64 tensor with the bits of ``tables.dropout.seed_key(seed)``."""
+    """0-dim int64 tensor with the bits of ``tables.formulas.dropout.seed_key(seed)``."""
     s = torch.as_tensor(seed, dtype=torch.int64, device=device) & SEED_MASK
     return _mix(s + _GOLDEN)
 

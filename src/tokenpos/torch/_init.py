@@ -1,6 +1,6 @@
 """Initialisation and random sources of the torch backend.
 
-Weights are drawn by :func:`tokenpos.tables.init.init_weight` (float64, NumPy) and cast, so one
+Weights are drawn by :func:`tokenpos.tables.formulas.init.init_weight` (float64, NumPy) and cast, so one
 ``seed=`` gives the same table in both backends. Without ``seed=``/``rng=`` a seed is drawn from torch's
 generator (the given ``torch.Generator``, else the default one), so ``torch.manual_seed`` makes a
 torch model reproducible, as torch users expect.
@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from tokenpos._hugepages import advise_huge_pages
-from tokenpos.tables.dropout import SEED_MASK
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.init import init_weight, resolve_rng
+from tokenpos.tables.formulas.dropout import SEED_MASK
+from tokenpos.tables.formulas.init import init_weight, resolve_rng
 
 
 def torch_seed(generator: torch.Generator | None = None) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tokenpos.tables.validation import check_state_dict
+from tokenpos.tables.checks.validation import check_state_dict
 
 
 class _Spec:

@@ -12,7 +12,7 @@ float64 (float32 on MPS), reloaded from ``tokenpos.tables`` when ``.half()`` / `
 
 ``positions`` None means ``start_pos + arange(L)``; given positions are used as they are, so
 ``start_pos`` must then be 0 (None for 2-D RoPE, whose default it is): anything else raises
-ConfigError (``tables.validation.check_start_pos_with_positions``), as in the NumPy twin.
+ConfigError (``tables.checks.validation.check_start_pos_with_positions``), as in the NumPy twin.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope_checks import (
+from tokenpos.tables.checks.rope import (
     check_heads,
     check_same_key_positions,
     rope_dtype_message,
     rope_layout_shape_message,
 )
+from tokenpos.tables.errors import ConfigError
 from tokenpos.torch import ops
 from tokenpos.torch._checks import calc_dtype, check_position_tensor
 from tokenpos.torch._module import TokenposModule

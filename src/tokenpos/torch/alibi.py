@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenpos.tables.alibi import alibi_slopes, bias_length_message
+from tokenpos.tables.checks.bias import bias_length_message
+from tokenpos.tables.checks.validation import check_int, check_positive_int
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.validation import check_int, check_positive_int
+from tokenpos.tables.formulas.alibi import alibi_slopes
 from tokenpos.torch._checks import calc_dtype as _calc_dtype
 from tokenpos.torch._checks import resolve_dtype
 from tokenpos.torch._module import TokenposModule

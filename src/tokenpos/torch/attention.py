@@ -23,11 +23,17 @@ from typing import Any
 
 import torch
 
-from tokenpos.tables.attention import attention_shape_message, key_start_message, resolve_query_start
-from tokenpos.tables.attention_checks import check_bias_shape, check_mask_shape, check_scheme
+from tokenpos.tables.checks.attention import (
+    attention_shape_message,
+    check_bias_shape,
+    check_mask_shape,
+    check_scheme,
+    key_start_message,
+)
+from tokenpos.tables.checks.validation import check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
-from tokenpos.tables.llama4 import query_temperature
-from tokenpos.tables.validation import check_start_pos_with_positions
+from tokenpos.tables.formulas.attention import resolve_query_start
+from tokenpos.tables.formulas.llama4 import query_temperature
 from tokenpos.torch._checks import check_float_tensor
 
 

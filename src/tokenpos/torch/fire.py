@@ -2,7 +2,7 @@
 
 Shapes: H heads, W MLP width, Lq query length, Lk key length (query i sits at key position
 ``Lk - Lq + i`` by default). Formula, and where it follows the paper's reference listing rather
-than its text: ``tokenpos.tables.fire``. Autograd gives the backward.
+than its text: ``tokenpos.tables.formulas.fire``. Autograd gives the backward.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from tokenpos.tables.fire import FIRE_EPS, FIRE_INIT_C, fire_init, fire_param_shapes
-from tokenpos.tables.t5 import resolve_query_offset
-from tokenpos.tables.validation import check_float, check_positive_int
+from tokenpos.tables.checks.validation import check_float, check_positive_int
+from tokenpos.tables.formulas.fire import FIRE_EPS, FIRE_INIT_C, fire_init, fire_param_shapes
+from tokenpos.tables.formulas.t5 import resolve_query_offset
 from tokenpos.torch._checks import resolve_dtype
 from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
@@ -30,7 +30,7 @@ class FIRE(TokenposModule):
         init_L: the fixed part of the learned threshold (``|L_multiplier * init_L|``); use the
             training length.
         init_c: initial c (0.1). eps: added to the normaliser (1e-6).
-        seed / rng: the NumPy backend's numbers (``tables.fire.fire_init``); else seeded from torch's
+        seed / rng: the NumPy backend's numbers (``tables.formulas.fire.fire_init``); else seeded from torch's
             ``generator``. device, dtype: factory kwargs (the bias is computed in ``dtype``, float32 at least).
 
     state_dict: ``in_weight`` (W,), ``in_bias`` (W,), ``out_weight`` (W, H), ``out_bias`` (H,), ``c`` (1,),
@@ -42,7 +42,7 @@ class FIRE(TokenposModule):
 
     kind = "bias"
     name = "fire"
-    in_weight: nn.Parameter      # (W,)   registered by name from tables.fire.fire_param_shapes
+    in_weight: nn.Parameter      # (W,)   registered by name from tables.formulas.fire.fire_param_shapes
     in_bias: nn.Parameter        # (W,)
     out_weight: nn.Parameter     # (W, H)
     out_bias: nn.Parameter       # (H,)

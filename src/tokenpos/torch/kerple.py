@@ -2,7 +2,7 @@
 
 Shapes: H heads, Lq query length, Lk key length (query i sits at key position ``Lk - Lq + i`` by
 default). Formula, initialisation and the in-place positivity projection of the reference code:
-``tokenpos.tables.kerple``. Autograd gives the backward.
+``tokenpos.tables.formulas.kerple``. Autograd gives the backward.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from tokenpos.tables.kerple import KERPLE_EPS, check_kerple_eps, kerple_init
-from tokenpos.tables.t5 import resolve_query_offset
-from tokenpos.tables.validation import check_positive_int
+from tokenpos.tables.checks.bias import check_kerple_eps
+from tokenpos.tables.checks.validation import check_positive_int
+from tokenpos.tables.formulas.kerple import KERPLE_EPS, kerple_init
+from tokenpos.tables.formulas.t5 import resolve_query_offset
 from tokenpos.torch._checks import resolve_dtype
 from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule

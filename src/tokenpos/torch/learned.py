@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tokenpos.tables.init import INIT_SCHEMES
-from tokenpos.tables.validation import check_choice, check_padding_idx, check_positive_int
+from tokenpos.tables.checks.validation import check_choice, check_padding_idx, check_positive_int
+from tokenpos.tables.formulas.init import INIT_SCHEMES
 from tokenpos.torch._checks import check_position_tensor, check_seq_len, is_seq_len, resolve_dtype
 from tokenpos.torch._init import fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule

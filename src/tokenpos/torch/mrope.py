@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from tokenpos.tables.mrope import mrope_kwargs_from_hf_config
-from tokenpos.tables.mrope_layer import MRopeSettings, check_mrope_positions_shape
-from tokenpos.tables.rope_checks import check_qk_lengths
-from tokenpos.tables.validation import check_int, check_start_pos_with_positions
+from tokenpos.tables.checks.rope import check_qk_lengths
+from tokenpos.tables.checks.rotary_layers import check_mrope_positions_shape
+from tokenpos.tables.checks.validation import check_int, check_start_pos_with_positions
+from tokenpos.tables.formulas.mrope import MRopeSettings
+from tokenpos.tables.hf.models import mrope_kwargs_from_hf_config
 from tokenpos.torch import ops
 from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._rotary_base import RotaryBase

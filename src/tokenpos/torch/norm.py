@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenpos.tables.validation import check_choice, check_feature_dim, check_float, check_positive_int
+from tokenpos.tables.checks.validation import check_choice, check_feature_dim, check_float, check_positive_int
 from tokenpos.torch._checks import check_float_tensor, resolve_dtype
 from tokenpos.torch._module import TokenposModule
 

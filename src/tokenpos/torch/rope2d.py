@@ -2,7 +2,7 @@
 
 Shapes: B batch, H heads, N patches, Dh head dim, F = Dh / 2, D model dim. q, k: (B, H, N, Dh);
 positions (N, 2) or (B, N, 2) (row, col). Angles in float64 (float32 on MPS) from the frequencies of
-``tokenpos.tables.rope2d``; one ``tokenpos::rope_qk`` op call per ``apply`` (half layout).
+``tokenpos.tables.formulas.rope2d``; one ``tokenpos::rope_qk`` op call per ``apply`` (half layout).
 """
 
 from __future__ import annotations
@@ -11,14 +11,10 @@ from typing import Any
 
 import torch
 
-from tokenpos.tables.rope2d import rope2d_inv_freq, sincos_2d_table
-from tokenpos.tables.rope_checks import check_qk_layout, check_qk_lengths
-from tokenpos.tables.rope_layers import (
-    check_rope2d_positions_given,
-    check_rope2d_positions_shape,
-    rope2d_args_from_hf_config,
-    rope2d_layer_args,
-)
+from tokenpos.tables.checks.rope import check_qk_layout, check_qk_lengths
+from tokenpos.tables.checks.rotary_layers import check_rope2d_positions_given, check_rope2d_positions_shape
+from tokenpos.tables.formulas.rope2d import rope2d_inv_freq, rope2d_layer_args, sincos_2d_table
+from tokenpos.tables.hf.models import rope2d_args_from_hf_config
 from tokenpos.torch._checks import as_index, check_position_tensor, check_seq_len, is_seq_len
 from tokenpos.torch._checks import calc_dtype as _calc
 from tokenpos.torch._module import TokenposModule

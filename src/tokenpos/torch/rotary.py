@@ -13,7 +13,7 @@ and rounded once. So bf16 inputs at position 1,000,000 still get accurate angles
 Cache: ``cos_cached`` / ``sin_cached`` (P, F) non-persistent buffers, one entry per rotated pair, for
 positions [0, P); replaced (never written into) when its key changes (R, base, layout, attention
 factor, the frozen scaling and the frequency variant) or when a call needs more rows (eager mode).
-The variant (``tables.rope_state.rope_variant``, from the layer's frozen ``RopeState``) and the rows of
+The variant (``tables.formulas.rope_state.rope_variant``, from the layer's frozen ``RopeState``) and the rows of
 one call are taken together under a lock, and the new state kept, so threads sharing a layer never mix
 frequencies. Calls with ``positions=None`` slice the cache; explicit position tensors are
 computed from the formula (same numbers). Under ``torch.compile`` nothing is mutated. Static scalings
@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenpos.tables.rope import rope_angles
-from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
-from tokenpos.tables.rope_layers import RopeFromHFConfig
-from tokenpos.tables.rope_scaling import freeze_rope_scaling
-from tokenpos.tables.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
-from tokenpos.tables.rope_state import rope_cache_rows, rope_variant, rotary_frequencies
-from tokenpos.tables.validation import check_int, check_start_pos_with_positions
+from tokenpos.tables.checks.rope import check_positions_shape, check_qk_layout, check_qk_lengths
+from tokenpos.tables.checks.validation import check_int, check_start_pos_with_positions
+from tokenpos.tables.formulas.rope import rope_angles
+from tokenpos.tables.formulas.rope_scaling import freeze_rope_scaling
+from tokenpos.tables.formulas.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
+from tokenpos.tables.formulas.rope_state import rope_cache_rows, rope_variant, rotary_frequencies
+from tokenpos.tables.hf.rope import RopeFromHFConfig
 from tokenpos.torch import ops
 from tokenpos.torch._checks import calc_dtype as _calc_dtype
 from tokenpos.torch._checks import check_position_tensor, is_compiling
@@ -137,7 +137,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
     def _variant(self, need: int | torch.Tensor, mutate: bool = True
                  ) -> tuple[tuple[Any, ...], np.ndarray | None, torch.Tensor]:
         """(variant key, inv_freq (F,) float64 NumPy, the same as a tensor) for a call needing ``need`` rows,
-        chosen by ``tables.rope_state.rope_variant``; keeps the new state unless ``mutate`` is False.
+        chosen by ``tables.formulas.rope_state.rope_variant``; keeps the new state unless ``mutate`` is False.
 
         ``need`` may be a 0-d tensor: longrope then chooses on the device with ``torch.where`` (nothing is
         read, so torch.compile traces it; no NumPy frequencies: None); dynamic reads it (eager only).

@@ -3,7 +3,7 @@
 Every scheme class has two class attributes (docs/DESIGN.md): ``kind``, its category ("additive" is
 added to the embeddings, "rotary" rotates q and k, "bias" is added to attention logits, "none"), and
 ``name``, its registry string. ``TransformerEmbedding(positional=...)`` takes a torch scheme object
-(settings travel with it; the checks and messages are ``tables.embedding_args``'s, shared with
+(settings travel with it; the checks and messages are ``tables.checks.embedding``'s, shared with
 NumPy) or one of the shortcuts of ``tokenpos.tables.registry``, built with their defaults by
 :func:`build_shortcut`. Mirrors ``numpy/schemes.py``.
 
@@ -44,7 +44,7 @@ class NoPositionalEncoding(TokenposModule):
 def build_shortcut(name: str, *, d_model: int, max_seq_len: int, num_heads: int | None,
                    position_padding_idx: int | None, init: str, std: float, rng: np.random.Generator,
                    device: Any = None, dtype: Any = None) -> nn.Module:
-    """The scheme a string shortcut of ``tables.embedding_args.POSITIONAL_SHORTCUTS`` stands for,
+    """The scheme a string shortcut of ``tables.checks.embedding.POSITIONAL_SHORTCUTS`` stands for,
     with its defaults (``tables.registry``; arguments already checked, H set for the headed shortcuts).
     """
     context = ShortcutContext(d_model=d_model, max_seq_len=max_seq_len, num_heads=num_heads, init=init, std=std,

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenpos.tables.sinusoidal import LAYOUTS, sinusoidal_inv_freq, sinusoidal_table
-from tokenpos.tables.validation import check_choice, check_float, check_positive_int
+from tokenpos.tables.checks.validation import check_choice, check_float, check_positive_int
+from tokenpos.tables.formulas.sinusoidal import LAYOUTS, sinusoidal_inv_freq, sinusoidal_table
 from tokenpos.torch._checks import (
     as_index,
     check_position_tensor,

@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenpos.tables.init import INIT_SCHEMES
-from tokenpos.tables.t5 import check_t5_config, resolve_query_offset, t5_relative_bucket
-from tokenpos.tables.validation import check_choice, check_positive_int
+from tokenpos.tables.checks.bias import check_t5_config
+from tokenpos.tables.checks.validation import check_choice, check_positive_int
+from tokenpos.tables.formulas.init import INIT_SCHEMES
+from tokenpos.tables.formulas.t5 import resolve_query_offset, t5_relative_bucket
 from tokenpos.torch._checks import resolve_dtype
 from tokenpos.torch._init import fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule

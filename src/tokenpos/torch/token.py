@@ -13,15 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.init import INIT_SCHEMES, RESIZE_INITS, init_weight
-from tokenpos.tables.validation import (
+from tokenpos.tables.checks.validation import (
     check_bool,
     check_choice,
     check_feature_dim,
     check_padding_idx,
     check_positive_int,
 )
+from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.formulas.init import INIT_SCHEMES, RESIZE_INITS, init_weight
 from tokenpos.torch._checks import as_index, check_float_tensor, check_token_id_tensor, resolve_dtype
 from tokenpos.torch._init import empty_table, fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule

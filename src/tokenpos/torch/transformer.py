@@ -18,12 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenpos.tables.dropout import SEED_MASK
-from tokenpos.tables.embedding_args import check_embedding_args
+from tokenpos.tables.checks.embedding import check_embedding_args, check_padding_start
+from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.formulas.dropout import SEED_MASK
 from tokenpos.tables.plan import Batch, EmbeddingPlan, plan_embedding
-from tokenpos.tables.positions import check_padding_start
-from tokenpos.tables.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.torch._checks import (
     check_position_tensor,
     check_token_id_tensor,
@@ -63,7 +62,7 @@ def default_positions(start: int, length: int, device: torch.device) -> torch.Te
 
 
 def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int = 0) -> torch.Tensor:
-    """RoBERTa's positions (``tables.positions.positions_from_padding`` in torch ops), int64 like ids;
+    """RoBERTa's positions (``tables.formulas.positions.positions_from_padding`` in torch ops), int64 like ids;
     ``start_pos`` checked as there (the positions run to padding_idx + start_pos + L)."""
     start_pos = check_padding_start(start_pos, padding_idx, ids.shape[-1] if ids.dim() else 1)
     mask = (ids != padding_idx).long()
@@ -85,7 +84,7 @@ class TransformerEmbedding(TokenposModule):
             generator: a torch.Generator for the initial weights and the dropout seeds (default:
             torch's global one).
 
-    Dropout uses the counter-based mask of ``tokenpos.tables.dropout``: a fresh 63-bit seed per
+    Dropout uses the counter-based mask of ``tokenpos.tables.formulas.dropout``: a fresh 63-bit seed per
     training forward, drawn from torch's generator, so ``torch.manual_seed`` (or ``generator=``)
     reproduces a run.
 

@@ -2,7 +2,7 @@
 
 Shapes: B batch, H heads, L length, Dh head dim, R rotary dim, F = R / 2. q, k: (B, H, L, Dh);
 positions (L,) / (1, L) / (B, L). Angles and scales are computed per call in float64 (float32 on MPS),
-the scale by the one xPos formula of ``tokenpos.tables.xpos`` (``xpos_scale_of``, written for NumPy
+the scale by the one xPos formula of ``tokenpos.tables.formulas.xpos`` (``xpos_scale_of``, written for NumPy
 arrays and tensors alike); q and k each go through one ``tokenpos::rope`` op with their own scaled
 tables (autograd registered).
 """
@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
+from tokenpos.tables.checks.rope import check_positions_shape, check_qk_layout, check_qk_lengths
+from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, xpos_layer_args
+from tokenpos.tables.checks.validation import check_int, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.rope import rope_inv_freq
-from tokenpos.tables.rope_checks import check_positions_shape, check_qk_layout, check_qk_lengths
-from tokenpos.tables.rope_layers import xpos_layer_args
-from tokenpos.tables.validation import check_int, check_start_pos_with_positions
-from tokenpos.tables.xpos import XPOS_TOGETHER_MESSAGE, xpos_center, xpos_scale_of, xpos_scaled_tables, xpos_zeta
+from tokenpos.tables.formulas.rope import rope_inv_freq
+from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale_of, xpos_scaled_tables, xpos_zeta
 from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._rotary_base import RotaryBase
 

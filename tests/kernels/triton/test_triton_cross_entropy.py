@@ -15,7 +15,7 @@ from tokenpos.kernels.triton import (  # noqa: E402
     cross_entropy_backward,
     cross_entropy_stats,
 )
-from tokenpos.tables.vocab_parallel import padded_vocab_size, shard_range  # noqa: E402
+from tokenpos.tables.formulas.vocab_parallel import padded_vocab_size, shard_range  # noqa: E402
 
 TOL_CE = TOL["triton.cross_entropy"]
 

@@ -13,7 +13,7 @@ triton = pytest.importorskip("triton")          # the optional gpu extra
 from tests.tolerances import TOL  # noqa: E402
 from tokenpos.kernels.reference import embedding_backward_ref, embedding_forward_ref  # noqa: E402
 from tokenpos.kernels.triton import embedding_backward, embedding_forward  # noqa: E402
-from tokenpos.tables.dropout import dropout_keep_mask  # noqa: E402
+from tokenpos.tables.formulas.dropout import dropout_keep_mask  # noqa: E402
 
 SETTINGS = settings(max_examples=12, deadline=None)
 LOW = [torch.bfloat16, torch.float16]

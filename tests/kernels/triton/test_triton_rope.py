@@ -13,13 +13,13 @@ triton = pytest.importorskip("triton")          # the optional gpu extra
 from tests.tolerances import TOL  # noqa: E402
 from tokenpos.kernels.reference import rope_apply_backward_ref, rope_apply_ref  # noqa: E402
 from tokenpos.kernels.triton import rope_backward, rope_forward, rope_qk, rope_qk_backward  # noqa: E402
-from tokenpos.tables.rope import rope_angles, rope_inv_freq  # noqa: E402
+from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq  # noqa: E402
 
 SETTINGS = settings(max_examples=12, deadline=None)
 
 
 def tables(positions: np.ndarray, R: int, dtype=np.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin (..., L, R/2) from float64 angles (tables.rope), stored as ``dtype``."""
+    """cos/sin (..., L, R/2) from float64 angles (tables.formulas.rope), stored as ``dtype``."""
     ang = rope_angles(positions, rope_inv_freq(R)[0])                          # (..., L, R/2) float64
     return torch.from_numpy(np.cos(ang).astype(dtype)), torch.from_numpy(np.sin(ang).astype(dtype))
 
@@ -123,7 +123,7 @@ def test_backward_is_the_autograd_gradient(interleaved, device, gen) -> None:
 
 
 def test_bf16_angle_error_at_position_one_million_is_bounded(device, gen) -> None:
-    """Angles come from float64 (tables.rope), so only the bf16 output rounding remains.
+    """Angles come from float64 (tables.formulas.rope), so only the bf16 output rounding remains.
 
     Each rotated pair of a bf16 input, compared with the float64 rotation of the same input, is off
     by at most 2**-8 + 2**-20 rad (TOL "triton.rope_bf16_angle"). Angles formed in fp32 instead

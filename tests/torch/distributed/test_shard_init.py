@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.init import init_weight
+from tokenpos.tables.formulas.init import init_weight
 from tokenpos.torch.distributed import VocabParallelEmbedding, _shard_init, vocab_parallel_cross_entropy
 
 

@@ -19,7 +19,7 @@ def plot_fire(path: str | Path, *, num_heads: int = 4, seq_len: int = 512, dpi: 
     """FIRE(num_heads, init_L = seq_len / 4) at init: bias[h, i, i - d] against d for i in {L/4, L/2, L}."""
     from matplotlib.figure import Figure
 
-    from tokenpos.tables.fire import fire_bias, fire_init
+    from tokenpos.tables.formulas.fire import fire_bias, fire_init
 
     params = fire_init(num_heads, 32, np.random.default_rng(0))
     init_L = max(1.0, seq_len / 4)
@@ -46,8 +46,8 @@ def plot_kerple(path: str | Path, *, num_heads: int = 4, seq_len: int = 256, dpi
     """KERPLE-log at init (seed 0) against distance, one line per head; ALiBi's slopes dotted."""
     from matplotlib.figure import Figure
 
-    from tokenpos.tables.alibi import alibi_slopes
-    from tokenpos.tables.kerple import kerple_bias, kerple_init
+    from tokenpos.tables.formulas.alibi import alibi_slopes
+    from tokenpos.tables.formulas.kerple import kerple_bias, kerple_init
 
     r1, r2 = kerple_init(num_heads, np.random.default_rng(0))
     d = np.arange(seq_len, dtype=np.float64)

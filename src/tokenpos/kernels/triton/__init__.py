@@ -10,7 +10,7 @@ Dh head dim, F rotary pairs (rotary dim R = 2F <= Dh).
 
 - ``embedding_forward(weight (V, D), ids (...), table (P, D) | None, pos | None, scale, p, seed,
   *, offset=0) -> (..., D)``: ``(w[ids] * scale + table[pos]) * m`` with the counter-hash dropout
-  multiplier m of :mod:`tokenpos.tables.dropout` (bit-identical mask).
+  multiplier m of :mod:`tokenpos.tables.formulas.dropout` (bit-identical mask).
 - ``embedding_backward(grad (..., D), ids, pos | None, num_weights, num_positions, scale, p, seed,
   padding_idx=-1, *, offset=0) -> (grad_weight (V, D), grad_table (P, D) | None)``: sorted segment
   sums in fp32, each row written once.

@@ -1,6 +1,6 @@
 """The counter-hash dropout multiplier as one Triton helper, shared by the forward and backward kernels.
 
-It is :mod:`tokenpos.tables.dropout` restated on uint64 lanes (wrapping arithmetic, logical shifts):
+It is :mod:`tokenpos.tables.formulas.dropout` restated on uint64 lanes (wrapping arithmetic, logical shifts):
 
     key  = splitmix64((seed & (2**63 - 1)) + GOLDEN)          (per call, from the 0-d seed tensor)
     c    = flat_index = offset + n * D + d
@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenpos.tables.dropout import dropout_threshold
-from tokenpos.tables.validation import check_float
+from tokenpos.tables.checks.validation import check_float
+from tokenpos.tables.formulas.dropout import dropout_threshold
 
 GOLDEN = 0x9E3779B97F4A7C15
 SEED_MASK = (1 << 63) - 1

@@ -1,7 +1,7 @@
 """Vocab-parallel cross-entropy: one pass over a shard of the logits, a tiny combine, a fused backward.
 
 Shapes: N rows (tokens), Vs = the shard's columns (a contiguous vocab range [vocab_start, vocab_start + Vs)
-of a padded vocab, see :mod:`tokenpos.tables.vocab_parallel`), W shards (tensor-parallel ranks).
+of a padded vocab, see :mod:`tokenpos.tables.formulas.vocab_parallel`), W shards (tensor-parallel ranks).
 
 Forward per shard, one program per row, online softmax over column blocks, fp32 whatever the logits dtype:
 

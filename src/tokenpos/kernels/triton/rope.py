@@ -4,7 +4,7 @@ Shapes: B batch, H query heads, Hk key heads (GQA: may differ from H), L length,
 F = R/2 rotary pairs (R <= Dh even), x (B, H, L, Dh) with unit stride along Dh (any other strides).
 ``cos``/``sin`` are (L, F) or (1, L, F), shared by every batch row, or (B, L, F), per batch row (packed
 sequences),
-float32 or float64: the angles come from float64 on the host (``tables.rope``), never from a
+float32 or float64: the angles come from float64 on the host (``tables.formulas.rope``), never from a
 low-precision cache.
 
 Layouts (dims R..Dh-1 pass through unchanged):

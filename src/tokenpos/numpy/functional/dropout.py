@@ -1,6 +1,6 @@
 """Counter-hash dropout as a forward/backward pair: ``out = x * m``.
 
-``m = 1/(1-p)`` where ``tables.dropout.dropout_keep_mask(seed, shape, p)`` keeps, else 0.0; a
+``m = 1/(1-p)`` where ``tables.formulas.dropout.dropout_keep_mask(seed, shape, p)`` keeps, else 0.0; a
 multiply (not ``where``), so NaN and Inf propagate like ``torch.nn.Dropout``. Float16 inputs are
 computed in float32 and rounded once. The mask is recomputed from the seed in backward.
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokenpos.numpy.functional._dispatch import compute_dtype
-from tokenpos.tables.dropout import dropout_multiplier
+from tokenpos.tables.formulas.dropout import dropout_multiplier
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import numpy as np
 
 from tokenpos.kernels.rope import rope_apply, rope_apply_backward
 from tokenpos.numpy.functional._dispatch import use_kernel
-from tokenpos.tables.rope import expand_to_layout, rope_rotate
+from tokenpos.tables.formulas.rope import expand_to_layout, rope_rotate
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 V vocab (unpadded), D d_model, [start, end) this rank's rows of the padded vocab (rows >= V are padding).
 
-The one-process ``TokenEmbedding(V, D, init=..., seed=s)`` table is ``tables.init.init_weight((V, D), ...)``
+The one-process ``TokenEmbedding(V, D, init=..., seed=s)`` table is ``tables.formulas.init.init_weight((V, D), ...)``
 from ``np.random.default_rng(s)``. NumPy's Generator draws a C-order array value by value, so drawing
 the same (V, D) table in row blocks gives the same numbers; the rows before ``start`` are drawn and
 dropped, those in the shard kept. Memory stays O(block * D + shard) instead of O(V * D) per rank.
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokenpos.tables.init import init_weight
-from tokenpos.tables.validation import check_choice, check_float
+from tokenpos.tables.checks.validation import check_choice, check_float
+from tokenpos.tables.formulas.init import init_weight
 
 BLOCK_VALUES = 1 << 22          # values drawn per block (32 MiB of float64)
 _BLOCKWISE = ("normal", "standard_normal", "xavier_uniform", "zeros")

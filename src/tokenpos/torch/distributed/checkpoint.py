@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tokenpos.tables.checks.validation import check_state_dict
 from tokenpos.tables.errors import StateDictError
-from tokenpos.tables.validation import check_state_dict
 from tokenpos.torch.distributed._comm import all_ranks_ok
 
 FILE_METADATA = {"format": "tokenpos", "class": "TokenEmbedding"}

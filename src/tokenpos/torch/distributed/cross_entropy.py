@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tokenpos.tables.checks.validation import check_choice, check_float, check_int, dtype_name
 from tokenpos.tables.errors import ConfigError, TokenIdError
-from tokenpos.tables.validation import check_choice, check_float, check_int, dtype_name
 from tokenpos.torch._checks import _INT_DTYPES, is_compiling
 from tokenpos.torch.distributed._comm import all_reduce, resolve_group
 

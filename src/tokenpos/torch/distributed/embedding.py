@@ -4,7 +4,7 @@ Shapes: V vocab (unpadded), Vp padded vocab, W world size, Vl = Vp / W rows per 
 ids (...), h (..., D), local logits (..., Vl).
 
 Rank r holds rows [vocab_start, vocab_end) = [r * Vl, (r + 1) * Vl) of the padded table (Megatron's
-rule, :func:`tokenpos.tables.vocab_parallel.padded_vocab_size`); rows >= V are padding, zero, never
+rule, :func:`tokenpos.tables.formulas.vocab_parallel.padded_vocab_size`); rows >= V are padding, zero, never
 looked up, and give ``-inf`` logits. Every rank runs the same code on the same ids (SPMD).
 
 Forward: validate ids (every rank, before any collective, so bad ids raise the same ``TokenIdError``
@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from tokenpos._config import device_checks_enabled
-from tokenpos.tables.init import INIT_SCHEMES, resolve_rng
-from tokenpos.tables.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
-from tokenpos.tables.vocab_parallel import padded_vocab_size, shard_range
+from tokenpos.tables.checks.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
+from tokenpos.tables.formulas.init import INIT_SCHEMES, resolve_rng
+from tokenpos.tables.formulas.vocab_parallel import padded_vocab_size, shard_range
 from tokenpos.torch._checks import check_token_id_tensor, is_compiling, resolve_dtype
 from tokenpos.torch._init import torch_seed
 from tokenpos.torch._module import TokenposModule

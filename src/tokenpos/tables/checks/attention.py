@@ -1,0 +1,88 @@
+"""Checks of what enters scaled_dot_product_attention (both backends): q/k/v shapes, key positions, the scheme
+object, mask and bias shapes, and the ``attn_temperature`` option (Llama 4).
+
+Shapes: B batch, H heads, Lq query length, Lk key length. Messages say what, got, expected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenpos.tables.checks.validation import check_float
+from tokenpos.tables.errors import ConfigError
+
+
+def attention_shape_message(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...]) -> str:
+    return (f"attention expects q (B, H, Lq, Dh), k (B, H, Lk, Dh), v (B, H, Lk, Dv) with Lq <= Lk, got "
+            f"q {tuple(int(s) for s in q_shape)}, k {tuple(int(s) for s in k_shape)}, "
+            f"v {tuple(int(s) for s in v_shape)}")
+
+
+def key_start_message(q_start: int | None, q_len: int, k_len: int) -> str:
+    if q_start is None:
+        return (f"with explicit positions and q_len {q_len} != k_len {k_len}, pass key_positions= "
+                f"(the positions of the {k_len} keys)")
+    return (f"start_pos {q_start} is too small for {k_len} keys ending with {q_len} queries: the first key would "
+            f"sit at position {q_start - (k_len - q_len)}; expected start_pos >= {k_len - q_len}")
+
+
+def scheme_object_message(positional: Any) -> str:
+    if isinstance(positional, str):
+        return (f"positional must be a positional-scheme object or None, got the string {positional!r}; pass the "
+                f"scheme object itself, e.g. positional=emb.position (the scheme of a TransformerEmbedding)")
+    return (f"positional must be a positional-scheme object (with a 'kind' of 'additive', 'rotary', 'bias' or "
+            f"'none') or None, got {type(positional).__name__}")
+
+
+def check_scheme(positional: Any) -> str:
+    """The ``kind`` of a positional-scheme object ("additive", "rotary", "bias", "none"); None -> "none".
+
+    Raises:
+        ConfigError: a string (``positional="rope"`` instead of ``emb.position``) or an object without a
+            valid ``kind``: never silently treated as "no positions".
+    """
+    if positional is None:
+        return "none"
+    kind = getattr(positional, "kind", None)
+    if isinstance(positional, str) or kind not in ("additive", "rotary", "bias", "none"):
+        raise ConfigError(scheme_object_message(positional))
+    return str(kind)
+
+
+def check_mask_shape(mask_shape: tuple[int, ...], target: tuple[int, ...]) -> None:
+    """An attention mask must broadcast to ``target`` (B, H, Lq, Lk) without enlarging it.
+
+    Raises:
+        ConfigError: naming both shapes.
+    """
+    mask_shape, target = tuple(int(s) for s in mask_shape), tuple(int(s) for s in target)
+    try:
+        ok = np.broadcast_shapes(mask_shape, target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(f"attn_mask has shape {mask_shape}, which does not broadcast to the logits' shape {target} "
+                          f"(B, H, Lq, Lk); expected a shape broadcastable to it")
+
+
+def check_bias_shape(bias_shape: tuple[int, ...], num_heads: int, q_len: int, k_len: int) -> None:
+    """A bias scheme's ``bias(Lq, Lk)`` must be (H, Lq, Lk) with the attention's H heads.
+
+    Raises:
+        ConfigError: e.g. an ALiBi / T5 scheme built for 8 heads used with 4.
+    """
+    bias_shape = tuple(int(s) for s in bias_shape)
+    if bias_shape != (int(num_heads), int(q_len), int(k_len)):
+        raise ConfigError(f"positional bias has shape {bias_shape}, expected (H, Lq, Lk) = "
+                          f"({int(num_heads)}, {int(q_len)}, {int(k_len)}); build the scheme with num_heads="
+                          f"{int(num_heads)} (the heads of q)")
+
+
+def check_temperature(attn_temperature: Any) -> tuple[float, float]:
+    """``(floor_scale, attn_scale)``: floor_scale > 0, attn_scale finite."""
+    if not isinstance(attn_temperature, (tuple, list)) or len(attn_temperature) != 2:
+        raise ConfigError(f"attn_temperature must be (floor_scale, attn_scale), got {attn_temperature!r}")
+    floor_scale = check_float("floor_scale", attn_temperature[0], low=0.0, low_inclusive=False)
+    return floor_scale, check_float("attn_scale", attn_temperature[1])

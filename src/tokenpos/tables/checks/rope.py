@@ -1,0 +1,114 @@
+"""RoPE-family input checks and their messages, written once for both backends.
+
+Shapes: B batch, H heads, L length, Dh head dim, R rotary dim. q, k: (B, H, L, Dh) with
+``qk_layout="bhld"`` or (B, L, H, Dh) with ``qk_layout="blhd"``; positions (L,), (1, L) or (B, L).
+
+Every RoPE-family layer (RoPE, M-RoPE, xPos, 2-D RoPE) of the NumPy and torch backends raises
+these texts; each layer's own checks are in ``tables.checks.rotary_layers``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tokenpos.tables.checks.validation import check_choice, check_int
+from tokenpos.tables.errors import ConfigError
+
+# Axis order of q / k: (B, H, L, Dh) as HF's default unsqueeze_dim=1, or (B, L, H, Dh) as unsqueeze_dim=2
+# and flash-attention.
+QK_LAYOUTS = ("bhld", "blhd")
+
+
+def rope_shape_message(name: str, shape: tuple[int, ...], head_dim: int) -> str:
+    """``q must have shape (B, H, L, 64), got (2, 8, 64)``."""
+    return f"{name} must have shape (B, H, L, {head_dim}), got {tuple(int(s) for s in shape)}"
+
+
+def rope_layout_shape_message(name: str, shape: tuple[int, ...], head_dim: int, qk_layout: str) -> str:
+    """``q must have shape (B, L, H, 64) (qk_layout='blhd'), got (2, 8, 64)``."""
+    if qk_layout == "bhld":
+        return rope_shape_message(name, shape, head_dim)
+    return f"{name} must have shape (B, L, H, {head_dim}) (qk_layout='blhd'), got {tuple(int(s) for s in shape)}"
+
+
+def rope_heads_message(name: str, shape: tuple[int, ...], qk_layout: str, num_heads: int) -> str:
+    """The declared layout does not fit the known head count (q: H == num_heads; k: H divides it)."""
+    axis = 1 if qk_layout == "bhld" else 2
+    rule = f"== num_heads={num_heads}" if name == "q" else f"dividing num_heads={num_heads}"
+    return (f"{name} has shape {tuple(int(s) for s in shape)}: its head axis {axis} (qk_layout={qk_layout!r}) "
+            f"is {int(shape[axis])}; expected a head count {rule}. Is the layout right?")
+
+
+def check_same_key_positions(scheme: str, query_positions: Any, key_positions: Any) -> None:
+    """Schemes that rotate q and k together (M-RoPE, xPos, 2-D RoPE) accept ``key_positions`` only equal to q's."""
+    if key_positions is None:
+        return
+    a, b = np.asarray(query_positions), np.asarray(key_positions)
+    try:
+        ba, bb = np.broadcast_arrays(a, b)
+        same = bool(np.array_equal(ba, bb))
+    except ValueError:
+        same = False
+    if not same:
+        raise ConfigError(f"{scheme} rotates q and k at the same positions; got key_positions of shape {b.shape} "
+                          f"that differ from the query positions of shape {a.shape}")
+
+
+def rope_dtype_message(name: str, dtype: Any) -> str:
+    """Integer / bool q or k would make cos and sin integers: refused."""
+    return f"{name} must be a floating-point array (float16, bfloat16, float32 or float64), got dtype {dtype}"
+
+
+def rope_length_message(q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> str:
+    return (f"q and k must have the same batch and length to share positions, got q {tuple(q_shape)} and "
+            f"k {tuple(k_shape)}; rotate them separately with rotate() when they differ")
+
+
+def rope_positions_message(shape: tuple[int, ...], batch: int, length: int) -> str:
+    shapes = f"({length},) or (1, {length})" + ("" if batch == 1 else f" or ({batch}, {length})")
+    return f"positions must have shape {shapes}, got {tuple(int(s) for s in shape)}"
+
+
+def check_qk_layout(qk_layout: Any, num_heads: Any = None) -> tuple[str, int | None]:
+    """``(qk_layout, num_heads)`` checked: a layout of QK_LAYOUTS and None or a positive head count."""
+    check_choice("qk_layout", qk_layout, QK_LAYOUTS)
+    return qk_layout, None if num_heads is None else check_int("num_heads", num_heads, minimum=1)
+
+
+def check_heads(name: str, shape: tuple[int, ...], qk_layout: str, num_heads: int | None) -> None:
+    """q's head axis must be ``num_heads`` and k's must divide it (GQA), when the count is known."""
+    if num_heads is None:
+        return
+    heads = int(shape[1 if qk_layout == "bhld" else 2])
+    if (name == "q" and heads != num_heads) or (name != "q" and (heads < 1 or num_heads % heads)):
+        raise ConfigError(rope_heads_message(name, shape, qk_layout, num_heads))
+
+
+def check_rotary_dim(head_dim: int, rotary_dim: Any = None) -> int:
+    """R: ``rotary_dim`` (or Dh when None), even and in [2, Dh]."""
+    head_dim = check_int("head_dim", head_dim, minimum=2)
+    r = head_dim if rotary_dim is None else check_int("rotary_dim", rotary_dim, minimum=2)
+    if r > head_dim or r % 2:
+        raise ConfigError(f"rotary_dim must be an even number in [2, head_dim={head_dim}], got {r}")
+    return r
+
+
+def check_qk_lengths(q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> None:
+    """q (B, Hq, L, Dh) and k (B, Hk, L, Dh) (both as (B, H, L, Dh) views) share batch and length."""
+    if q_shape[0] != k_shape[0] or q_shape[2] != k_shape[2]:
+        raise ConfigError(rope_length_message(tuple(q_shape), tuple(k_shape)))
+
+
+def check_positions_shape(shape: tuple[int, ...], batch: int, length: int) -> bool:
+    """Positions of shape (L,), (1, L) or (B, L); True when it is HF's (1, L) (the caller takes row 0).
+
+    Raises ``ConfigError`` (:func:`rope_positions_message`) for any other shape.
+    """
+    shape = tuple(shape)
+    if shape == (1, length):                                    # HF's (1, L): shared by the batch
+        return True
+    if shape not in ((length,), (batch, length)):
+        raise ConfigError(rope_positions_message(shape, batch, length))
+    return False

@@ -1,0 +1,44 @@
+"""tokenpos.tables.formulas.mrope: the frequency -> axis maps of both layouts and the position-id helper's checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tokenpos.tables import ConfigError
+from tokenpos.tables.formulas.mrope import mrope_axis_map, mrope_position_ids
+
+
+def test_axis_maps() -> None:
+    np.testing.assert_array_equal(mrope_axis_map([2, 3, 3], 8), [0, 0, 1, 1, 1, 2, 2, 2])
+    # Qwen3-VL: T H W T H W T H W T ... with h = w = 2 over F = 8
+    np.testing.assert_array_equal(mrope_axis_map([4, 2, 2], 8, layout="interleaved"), [0, 1, 2, 0, 1, 2, 0, 0])
+    qwen3 = mrope_axis_map([24, 20, 20], 64, layout="interleaved")
+    assert np.bincount(qwen3).tolist() == [24, 20, 20]
+
+
+def test_text_only_rows_count_up() -> None:
+    pos, delta = mrope_position_ids(np.zeros((2, 5), dtype=np.int64))
+    np.testing.assert_array_equal(pos, np.broadcast_to(np.arange(5), (3, 2, 5)))
+    np.testing.assert_array_equal(delta, [[0], [0]])
+
+
+def test_image_grid_positions() -> None:
+    types = np.array([[0, 1, 1, 1, 1, 1, 1, 0]])
+    pos, delta = mrope_position_ids(types, np.array([[1, 4, 6]]), spatial_merge_size=2)
+    # grid (1, 2, 3) starts at 1: T = 1, H = 1 1 1 2 2 2, W = 1 2 3 1 2 3; then text at 1 + max(4, 6) / 2 = 4
+    np.testing.assert_array_equal(pos[:, 0], [[0, 1, 1, 1, 1, 1, 1, 4], [0, 1, 1, 1, 2, 2, 2, 4],
+                                              [0, 1, 2, 3, 1, 2, 3, 4]])
+    assert delta[0, 0] == 5 - 8
+
+
+def test_mismatched_runs_and_grids_raise() -> None:
+    types = np.array([[0, 1, 1, 1, 0]])
+    with pytest.raises(ConfigError, match="does not fit grid"):
+        mrope_position_ids(types, np.array([[1, 4, 6]]), spatial_merge_size=2)
+    with pytest.raises(ConfigError, match="more image runs than image_grid_thw grids"):
+        mrope_position_ids(types)
+    with pytest.raises(ConfigError, match="token_types"):
+        mrope_position_ids(np.array([[0, 3]]))
+    with pytest.raises(ConfigError, match=r"image_grid_thw must be positive ints of shape \(N, 3\)"):
+        mrope_position_ids(types, np.array([1, 1, 3]))
