@@ -34,7 +34,7 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.dropout import draw_seed
 from tokenpos.tables.formulas.init import resolve_rng
 from tokenpos.tables.formulas.positions import positions_from_padding, shared_default_positions
-from tokenpos.tables.plan import Batch, EmbeddingPlan, plan_embedding
+from tokenpos.tables.plan import Batch, plan_embedding, table_limit
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ class TransformerEmbedding(Module):
         if ids.ndim not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
         L, position = ids.shape[-1], self.position
-        limit = position.max_seq_len if position.kind == "additive" and not position.extends else None
+        limit = table_limit(position)
         if positions is not None:                                   # given: used as they are
             check_start_pos_with_positions(start_pos, positions)
             pos = check_positions(positions)
@@ -156,26 +156,19 @@ class TransformerEmbedding(Module):
                 end = int(pos[-1]) + 1 if L else 0
             if limit is not None and end > limit:                   # may run past the table: read them
                 check_positions_at(pos, ids.shape, limit)
-        return Batch(ids, pos, end, self._token_types(ids, token_type_ids))
+        return Batch(ids, pos, end, self._token_types(ids.shape, token_type_ids))
 
-    def _token_types(self, ids: np.ndarray, token_type_ids: Any) -> np.ndarray | None:
+    def _token_types(self, shape: tuple[int, ...], token_type_ids: Any) -> np.ndarray | None:
+        """Token types of the ids' ``shape``, checked; all type 0 when none are given."""
         if self.token_type is None:
             if token_type_ids is not None:
                 raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
             return None
-        tt = np.zeros_like(ids) if token_type_ids is None else check_token_ids(token_type_ids, self.num_token_types)
-        if tt.shape != ids.shape:
-            raise ConfigError(f"token_type_ids must have shape {ids.shape}, got {tt.shape}")
+        tt = np.zeros(shape, np.int64) if token_type_ids is None else check_token_ids(token_type_ids,
+                                                                                     self.num_token_types)
+        if tt.shape != shape:
+            raise ConfigError(f"token_type_ids must have shape {shape}, got {tt.shape}")
         return tt
-
-    def _plan(self, batch: Batch[np.ndarray], p: float) -> EmbeddingPlan:
-        position = self.position
-        additive = position.kind == "additive"
-        return plan_embedding(kind=position.kind, table_rows=position.max_seq_len if additive else None,
-                              extends=additive and position.extends,
-                              table_padding=additive and position.padding_idx is not None, pos_end=batch.pos_end,
-                              token_types=self.token_type is not None, norm=self.norm is not None, sparse=False,
-                              dropout=p > 0.0)
 
     # -- the model ---------------------------------------------------------------------------------
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
@@ -184,7 +177,8 @@ class TransformerEmbedding(Module):
         dropout seed is drawn after that, so a call that raises changes nothing."""
         batch = self._batch(ids, positions, start_pos, token_type_ids)
         p = self.dropout if self.training else 0.0
-        plan = self._plan(batch, p)
+        plan = plan_embedding(self.position, pos_end=batch.pos_end, token_types=self.token_type is not None,
+                              norm=self.norm is not None, sparse=False, dropout=p > 0.0)
         position, ids, pos = self.position, batch.ids, batch.positions
         seed = draw_seed(self._rng) if p > 0.0 else 0
         table = position.table if plan.table else None

@@ -16,7 +16,7 @@ reading data (``pos_end``), so it is the same in eager mode, under ``torch.compi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 A = TypeVar("A")            # the backend's array type: np.ndarray or torch.Tensor
 
@@ -42,24 +42,29 @@ class EmbeddingPlan:
     late_dropout: bool
 
 
-def plan_embedding(*, kind: str, table_rows: int | None, extends: bool, table_padding: bool, pos_end: int | None,
-                   token_types: bool, norm: bool, sparse: bool, dropout: bool) -> EmbeddingPlan:
+def table_limit(scheme: Any) -> int | None:
+    """P for an additive scheme whose positions must lie inside its table (it does not extend beyond
+    it: learned, the 2-D patch grid), else None: the bound the boundary checks positions against."""
+    return scheme.max_seq_len if scheme.kind == "additive" and not scheme.extends else None
+
+
+def plan_embedding(scheme: Any, *, pos_end: int | None, token_types: bool, norm: bool, sparse: bool,
+                   dropout: bool) -> EmbeddingPlan:
     """The plan of a call (see the module doc).
 
     Args:
-        kind: the positional scheme's kind ("additive", "rotary", "bias", "none").
-        table_rows: P, the rows of an additive scheme's table (None: no table).
-        extends: the scheme defines rows beyond its table (sinusoidal); a table that does not
-            (learned) had its positions checked against P at the boundary, so they lie inside it.
-        table_padding: the table has a padding row (RoBERTa), whose gradient the op cannot hold back.
+        scheme: the layer's positional scheme. Of an additive scheme the plan reads ``max_seq_len``
+            (P, its table's rows), ``extends`` (rows beyond the table exist: sinusoidal; a table that
+            does not extend had its positions checked against P at the boundary, so they lie inside
+            it) and ``padding_idx`` (a padding row, RoBERTa's, whose gradient the op cannot hold back).
         pos_end: an exclusive bound of the positions, known without reading data (None: unknown).
         token_types: token-type rows are added (BERT); norm: a norm follows the sum.
         sparse: the token table is row-sparse (torch ``sparse=True``): its lookup is its own op.
         dropout: p > 0 in this call.
     """
-    additive = kind == "additive"
-    inside = table_rows is not None and (not extends or (pos_end is not None and pos_end <= table_rows))
-    table = additive and inside and not (table_padding or token_types or sparse)
+    additive = scheme.kind == "additive"
+    inside = additive and (not scheme.extends or (pos_end is not None and pos_end <= scheme.max_seq_len))
+    table = inside and not (scheme.padding_idx is not None or token_types or sparse)
     rows = None if table or not additive else ("lookup" if inside else "formula")
     late = dropout and (rows is not None or token_types or norm or sparse)
     return EmbeddingPlan(table=table, rows=rows, fused_dropout=dropout and not late, late_dropout=late)

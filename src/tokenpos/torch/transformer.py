@@ -22,7 +22,7 @@ from tokenpos.tables.checks.embedding import check_embedding_args, check_padding
 from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.dropout import SEED_MASK
-from tokenpos.tables.plan import Batch, EmbeddingPlan, plan_embedding
+from tokenpos.tables.plan import Batch, plan_embedding, table_limit
 from tokenpos.torch._checks import (
     check_position_tensor,
     check_token_id_tensor,
@@ -157,7 +157,7 @@ class TransformerEmbedding(TokenposModule):
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
         L, position = ids.shape[-1], self.position
-        limit = position.max_seq_len if position.kind == "additive" and not position.extends else None
+        limit = table_limit(position)
         if positions is not None:                                   # given: used as they are
             check_start_pos_with_positions(start_pos, positions)
             pos = check_position_tensor(positions, device=ids.device)
@@ -177,28 +177,20 @@ class TransformerEmbedding(TokenposModule):
                 pos, end = default_positions(start_pos, L, ids.device), start_pos + L
             if limit is not None and end > limit:                   # may run past the table: read them
                 check_position_tensor(pos, limit, broadcast_to=tuple(ids.shape))
-        return Batch(ids, pos, end, self._token_types(ids, token_type_ids))
+        return Batch(ids, pos, end, self._token_types(tuple(ids.shape), ids.device, token_type_ids))
 
-    def _token_types(self, ids: torch.Tensor, token_type_ids: Any) -> torch.Tensor | None:
+    def _token_types(self, shape: tuple[int, ...], device: torch.device, token_type_ids: Any) -> torch.Tensor | None:
+        """Token types of the ids' ``shape``, checked; None for none given (all type 0)."""
         if self.num_token_types:
             if token_type_ids is None:
                 return None                                  # all type 0: row 0, broadcast
-            tt = check_token_id_tensor(token_type_ids, self.num_token_types, device=ids.device)
-            if tuple(tt.shape) != tuple(ids.shape):
-                raise ConfigError(f"token_type_ids must have shape {tuple(ids.shape)}, got {tuple(tt.shape)}")
+            tt = check_token_id_tensor(token_type_ids, self.num_token_types, device=device)
+            if tuple(tt.shape) != shape:
+                raise ConfigError(f"token_type_ids must have shape {shape}, got {tuple(tt.shape)}")
             return tt
         if token_type_ids is not None:
             raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
         return None
-
-    def _plan(self, batch: Batch[torch.Tensor], p: float) -> EmbeddingPlan:
-        position = self.position
-        additive = position.kind == "additive"
-        return plan_embedding(kind=position.kind, table_rows=position.max_seq_len if additive else None,
-                              extends=additive and position.extends,
-                              table_padding=additive and position.padding_idx is not None, pos_end=batch.pos_end,
-                              token_types=self.token_type is not None, norm=self.norm is not None,
-                              sparse=self.token.sparse, dropout=p > 0.0)
 
     # -- the model ---------------------------------------------------------------------------------
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
@@ -207,7 +199,8 @@ class TransformerEmbedding(TokenposModule):
         dropout seed is drawn after that, so a call that raises changes nothing."""
         batch = self._batch(ids, positions, start_pos, token_type_ids)
         p = self.dropout if self.training else 0.0
-        plan = self._plan(batch, p)
+        plan = plan_embedding(self.position, pos_end=batch.pos_end, token_types=self.token_type is not None,
+                              norm=self.norm is not None, sparse=self.token.sparse, dropout=p > 0.0)
         token, position = self.token, self.position
         seed = self._dropout_seed(p, token.weight)
         if token.sparse:                                                             # W[ids] * s, row-sparse
