@@ -5,7 +5,7 @@ A random-row gather over a GPT-2-sized table (50257 x 768 float32, 154 MB) touch
 tables. Backed by 2 MiB pages the whole table needs ~77 TLB entries. NumPy already calls
 ``madvise(MADV_HUGEPAGE)`` on every new array of 4 MiB or more; torch's CPU allocator does not.
 :func:`advise_huge_pages` makes the same request for memory that is not yet touched (a fresh
-``torch.empty``), before the first write decides its page size (measured: BENCHMARKS.md).
+``torch.empty``), before the first write decides its page size (measured: benchmarks/HISTORY.md).
 
 It is advice: where the kernel ignores it (``transparent_hugepage`` set to ``never``), on other
 platforms, or when the call fails, nothing changes but the page size.

@@ -2,7 +2,7 @@
 
 A fresh large output can be memory new to the process: its first write page-faults on every page
 and the OS zeroes each one, which costs about as much as the embedding kernel itself (measured in
-BENCHMARKS.md: ``torch.empty`` faults on every call, 6144 faults for 25 MB). From
+benchmarks/HISTORY.md: ``torch.empty`` faults on every call, 6144 faults for 25 MB). From
 :data:`MIN_BYTES` (1 MiB) up, :class:`OutputCache` hands out blocks that earlier outputs have
 released instead; smaller outputs take ``np.empty``.
 
@@ -11,7 +11,7 @@ released and asked for again in a quiet process comes back without faults; but w
 the process (torch's own ops, between the layers of any model) frees blocks of a similar size,
 glibc trims the top of its heap and the next output faults again: measured, a bf16 embedding
 output of 12.5 MB took 485 faults per call beside torch eager ops, and 0 from this cache
-(BENCHMARKS.md, 2026-11-23). The cache's bookkeeping costs more than a ``malloc`` with cold caches
+(benchmarks/HISTORY.md, 2026-11-23). The cache's bookkeeping costs more than a ``malloc`` with cold caches
 (about 80 us against 30 us), which the faults it saves outweigh.
 
 When a block is free again is never guessed (no reference counts are read). Each output array is

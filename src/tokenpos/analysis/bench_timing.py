@@ -77,7 +77,7 @@ def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int, settle: flo
     times untimed, then the timed call (both untimed steps are skipped with ``settle=0``). After a
     parallel op, torch's OpenMP threads spin for about 10 ms (measured: 10 ms of CPU during a sleep
     after ``index_select``) and TBB's for about 1 ms; a numba kernel timed inside that window shares
-    the cores with the spinners and took 2-3x longer in the median (BENCHMARKS.md), and a call whose
+    the cores with the spinners and took 2-3x longer in the median (benchmarks/HISTORY.md), and a call whose
     own threads were asleep pays their wake-up. Settling lets the previous impl's threads go to
     sleep; the untimed calls wake the impl's own. One untimed call is not enough: a core that slept
     25 ms runs slower for a few ms after it wakes (measured on the reference VM, 15 reps each, fp32
@@ -150,8 +150,8 @@ NOISY = 1.5   # a run whose rows' median is this many times their best was taken
 def spread(rows: list[BenchRow]) -> float:
     """The largest median / best over the timed rows (1.0: every rep alike; nan: no timed row).
 
-    On a shared machine the CPU time a guest gets moves within seconds (BENCHMARKS.md,
-    ``benchmarks/exp_clock.py``), and with it every ratio: a run with a large spread says little
+    On a shared machine the CPU time a guest gets moves within seconds (benchmarks/HISTORY.md,
+    2026-11-23 09:45), and with it every ratio: a run with a large spread says little
     about one row against another."""
     pairs = [(getattr(r, "median_seconds", None), r.seconds) for r in rows]
     vals = [m / b for m, b in pairs if m is not None and b is not None and math.isfinite(b) and b > 0]

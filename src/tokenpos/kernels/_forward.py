@@ -12,7 +12,7 @@ rows on into L2 (``embedding.prefetch_rows``): the next rows' random reads are s
 row's arithmetic instead of waiting for it, and the far ones keep more reads in flight than the
 near ones alone.
 (Tiles of positions x batch rows that kept a positional row in L1, tuned on a Sapphire Rapids
-guest, ran at 0.82-0.83x this plain loop's speed on an AMD EPYC guest: BENCHMARKS.md, 2026-11-25.)
+guest, ran at 0.82-0.83x this plain loop's speed on an AMD EPYC guest: benchmarks/HISTORY.md, 2026-11-25.)
 Per row:
 
     y[d]   = w[ids[n], d] * scale + pos[pos_ids[n % Lp], d]         (no fused multiply-add)
@@ -217,7 +217,7 @@ def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv
 def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset,
                         stream, out_addr, rows, ahead, far, out):  # pragma: no cover - compiled
     """:func:`forward_core` on the calling thread: for outputs too small to pay for a parallel launch
-    (``embedding.PARALLEL_BYTES``; measured: BENCHMARKS.md). It takes the same arguments, so the
+    (``embedding.PARALLEL_BYTES``; measured: benchmarks/HISTORY.md). It takes the same arguments, so the
     caller can pick either; ``rows`` is unused."""
     N = ids.shape[0]
     key = key_of(seed)

@@ -7,7 +7,7 @@ read by the next layer from memory anyway) that can separate "gather * scale + p
 gather. It is opt-in (``embedding_forward(..., stream=True)``): it measured slower than plain
 stores on a Xeon guest with a 300 MB L3 (the output buffer stays cached), and no faster on an EPYC
 guest with a 32 MiB one (16 bench runs: 0.78-1.09x the plain stores' speed for fp32, 0.78-1.01x
-with dropout, 0.54-0.95x for bf16); see BENCHMARKS.md.
+with dropout, 0.54-0.95x for bf16); see benchmarks/HISTORY.md.
 
 :func:`stream_row` copies a finished row from an L1-resident scratch buffer to its destination:
 plain stores up to the first 64-byte boundary, then one 64-byte non-temporal vector store per

@@ -170,7 +170,7 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
             bf16 (round to nearest even), see :mod:`._forward`.
         stream: write the output with non-temporal stores (:mod:`._stream`), bypassing the
             caches. Off by default: measured slower, or at best as fast, on both machines the
-            bench has run on (:mod:`._stream`, BENCHMARKS.md). The result is the same bits either way.
+            bench has run on (:mod:`._stream`, benchmarks/HISTORY.md). The result is the same bits either way.
 
     Returns:
         (..., D) array of the weight dtype (bf16: uint16 bits, or ``out`` as given).
@@ -240,7 +240,7 @@ def prefetch_rows(row_bytes: int) -> tuple[int, int]:
     """How many rows on the forward prefetches, ``(into L1, into L2)``: :data:`PREFETCH_BYTES` of
     table rows of ``row_bytes`` each (at least 1; 0 when it is off), and :data:`PREFETCH_L2_TIMES` times
     that (0 when either is off). A distance in bytes, not rows, keeps about the same time between a
-    prefetch and its use for every row width (measured: BENCHMARKS.md, 2026-11-25)."""
+    prefetch and its use for every row width (measured: benchmarks/HISTORY.md, 2026-11-25)."""
     near = max(1, PREFETCH_BYTES // max(1, row_bytes)) if PREFETCH_BYTES > 0 else 0
     return near, near * max(0, PREFETCH_L2_TIMES)
 

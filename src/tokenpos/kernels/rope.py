@@ -66,7 +66,7 @@ def _rope_core(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, ou
     ``b * L + l`` when tables are per batch row (Bc > 1), else ``l``. Indexing is direct (no
     per-row array views: rows are only Dh elements long). When k has q's heads (Hk == H), row r of
     k has row r of q's table row, and a task rotates both (one pass over the tables, four memory
-    streams: 10-20 % faster than separate tasks, BENCHMARKS.md); else q's and k's rows are separate
+    streams: 10-20 % faster than separate tasks, benchmarks/HISTORY.md); else q's and k's rows are separate
     tasks.
     """
     Rq = q.shape[0]
@@ -164,7 +164,7 @@ def run_rope(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, int
         return
     _, H, L, Dh = q.shape
     per_task = max(1, ROPE_TASK_BYTES // max(1, Dh * q.itemsize))
-    with parallel_guard():                     # TBB balances the tasks (no chunk size: BENCHMARKS.md)
+    with parallel_guard():                     # TBB balances the tasks (no chunk size: benchmarks/HISTORY.md)
         _rope_core(q.reshape(-1, Dh), k.reshape(-1, Dh), H, k.shape[1], L,
                    cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]),
                    q.dtype.type(sign) if cos.dtype == q.dtype else float(sign),

@@ -36,7 +36,7 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_N = 16          # forward: ids per program
 SEGMENT_ROWS = 8      # backward: gradient rows loaded per step, so a frequent id's long segment is not a serial chain
 SEGMENT_BLOCK_D = 2048   # backward: columns per program, and its warps (measured on an H100: 1.47x faster
-SEGMENT_WARPS = 8        # than 512 columns and 4 warps, benchmarks/exp_gpu_tiles.py)
+SEGMENT_WARPS = 8        # than 512 columns and 4 warps, benchmarks/HISTORY.md, GPU 2026-11-23)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ One hash serves two neighbouring counters: counter ``2j`` takes the top 24 bits 
 word of hash ``j``, counter ``2j + 1`` those of the high word. splitmix64's output bits are
 independent to the tests of BigCrush, so the two halves are two independent uniforms; sharing
 halves the hash's cost (two 64-bit multiplies per two elements), which was most of the fused
-forward's arithmetic (measured: BENCHMARKS.md).
+forward's arithmetic (measured: benchmarks/HISTORY.md).
 
 Dropout itself is a multiply, everywhere (NumPy, torch, the numba kernels):
 
