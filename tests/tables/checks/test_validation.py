@@ -215,25 +215,21 @@ def test_start_pos_with_positions_must_be_zero(start_pos, none_ok):
 
 @given(st.sampled_from([np.int8, np.int32, np.int64, np.uint16, np.uint64]), st.data())
 @settings(max_examples=60, deadline=None)
-def test_check_token_ids_values_false_leaves_only_int64_values_to_the_caller(dtype: type, data: st.DataObject
-                                                                             ) -> None:
-    """values=False: an int64 array comes back as is (its values unchecked); any other dtype is checked
-    exactly as with values=True, so its message quotes the value as given."""
+def test_check_token_ids_checks_the_values_of_every_integer_dtype(dtype: type, data: st.DataObject) -> None:
+    """The one id check has no way to skip values (int64 included): a bad id raises the message of
+    the first bad value in C order, quoted as given; good ids come back as int64, equal."""
     V, low = 20, (0 if np.dtype(dtype).kind == "u" else -5)
     ids = data.draw(hnp.arrays(dtype, hnp.array_shapes(max_dims=3), elements=st.integers(low, 40)))
-    if ids.dtype == np.int64:
-        assert v.check_token_ids(ids, V, values=False) is ids
+    bad = (ids.astype(np.float64) < 0) | (ids.astype(np.float64) >= V)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        with pytest.raises(TokenIdError, match=re.escape(v.token_id_range_message(ids[first], first, V))):
+            v.check_token_ids(ids, V)
         return
-    try:
-        want = v.check_token_ids(ids, V)
-    except TokenIdError as exc:
-        with pytest.raises(TokenIdError, match=re.escape(str(exc))):
-            v.check_token_ids(ids, V, values=False)
-        return
-    got = v.check_token_ids(ids, V, values=False)
-    assert got.dtype == np.int64 and np.array_equal(got, want)
+    got = v.check_token_ids(ids, V)
+    assert got.dtype == np.int64 and np.array_equal(got, ids)
 
 
-def test_check_token_ids_values_false_still_checks_the_dtype() -> None:
+def test_check_token_ids_checks_the_dtype() -> None:
     with pytest.raises(TokenIdError, match="integers, got dtype float64"):
-        v.check_token_ids(np.array([1.0]), 10, values=False)
+        v.check_token_ids(np.array([1.0]), 10)

@@ -210,12 +210,9 @@ def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
 
-def check_token_ids(ids: Any, vocab_size: int, *, values: bool = True) -> np.ndarray:
-    """Integer ids of any shape with every value in [0, vocab_size); returns them as int64.
-
-    ``values=False``: the values of an int64 array are left to the caller, whose kernel checks them
-    inside its gather loop and raises this function's error (other dtypes are always checked here,
-    so the message quotes the value as given). The twin of the torch backend's ``check_token_id_tensor``.
+def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
+    """Integer ids of any shape with every value in [0, vocab_size); returns them as int64 (the
+    message quotes a bad value as given). The twin of the torch backend's ``check_token_id_tensor``.
 
     Raises:
         TokenIdError: non-integer dtype (floats, bools, objects), or a value out of range. Negative
@@ -226,8 +223,6 @@ def check_token_ids(ids: Any, vocab_size: int, *, values: bool = True) -> np.nda
         arr = arr.astype(np.int64)  # an empty Python list has no dtype of its own
     if not _is_int_dtype(arr.dtype):
         raise TokenIdError(token_id_dtype_message(arr.dtype, vocab_size))
-    if not values and arr.dtype == np.int64:
-        return arr
     if not all_in_range(arr, vocab_size):                          # two reductions; the mask only to raise
         index = _first_bad((arr < 0) | (arr >= vocab_size))
         raise TokenIdError(token_id_range_message(arr[index], index, vocab_size))
