@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import tokenpos
 import tokenpos.numpy as tpn
 from tests.numpy.gradcheck import check_grads
 from tests.numpy.helpers import FAST
@@ -188,17 +191,34 @@ def test_kernel_choice_lives_in_one_place():
         tokenpos.set_kernels(True)
 
 
+def _is_package_frame(filename: str, package: Path) -> bool:
+    """Whether a frame's file is tokenpos's own code: inside the imported package's folder, whatever
+    the checkout or a virtual environment inside it is called."""
+    return Path(filename).resolve().is_relative_to(package)
+
+
+def test_package_frames_are_told_by_the_package_folder_not_by_a_name_in_the_path(tmp_path) -> None:
+    """A checkout named ``tokenpos`` with its venv inside: pytest's own frames carry "tokenpos" in
+    their path but are not the package's."""
+    package = (tmp_path / "tokenpos" / "src" / "tokenpos").resolve()
+    venv_pytest = tmp_path / "tokenpos" / ".venv" / "lib" / "site-packages" / "_pytest" / "python.py"
+    assert _is_package_frame(str(package / "numpy" / "transformer.py"), package)
+    assert not _is_package_frame(str(venv_pytest), package)
+    assert not _is_package_frame(str(tmp_path / "tokenpos" / "tests" / "test_x.py"), package)
+
+
 def _tokenpos_frames_above(monkeypatch, module, core: str, run) -> list[str]:
     """The tokenpos Python frames on the stack when the compiled ``core`` is called (outermost last)."""
     import sys
 
+    package = Path(tokenpos.__file__).resolve().parent
     chain: list[str] = []
     original = getattr(module, core)
 
     def spy(*args, **kwargs):
         frame = sys._getframe(1)
         while frame is not None:
-            if "tokenpos" in frame.f_code.co_filename and "/tests/" not in frame.f_code.co_filename:
+            if _is_package_frame(frame.f_code.co_filename, package):
                 chain.append(frame.f_code.co_name)
             frame = frame.f_back
         return original(*args, **kwargs)
