@@ -179,29 +179,28 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     D = w.shape[1]
     shape = idx.shape + (D,)
     out = OUTPUTS.empty(shape, w.dtype) if out is None else check_out(out, shape, w.dtype, bf16)
-    N = idx.size
-    if N and D:
-        o2 = out.reshape(N, D).view(np.uint16) if bf16 else out.reshape(N, D)
-        run_forward(w, np.ascontiguousarray(idx.reshape(-1)), pt, pid, scale, p, seed, o2, offset=dropout_offset,
-                    stream=stream)
+    forward_rows(w, idx, pt, pid, scale, p, seed, out.view(np.uint16) if bf16 else out, offset=dropout_offset,
+                 stream=stream)
     return out
 
 
 def forward_rows(w: np.ndarray, ids: np.ndarray, pt: np.ndarray | None, pos: np.ndarray | None, scale: float,
-                 p: float, seed: int, out: np.ndarray) -> np.ndarray:
-    """:func:`embedding_forward` on inputs a layer has checked: the entry both backends' ops call.
+                 p: float, seed: int, out: np.ndarray, *, offset: int = 0, stream: bool = False) -> np.ndarray:
+    """:func:`embedding_forward` on checked inputs: the one entry to the core, which both backends' ops
+    and the checked API call.
 
     w (V, D) float32 / float64 (uint16: bf16 bits), ids (...) integer in [0, V), pt (P, D) of w's
     dtype with pos (the ids' shape or a trailing part) in [0, P), or both None; out (..., D) C-contiguous
-    of w's dtype (uint16 bits for bf16), returned. Only the layout is normalised here. The core
-    still bounds every row (its memory safety): a bad row it skipped raises ``KernelBoundError``.
+    of w's dtype (uint16 bits for bf16), returned; ``offset`` and ``stream`` as in
+    :func:`embedding_forward`. Only the layout is normalised here. The core still bounds every row
+    (its memory safety): a bad row it skipped raises ``KernelBoundError``.
     """
     N, D = ids.size, w.shape[1]
     if N and D:
         flat_pos = None if pos is None else np.ascontiguousarray(pos, dtype=np.int64).reshape(-1)
         if run_forward(np.ascontiguousarray(w), np.ascontiguousarray(ids, dtype=np.int64).reshape(-1),
                        None if pt is None else np.ascontiguousarray(pt), flat_pos, scale, p, seed,
-                       out.reshape(N, D)):
+                       out.reshape(N, D), offset=offset, stream=stream):
             raise KernelBoundError("the embedding kernel skipped ids or positions outside their tables; "
                                    "its inputs must be checked first (tokenpos layers check them at their entry)")
     return out

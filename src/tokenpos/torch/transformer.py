@@ -199,9 +199,9 @@ class TransformerEmbedding(TokenposModule):
         dropout seed is drawn after that, so a call that raises changes nothing."""
         batch = self._batch(ids, positions, start_pos, token_type_ids)
         p = self.dropout if self.training else 0.0
-        plan = plan_embedding(self.position, pos_end=batch.pos_end, token_types=self.token_type is not None,
-                              norm=self.norm is not None, sparse=self.token.sparse, dropout=p > 0.0)
         token, position = self.token, self.position
+        plan = plan_embedding(position, pos_end=batch.pos_end, token_types=self.token_type is not None,
+                              norm=self.norm is not None, sparse=token.sparse, dropout=p > 0.0)
         seed = self._dropout_seed(p, token.weight)
         if token.sparse:                                                             # W[ids] * s, row-sparse
             x = token_rows(token, batch.ids)
