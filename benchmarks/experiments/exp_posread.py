@@ -2,8 +2,8 @@
 
 Usage: python benchmarks/experiments/exp_posread.py [--mode fp32|dropout|bf16] [--reps N] [--quick]
 
-The compiled forward (``tokenpos.kernels.embedding.run_forward``: arrays already in shape, nothing
-validated) on the bench's shapes (V=50257, D=768, B=16, L=512, ids cycled over 4 batches), three ways:
+The compiled forward (``tokenpos.kernels.embedding.forward_rows``: the kernel entry on checked
+arrays, nothing validated) on the bench's shapes (V=50257, D=768, B=16, L=512, ids cycled over 4 batches), three ways:
 
 - as the layers call it (positions 0..L-1 in every sequence);
 - every row at position 0: its positional row stays in L1, so the positional reads from L2/L3
@@ -17,7 +17,7 @@ allocates them 64-byte aligned, with transparent huge pages), shared by every ro
 median ms and x ``index_select`` (its time / the row's: > 1 is faster), then each row's quartiles
 (the kernel's times are bimodal on a shared guest).
 
-Public APIs only: :mod:`tokenpos.torch`, ``tokenpos.kernels.embedding.run_forward`` and
+Public APIs only: :mod:`tokenpos.torch`, ``tokenpos.kernels.embedding.forward_rows`` and
 :mod:`tokenpos.analysis.bench_timing` (and the bench's own plain gather, ``bench_cases.gather_rows``).
 """
 
@@ -34,7 +34,7 @@ from _cli import FULL, QUICK, parse, parser  # the shared command line (this fol
 import tokenpos.torch as tpt
 from tokenpos.analysis.bench_cases import gather_rows
 from tokenpos.analysis.bench_timing import machine, time_interleaved
-from tokenpos.kernels.embedding import run_forward
+from tokenpos.kernels.embedding import forward_rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     def nxt() -> int:
         return next(turn) % len(ids)
 
-    def kernel(table: np.ndarray | None, pid: np.ndarray | None) -> Callable[[], int]:
-        return lambda: run_forward(w, ids[nxt()], table, pid, scale, p, 5, out)
+    def kernel(table: np.ndarray | None, pid: np.ndarray | None) -> Callable[[], np.ndarray]:
+        return lambda: forward_rows(w, ids[nxt()], table, pid, scale, p, 5, out)
 
     impls = {"torch.index_select(out=)": lambda: torch.index_select(W, 0, tids[nxt()], out=out_t),
              "plain parallel numba gather": lambda: gather_rows(w, ids[nxt()], out),

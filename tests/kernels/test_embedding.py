@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.kernels.compare import assert_close
 from tokenpos.kernels import embedding_backward, embedding_forward
 from tokenpos.kernels.reference import embedding_backward_ref, embedding_forward_ref
-from tokenpos.tables.errors import ConfigError, PositionError, TokenIdError
+from tokenpos.tables.errors import ConfigError, KernelBoundError, PositionError, TokenIdError
 
 SETTINGS = settings(max_examples=30, deadline=None)
 
@@ -232,7 +232,6 @@ def test_forward_rows_on_checked_inputs_gives_the_checked_result(rng) -> None:
     """The entry both backends' ops call (inputs checked by the layer) gives the checked API's bits
     for every integer dtype; a bad row it meets is still refused (its memory bound)."""
     from tokenpos.kernels.embedding import forward_rows
-    from tokenpos.tables.errors import KernelBoundError
 
     w = rng.standard_normal((10, 8)).astype(np.float32)
     for dt in (np.int64, np.int32, np.uint16):
@@ -329,20 +328,23 @@ def test_values_are_checked_when_rows_are_empty() -> None:
     assert embedding_forward(w, np.array([0, 3]), pos_table=pt, pos_ids=np.array([0, 1])).shape == (2, 0)
 
 
-def test_run_forward_reports_bad_rows_without_reading_them(rng) -> None:
-    """The in-shape entry the torch op uses: returns the count of skipped rows, writes the good ones."""
-    from tokenpos.kernels.embedding import run_forward
+def test_forward_rows_reports_bad_rows_without_reading_them(rng) -> None:
+    """The unchecked entry both backends' ops use: it raises KernelBoundError naming how many rows it
+    skipped, and writes the good ones."""
+    from tokenpos.kernels.embedding import forward_rows
 
     w = rng.standard_normal((5, 4)).astype(np.float32)
     pt = rng.standard_normal((3, 4)).astype(np.float32)
     ids = np.array([0, 7, 2, -1, 4, 1], np.int64)
     pid = np.array([0, 1, 9], np.int64)                                 # row n uses pid[n % 3]
     out = np.zeros((6, 4), np.float32)
-    assert run_forward(w, ids, pt, pid, 2.0, 0.0, 0, out) == 4          # rows 1, 3 (ids), 2, 5 (position 9)
+    with pytest.raises(KernelBoundError, match="skipped 4 rows"):       # rows 1, 3 (ids), 2, 5 (position 9)
+        forward_rows(w, ids, pt, pid, 2.0, 0.0, 0, out)
     for n in (0, 4):
         assert np.array_equal(out[n], w[ids[n]] * np.float32(2.0) + pt[pid[n % 3]])
     good_ids = np.array([0, 1, 2, 3, 4, 1], np.int64)
-    assert run_forward(w, good_ids, pt, pid, 2.0, 0.0, 0, out) == 2       # position 9: rows 2 and 5
+    with pytest.raises(KernelBoundError, match="skipped 2 rows"):       # position 9: rows 2 and 5
+        forward_rows(w, good_ids, pt, pid, 2.0, 0.0, 0, out)
 
 
 @pytest.mark.parametrize("bad", [5, -1, 2**62, -(2**62), np.iinfo(np.int64).max])
@@ -352,14 +354,15 @@ def test_bad_ids_ahead_of_good_rows_are_never_prefetched_or_read(bad: int, ahead
     """A bad id that the prefetch reaches before its own row (any distance, any magnitude) is skipped
     there and reported after the loop; the good rows around it are exact."""
     import tokenpos.kernels.embedding as E
-    from tokenpos.kernels.embedding import run_forward
+    from tokenpos.kernels.embedding import forward_rows
 
     monkeypatch.setattr(E, "PREFETCH_BYTES", ahead * 4 * 4)      # rows of D = 4 float32
     monkeypatch.setattr(E, "PREFETCH_L2_TIMES", l2_times)
     w = rng.standard_normal((5, 4)).astype(np.float32)
     ids = np.array([0, 1, 2, bad, 3, 4, bad, 1], np.int64)
     out = np.zeros((8, 4), np.float32)
-    assert run_forward(w, ids, None, None, 1.5, 0.0, 0, out) == 2
+    with pytest.raises(KernelBoundError, match="skipped 2 rows"):
+        forward_rows(w, ids, None, None, 1.5, 0.0, 0, out)
     for n in (0, 1, 2, 4, 5, 7):
         assert np.array_equal(out[n], w[ids[n]] * np.float32(1.5))
     with pytest.raises(TokenIdError):

@@ -229,16 +229,16 @@ def _tokenpos_frames_above(monkeypatch, module, core: str, run) -> list[str]:
 
 
 @pytest.mark.parametrize("core, threshold", [("forward_core", 0), ("forward_core_serial", 1 << 62)])
-def test_a_layer_forward_reaches_the_fused_kernel_in_four_frames(monkeypatch, core: str, threshold: int):
-    """docs/DESIGN.md's frame count: layer.forward -> functional pair -> kernel entry -> core launch
-    (the same for the parallel core and the serial one that small outputs take)."""
+def test_a_layer_forward_reaches_the_fused_kernel_in_three_frames(monkeypatch, core: str, threshold: int):
+    """docs/DESIGN.md's frame count: layer.forward -> functional pair -> kernel entry, which calls the
+    core (the same for the parallel core and the serial one that small outputs take)."""
     import tokenpos.kernels.embedding as kernel
 
     monkeypatch.setattr(kernel, "PARALLEL_BYTES", threshold)
     layer = tpn.TransformerEmbedding(50, 8, 16, dropout=0.1, seed=0)
     ids = np.array([[1, 2, 3]])
     fwd = _tokenpos_frames_above(monkeypatch, kernel, core, lambda: layer.forward(ids))
-    assert fwd == ["run_forward", "forward_rows", "embedding_forward", "forward"]
+    assert fwd == ["forward_rows", "embedding_forward", "forward"]
     out = layer.forward(ids)
     bwd = _tokenpos_frames_above(monkeypatch, kernel, "_segment_sum_core", lambda: layer.backward(np.ones_like(out)))
     assert bwd[:3] == ["embedding_backward", "embedding_backward", "backward"]

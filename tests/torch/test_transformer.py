@@ -3,6 +3,7 @@ kernel path equals the plain path; scheme objects; torch.func; threads; outputs 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import subprocess
@@ -354,15 +355,15 @@ def test_an_output_kept_alive_never_changes_under_a_later_call(kernels: bool) ->
 # ----------------------------------------------------------------------------------------------
 
 
-def test_at_most_six_tokenpos_frames_between_forward_and_the_kernel(monkeypatch) -> None:
-    """The count written in docs/DESIGN.md ("Op layer")."""
-    op_module = importlib.import_module("tokenpos.kernels.embedding")            # the kernel entry's module
-
+@pytest.mark.parametrize("grad", [True, False])
+def test_four_tokenpos_frames_between_forward_and_the_kernel(monkeypatch, grad: bool) -> None:
+    """The chain written in docs/DESIGN.md ("One boundary, one plan"): forward -> embed -> (the
+    autograd Function's forward, with autograd) -> forward_impl -> forward_rows, which calls the
+    compiled core."""
+    kernel = importlib.import_module("tokenpos.kernels.embedding")
     src = str(Path(tokenpos.__file__).parent)
     seen: list[list[str]] = []
-    real = op_module.run_forward
-
-    def spy(*args, **kwargs):
+    def spy(*args, _real, **kwargs):
         frames = []
         for info in inspect.stack()[1:]:
             if info.filename.startswith(src):
@@ -370,12 +371,17 @@ def test_at_most_six_tokenpos_frames_between_forward_and_the_kernel(monkeypatch)
             if info.function == "forward" and info.filename.endswith("transformer.py"):
                 break
         seen.append(frames)
-        return real(*args, **kwargs)
+        return _real(*args, **kwargs)
 
-    monkeypatch.setattr(op_module, "run_forward", spy)
-    tpt.TransformerEmbedding(50, 8, 16, dropout=0.1, seed=0)(IDS)
-    assert len(seen) == 1 and seen[0][-1] == "transformer.py:forward"
-    assert len(seen[0]) + 1 <= 6, seen[0]                                   # + the kernel entry itself
+    for core in ("forward_core", "forward_core_serial"):               # whichever the output's size takes
+        monkeypatch.setattr(kernel, core, functools.partial(spy, _real=getattr(kernel, core)))
+    emb = tpt.TransformerEmbedding(50, 8, 16, dropout=0.1, seed=0)
+    with torch.set_grad_enabled(grad):
+        emb(IDS)
+    assert len(seen) == 1
+    want = ["embedding.py:forward_rows", "embedding.py:forward_impl",
+            *(["entry.py:forward"] if grad else []), "entry.py:embed", "transformer.py:forward"]
+    assert seen[0] == want
 
 
 def test_a_call_under_a_default_device_does_not_poison_the_shared_positions():
@@ -459,3 +465,23 @@ def test_a_bad_id_inside_torch_func_grad_raises_the_shared_error(kernels):
     bad = torch.tensor([[2, -1, 4]])
     with tokenpos.use_kernels(kernels), pytest.raises(TokenIdError, match="token id -1 at index"):
         torch.func.grad(lambda p: torch.func.functional_call(emb, p, (bad,)).sum())(params)
+
+
+def test_the_path_of_ids_written_in_design_names_functions_where_they_are() -> None:
+    """docs/DESIGN.md ("One boundary, one plan") lists every function the ids pass through, by file:
+    each one is defined in the file it names, so the written chain cannot drift from the code."""
+    import ast
+    import re
+
+    root = Path(tokenpos.__file__).resolve().parent
+    design = (root.parents[1] / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    block = design.split("The path of `ids` from the torch layer", 1)[1].split("```")[1]
+    rows = re.findall(r"^\s*(\d+)?\s+(\w+/[\w/]+?)(?:\.py)?\s+([\w.]+)(?: / ([\w.]+))?\s", block, re.M)
+    numbers = [int(n) for n, *_ in rows if n]
+    assert numbers == list(range(1, 14)), numbers
+    for _, path, *names in rows:
+        file = root / f"{path}.py"
+        tree = ast.parse(file.read_text(encoding="utf-8"))
+        defined = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        for name in filter(None, names):
+            assert name.split(".")[-1] in defined, (path, name)

@@ -186,53 +186,42 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
 
 def forward_rows(w: np.ndarray, ids: np.ndarray, pt: np.ndarray | None, pos: np.ndarray | None, scale: float,
                  p: float, seed: int, out: np.ndarray, *, offset: int = 0, stream: bool = False) -> np.ndarray:
-    """:func:`embedding_forward` on checked inputs: the one entry to the core, which both backends' ops
-    and the checked API call.
+    """:func:`embedding_forward` on checked inputs: the one entry to the compiled core, which both
+    backends' ops and the checked API call.
 
     w (V, D) float32 / float64 (uint16: bf16 bits), ids (...) integer in [0, V), pt (P, D) of w's
     dtype with pos (the ids' shape or a trailing part) in [0, P), or both None; out (..., D) C-contiguous
     of w's dtype (uint16 bits for bf16), returned; ``offset`` and ``stream`` as in
-    :func:`embedding_forward`. Only the layout is normalised here. The core still bounds every row
-    (its memory safety): a bad row it skipped raises ``KernelBoundError``.
+    :func:`embedding_forward`. Nothing is validated here, only the layout normalised; outputs under
+    :data:`PARALLEL_BYTES` of work run on the calling thread. The core still bounds every row (its
+    memory safety): rows it skipped for a bad id or position raise ``KernelBoundError``.
     """
     N, D = ids.size, w.shape[1]
-    if N and D:
-        flat_pos = None if pos is None else np.ascontiguousarray(pos, dtype=np.int64).reshape(-1)
-        if run_forward(np.ascontiguousarray(w), np.ascontiguousarray(ids, dtype=np.int64).reshape(-1),
-                       None if pt is None else np.ascontiguousarray(pt), flat_pos, scale, p, seed,
-                       out.reshape(N, D), offset=offset, stream=stream):
-            raise KernelBoundError("the embedding kernel skipped ids or positions outside their tables; "
-                                   "its inputs must be checked first (tokenpos layers check them at their entry)")
-    return out
-
-
-def run_forward(w: np.ndarray, flat_ids: np.ndarray, pt: np.ndarray | None, pid: np.ndarray | None,
-                scale: float, p: float, seed: int, out: np.ndarray, *, offset: int = 0,
-                stream: bool = False) -> int:
-    """The compiled forward on arrays that are already in shape (nothing is validated here).
-
-    w (V, D) C-contiguous float32 / float64, or uint16 bf16 bits; flat_ids (N,) int64; pt (P, D)
-    of w's dtype with pid (Lp,) int64, N a multiple of Lp (or both None); out (N, D) C-contiguous of
-    w's dtype, N, D > 0. Returns the number of rows skipped for a bad position or id (the core's
-    memory bound: nothing is read outside the tables).
-    """
-    N, D = out.shape
+    if not (N and D):
+        return out
     bf16 = w.dtype == np.uint16
-    bits, thr, inv = dropout_params(seed, p) if p else (np.uint64(0), np.uint64(0), 1.0)
     typ = np.float32 if bf16 else w.dtype.type
-    has_pos = pt is not None and pid is not None
+    bits, thr, inv = dropout_params(seed, p) if p else (np.uint64(0), np.uint64(0), 1.0)
+    has_pos = pt is not None and pos is not None
     if not has_pos:
-        pt, pid = w[:1], np.zeros(1, np.int64)
-    rows = max(1, TASK_BYTES // (D * out.itemsize))
-    addr = out.__array_interface__["data"][0] if stream else 0
+        pt, pos = w[:1], np.zeros(1, np.int64)                      # never read (has_pos False)
+    rows = out.reshape(N, D)
+    addr = rows.__array_interface__["data"][0] if stream else 0
     stream = bool(stream) and addr % out.itemsize == 0
-    work = out.nbytes * (2 if p else 1)                # the dropout hash: about twice the work per byte
-    args = (w, flat_ids, typ(scale), pt, pid, has_pos, bits, thr, typ(inv), np.uint64(int(offset)),
-            stream, np.uint64(addr), rows, *prefetch_rows(D * w.itemsize), out)
-    if work < PARALLEL_BYTES:
-        return forward_core_serial(*args)  # type: ignore[no-any-return]
-    with parallel_guard():
-        return forward_core(*args)  # type: ignore[no-any-return]
+    args = (np.ascontiguousarray(w), np.ascontiguousarray(ids, dtype=np.int64).reshape(-1), typ(scale),
+            np.ascontiguousarray(pt), np.ascontiguousarray(pos, dtype=np.int64).reshape(-1), has_pos,
+            bits, thr, typ(inv), np.uint64(int(offset)), stream, np.uint64(addr),
+            max(1, TASK_BYTES // (D * out.itemsize)), *prefetch_rows(D * w.itemsize), rows)
+    if out.nbytes * (2 if p else 1) < PARALLEL_BYTES:              # the dropout hash: about twice the work
+        skipped = forward_core_serial(*args)
+    else:
+        with parallel_guard():
+            skipped = forward_core(*args)
+    if skipped:
+        raise KernelBoundError(f"the embedding kernel skipped {skipped} rows whose id or position lies outside "
+                               f"its table; its inputs must be checked first (tokenpos layers check them at "
+                               f"their entry)")
+    return out
 
 
 def prefetch_rows(row_bytes: int) -> tuple[int, int]:

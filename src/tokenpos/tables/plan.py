@@ -16,14 +16,13 @@ reading data (``pos_end``), so it is the same in eager mode, under ``torch.compi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 A = TypeVar("A")            # the backend's array type: np.ndarray or torch.Tensor
 
 
-@dataclass(frozen=True)
-class EmbeddingPlan:
-    """The steps of one call.
+class EmbeddingPlan(NamedTuple):
+    """The steps of one call (an immutable value).
 
     Attributes:
         table: the first op adds rows of the positional scheme's (P, D) table at the positions.

@@ -87,13 +87,6 @@ def as_index(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.int32, torch.int64) else t.long()
 
 
-def _numpy_view(t: torch.Tensor) -> np.ndarray:
-    """A readable tensor's values as NumPy (to locate a bad value for the shared message). Inside a
-    ``torch.func`` transform even a plain tensor refuses ``.numpy()``; functorch is set aside here."""
-    with torch._C._DisableFuncTorch():
-        return t.detach().cpu().numpy()
-
-
 def check_float_tensor(name: str, t: Any) -> torch.Tensor:
     """A float input (q, k, v, hidden states): a tensor of a floating dtype; the torch twin of
     ``tables.checks.validation.check_float_array`` (same message).
@@ -108,33 +101,38 @@ def check_float_tensor(name: str, t: Any) -> torch.Tensor:
     return t
 
 
-def _layout_name(t: torch.Tensor) -> str | None:
+def _layout_name(layout: torch.layout, nested: bool) -> str | None:
     """None for a plain strided tensor, else the layout's name ("nested", "sparse_coo", ...)."""
-    if t.is_nested:
+    if nested:
         return "nested"
-    if t.layout != torch.strided:
-        return str(t.layout).replace("torch.", "")
-    return None
+    return None if layout == torch.strided else str(layout).replace("torch.", "")
 
 
-def _outside(t: torch.Tensor, high: int | None) -> bool:
-    """Whether any value of ``t`` is < 0 or >= high, where its values can be read here (see the module
-    doc: CPU tensors in eager mode, other devices with device checks on): one reduction (``aminmax``;
-    the wide unsigned dtypes, which have no min/max kernels, through NumPy)."""
+def _outside(t: torch.Tensor, high: int | None) -> np.ndarray | None:
+    """``t``'s values as NumPy when one lies outside [0, high) (``high`` None: any int64), for the
+    shared NumPy check to locate and raise; None when all lie inside, or when they cannot be read
+    here (see the module doc: CPU tensors in eager mode, other devices with device checks on). One
+    reduction (``aminmax``; the wide unsigned dtypes, which have no min/max kernels, through NumPy).
+    Inside a ``torch.func`` transform even a plain tensor refuses ``.numpy()``: functorch is set
+    aside to read the values."""
     if not t.numel() or not values_readable(t) or not (t.is_cpu or device_checks_enabled()):
-        return False
-    if t.dtype in _WIDE_UINT_DTYPES:
-        arr = _numpy_view(t)                 # uint64 values beyond int64 are refused even without a bound
-        return int(arr.max()) >= (high if high is not None else INT64_MAX + 1)
-    lo, hi = torch.aminmax(t)
-    return int(lo) < 0 or (high is not None and int(hi) >= high)
+        return None
+    if t.dtype not in _WIDE_UINT_DTYPES:
+        lo, hi = torch.aminmax(t)
+        if int(lo) >= 0 and (high is None or int(hi) < high):
+            return None
+    with torch._C._DisableFuncTorch():
+        values = t.detach().cpu().numpy()
+    limit = INT64_MAX + 1 if high is None else high         # uint64 beyond int64 is refused even without a bound
+    return values if t.dtype not in _WIDE_UINT_DTYPES or int(values.max()) >= limit else None
 
 
 def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | None = None) -> torch.Tensor:
-    """Integer ids with every value in [0, vocab_size); returns a tensor (the torch twin of NumPy's
-    ``tables.checks.validation.check_token_ids``, same messages). Non-tensors go through the NumPy check and
-    become an int64 tensor on ``device``, the device of the table they index: ids on the meta device
-    (no values) are refused for a table that has values.
+    """Integer ids with every value in [0, vocab_size), returned as a tensor that indexes directly
+    (int32 / int64; the other integer dtypes are widened to int64 after the check). The torch twin
+    of NumPy's ``tables.checks.validation.check_token_ids``, whose messages it raises. Non-tensors go
+    through that NumPy check and become an int64 tensor on ``device``, the device of the table they
+    index: ids on the meta device (no values) are refused for a table that has values.
 
     Raises:
         TokenIdError: a non-integer dtype, a nested or sparse tensor, meta ids for a real table
@@ -142,7 +140,7 @@ def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | N
     """
     if not isinstance(ids, torch.Tensor):
         return torch.as_tensor(check_token_ids(ids, vocab_size), device=device)
-    layout = _layout_name(ids)
+    layout = _layout_name(ids.layout, ids.is_nested)
     if layout is not None:
         raise TokenIdError(id_layout_message("token ids", layout))
     if ids.dtype not in _INT_DTYPES:
@@ -150,9 +148,10 @@ def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | N
     if ids.is_meta and device is not None and torch.device(device).type != "meta":
         raise TokenIdError(f"token ids are on the meta device (they hold no values), but the table is on "
                            f"{device}; expected ids on {device} (or the CPU)")
-    if _outside(ids, vocab_size):
-        check_token_ids(_numpy_view(ids), vocab_size)     # raises with the shared text
-    return ids
+    values = _outside(ids, vocab_size)
+    if values is not None:
+        check_token_ids(values, vocab_size)               # raises with the shared text
+    return ids if ids.dtype in (torch.int32, torch.int64) else ids.long()
 
 
 def check_position_tensor(positions: Any, max_seq_len: int | None = None, *,
@@ -170,14 +169,14 @@ def check_position_tensor(positions: Any, max_seq_len: int | None = None, *,
         arr = np.asarray(positions)
         check_positions_at(arr, broadcast_to, max_seq_len)
         return torch.as_tensor(arr.astype(np.int64), device=device)
-    layout = _layout_name(positions)
+    layout = _layout_name(positions.layout, positions.is_nested)
     if layout is not None:
         raise PositionError(id_layout_message("positions", layout))
     if positions.dtype not in _INT_DTYPES:
         raise PositionError(position_dtype_message(positions.dtype))
-    if _outside(positions, max_seq_len):
-        arr = _numpy_view(positions)
-        check_positions_at(arr, broadcast_to, max_seq_len)
+    values = _outside(positions, max_seq_len)
+    if values is not None:
+        check_positions_at(values, broadcast_to, max_seq_len)   # raises with the shared text
     return positions
 
 

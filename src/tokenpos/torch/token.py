@@ -22,17 +22,17 @@ from tokenpos.tables.checks.validation import (
 )
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.init import INIT_SCHEMES, RESIZE_INITS, init_weight
-from tokenpos.torch._checks import as_index, check_float_tensor, check_token_id_tensor, resolve_dtype
+from tokenpos.torch._checks import check_float_tensor, check_token_id_tensor, resolve_dtype
 from tokenpos.torch._init import empty_table, fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.ops import embed
 
 
 def token_rows(token: TokenEmbedding, ids: torch.Tensor) -> torch.Tensor:
-    """``W[ids] * multiplier`` (...) -> (..., D) for checked ids: the ``tokenpos::embedding`` op, or
-    ``F.embedding`` for a ``sparse=True`` table (row-sparse gradient)."""
+    """``W[ids] * multiplier`` (...) -> (..., D) for ids from ``check_token_id_tensor``: the
+    ``tokenpos::embedding`` op, or ``F.embedding`` for a ``sparse=True`` table (row-sparse gradient)."""
     if token.sparse:
-        out = F.embedding(as_index(ids), token.weight, token.padding_idx, sparse=True)      # (..., D)
+        out = F.embedding(ids, token.weight, token.padding_idx, sparse=True)                # (..., D)
         return out * token.multiplier if token.scale else out
     return embed(token.weight, ids, scale=token.multiplier, padding_idx=_pad(token.padding_idx))
 

@@ -149,48 +149,46 @@ class TransformerEmbedding(TokenposModule):
     # -- the one boundary: every input checked here, before anything changes ---------------------
     def _batch(self, ids: Any, positions: Any, start_pos: int, token_type_ids: Any) -> Batch[torch.Tensor]:
         """Every input of :meth:`forward`, checked (ids first, so a bad id is reported before any other
-        bad input, as in NumPy), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) in [0, V); the
-        positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a learned
-        scheme; token types.
+        bad input, as in NumPy), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) in [0, V) (int32 /
+        int64); the positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a
+        scheme that does not extend beyond it; token types.
         """
-        ids = check_token_id_tensor(ids, self.token.vocab_size, device=self.token.weight.device)
+        token, position = self.token, self.position
+        ids = check_token_id_tensor(ids, token.vocab_size, device=token.weight.device)
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
-        L, position = ids.shape[-1], self.position
+        shape, L = tuple(ids.shape), ids.shape[-1]
         limit = table_limit(position)
         if positions is not None:                                   # given: used as they are
             check_start_pos_with_positions(start_pos, positions)
             pos = check_position_tensor(positions, device=ids.device)
             if pos.shape != ids.shape and pos.shape != ids.shape[-1:]:
-                raise ConfigError(f"positions must have shape {tuple(ids.shape[-1:])} or {tuple(ids.shape)}, "
-                                  f"got {tuple(pos.shape)}")
+                raise ConfigError(f"positions must have shape {shape[-1:]} or {shape}, got {tuple(pos.shape)}")
             if limit is not None:                                   # indexed as used, as NumPy does
-                check_position_tensor(pos, limit, broadcast_to=tuple(ids.shape))
+                check_position_tensor(pos, limit, broadcast_to=shape)
             readable = limit is None and position.kind == "additive" and pos.numel() and values_readable(pos)
             end = int(pos.max()) + 1 if readable else None          # a table that extends: inside it?
         else:
             if self.position_ids == "padding":                      # RoBERTa: from the padding id
-                pad = int(self.token.padding_idx)                   # type: ignore[arg-type]
+                pad = int(token.padding_idx)                        # type: ignore[arg-type]
                 pos, end = positions_from_padding(ids, pad, start_pos), pad + start_pos + L + 1
             else:
                 start_pos = check_start_pos(start_pos, L)
                 pos, end = default_positions(start_pos, L, ids.device), start_pos + L
             if limit is not None and end > limit:                   # may run past the table: read them
-                check_position_tensor(pos, limit, broadcast_to=tuple(ids.shape))
-        return Batch(ids, pos, end, self._token_types(tuple(ids.shape), ids.device, token_type_ids))
+                check_position_tensor(pos, limit, broadcast_to=shape)
+        return Batch(ids, pos, end, self._token_types(shape, ids.device, token_type_ids))
 
     def _token_types(self, shape: tuple[int, ...], device: torch.device, token_type_ids: Any) -> torch.Tensor | None:
         """Token types of the ids' ``shape``, checked; None for none given (all type 0)."""
-        if self.num_token_types:
-            if token_type_ids is None:
-                return None                                  # all type 0: row 0, broadcast
-            tt = check_token_id_tensor(token_type_ids, self.num_token_types, device=device)
-            if tuple(tt.shape) != shape:
-                raise ConfigError(f"token_type_ids must have shape {shape}, got {tuple(tt.shape)}")
-            return tt
-        if token_type_ids is not None:
+        if token_type_ids is None:
+            return None                                      # all type 0: row 0, broadcast (or no token types)
+        if not self.num_token_types:
             raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
-        return None
+        tt = check_token_id_tensor(token_type_ids, self.num_token_types, device=device)
+        if tuple(tt.shape) != shape:
+            raise ConfigError(f"token_type_ids must have shape {shape}, got {tuple(tt.shape)}")
+        return tt
 
     # -- the model ---------------------------------------------------------------------------------
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
@@ -198,26 +196,27 @@ class TransformerEmbedding(TokenposModule):
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked first (:meth:`_batch`); the
         dropout seed is drawn after that, so a call that raises changes nothing."""
         batch = self._batch(ids, positions, start_pos, token_type_ids)
+        token, position, token_type, norm = self.token, self.position, self.token_type, self.norm
         p = self.dropout if self.training else 0.0
-        token, position = self.token, self.position
-        plan = plan_embedding(position, pos_end=batch.pos_end, token_types=self.token_type is not None,
-                              norm=self.norm is not None, sparse=token.sparse, dropout=p > 0.0)
-        seed = self._dropout_seed(p, token.weight)
+        plan = plan_embedding(position, pos_end=batch.pos_end, token_types=token_type is not None,
+                              norm=norm is not None, sparse=token.sparse, dropout=p > 0.0)
+        weight = token.weight
+        seed = self._dropout_seed(p, weight)
         if token.sparse:                                                             # W[ids] * s, row-sparse
             x = token_rows(token, batch.ids)
         else:                                                                        # W[ids] * s (+ P[pos])
-            x = embed(token.weight, batch.ids, position.table if plan.table else None,
+            x = embed(weight, batch.ids, position.table if plan.table else None,
                       batch.positions if plan.table else None, scale=token.multiplier,
                       p=p if plan.fused_dropout else 0.0, seed=seed, padding_idx=_pad(token.padding_idx))
-        if self.token_type is not None:                                              # + T[tt]
+        if token_type is not None:                                                   # + T[tt]
             tt = batch.token_types
-            x = x + (self.token_type.weight[0] if tt is None else token_rows(self.token_type, tt))
+            x = x + (token_type.weight[0] if tt is None else token_rows(token_type, tt))
         if plan.rows == "lookup":                                                    # + P[pos]
             x = x + embed(position.table, batch.positions, padding_idx=_pad(position.padding_idx))
         elif plan.rows == "formula":
             x = x + position.encode(batch.positions)
-        if self.norm is not None:
-            x = self.norm(x)
+        if norm is not None:
+            x = norm(x)
         if plan.late_dropout:
             x = dropout_torch(x, p, seed)
         return x

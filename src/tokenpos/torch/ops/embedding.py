@@ -24,13 +24,9 @@ import torch.nn.functional as F
 from tokenpos.kernels.embedding import embedding_backward as kernel_backward
 from tokenpos.kernels.embedding import forward_rows
 from tokenpos.torch._dropout import dropout_torch
-from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
+from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, transforms_active, triton_kernels
 
 _LOW = (torch.float16, torch.bfloat16)
-
-
-def _index(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype in (torch.int32, torch.int64) else t.long()
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -42,36 +38,33 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 # ----------------------------------------------------------------------------------------------
 
 
-def _forward_plain(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
-                   pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
-                   padding_idx: int = -1) -> torch.Tensor:
-    """The formula in differentiable torch ops (also the path under torch.func transforms)."""
-    ct = _compute_dtype(weight.dtype)
-    pad = None if padding_idx < 0 else padding_idx
-    x = F.embedding(_index(ids), weight, pad).to(ct) * scale                 # (..., D)
-    if table is not None and pos is not None:
-        x = x + F.embedding(_index(pos), table).to(ct)                       # (..., D), broadcast over batch
-    if p > 0.0:
-        x = dropout_torch(x, p, seed)
-    return x.to(weight.dtype)
-
-
 def forward_impl(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
                  pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
                  padding_idx: int) -> torch.Tensor:
-    """The implementation of ``tokenpos::embedding`` on real tensors (the kernel choice: ``_dispatch``):
-    on the CPU the numba kernel (float32 / float64 / bf16 bits), writing into a fresh tensor."""
-    if weight.is_cpu and cpu_path(weight, table) != "plain":
-        out, out_np = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
-        rows = table is not None and pos is not None
-        forward_rows(np_view(weight), np_view(ids), np_view(table) if rows else None,   # type: ignore[arg-type]
-                     np_view(pos) if rows else None, scale, p, int(seed) if p else 0, out_np)   # type: ignore[arg-type]
-        return out
-    if weight.is_cuda:
-        tk = triton_kernels(weight) if table is None else triton_kernels(weight, table)
-        if tk is not None:
-            return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)
-    return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
+    """The implementation of ``tokenpos::embedding`` (the choice: ``_dispatch``): on the CPU the numba
+    kernel (float32 / float64 / bf16 bits) writing into a fresh tensor, on CUDA the Triton kernel;
+    otherwise (fp16, meta, kernels off, and under ``torch.func`` transforms, where a tensor's values
+    cannot be handed to a kernel) the formula in differentiable torch ops, in float32 for fp16 / bf16.
+    ids and pos are checked by the calling layer."""
+    if not transforms_active():
+        if weight.is_cpu and cpu_path(weight, table) != "plain":
+            out, out_np = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
+            with_rows = table is not None and pos is not None
+            forward_rows(np_view(weight), ids.numpy(), np_view(table) if with_rows else None,  # type: ignore[arg-type]
+                         pos.numpy() if with_rows else None, scale, p, int(seed) if p else 0,  # type: ignore[union-attr]
+                         out_np)
+            return out
+        if weight.is_cuda:
+            tk = triton_kernels(weight) if table is None else triton_kernels(weight, table)
+            if tk is not None:
+                return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)
+    ct = _compute_dtype(weight.dtype)
+    x = F.embedding(ids.long(), weight, None if padding_idx < 0 else padding_idx).to(ct) * scale   # (..., D)
+    if table is not None and pos is not None:
+        x = x + F.embedding(pos.long(), table).to(ct)                       # (..., D), broadcast over batch
+    if p > 0.0:
+        x = dropout_torch(x, p, seed)
+    return x.to(weight.dtype)
 
 
 @torch.library.custom_op("tokenpos::embedding", mutates_args=())
@@ -123,12 +116,12 @@ def _backward_plain(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor | N
     D = g.shape[-1]
     flat = g.reshape(-1, D)                                                  # (N, D)
     gw = torch.zeros(num_weights, D, dtype=ct, device=g.device)
-    gw.index_add_(0, _index(ids).reshape(-1), flat * scale)                  # (V, D)
+    gw.index_add_(0, ids.long().reshape(-1), flat * scale)                  # (V, D)
     if padding_idx >= 0:
         gw[padding_idx] = 0
     gt = torch.zeros(num_positions, D, dtype=ct, device=g.device)
     if num_positions and pos is not None:
-        gt.index_add_(0, _index(pos).expand(ids.shape).reshape(-1), flat)    # (P, D)
+        gt.index_add_(0, pos.long().expand(ids.shape).reshape(-1), flat)    # (P, D)
     return gw.to(grad.dtype), gt.to(grad.dtype)
 
 

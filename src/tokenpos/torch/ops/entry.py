@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from tokenpos.torch.ops._dispatch import transforms_active
-from tokenpos.torch.ops.embedding import _forward_plain, forward_impl
+from tokenpos.torch.ops.embedding import forward_impl
 from tokenpos.torch.ops.rope import _rope_plain, rope_impl, rope_qk_impl
 
 
@@ -75,11 +75,10 @@ def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = 
         seed = no_seed(weight)
     if torch.compiler.is_compiling():
         return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)
-    if transforms_active():
-        return _forward_plain(weight, ids, table, pos, scale, p, seed, padding_idx)
-    if torch.is_grad_enabled() and (weight.requires_grad or (table is not None and table.requires_grad)):
+    if (torch.is_grad_enabled() and not transforms_active()
+            and (weight.requires_grad or (table is not None and table.requires_grad))):
         return _Embedding.apply(weight, table, ids, pos, scale, p, seed, padding_idx)  # type: ignore[no-any-return]
-    return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx)
+    return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx)     # (transforms: torch ops)
 
 
 class _Rope(torch.autograd.Function):
