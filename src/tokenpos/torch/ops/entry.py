@@ -4,13 +4,15 @@ Each runs its op, reached the cheapest way that keeps the op's semantics:
 
 - under ``torch.compile`` tracing: the custom op itself (``torch.ops.tokenpos.*``), so the graph
   keeps it (and its fake / autograd registrations);
-- under ``torch.func`` transforms (grad, vmap of grad, jacrev...): the same formula in plain torch
-  ops, because a custom op's autograd cannot run at a transform's grad level;
 - in eager mode: the op's own implementation (``forward_impl`` / ``rope_impl``), called directly.
   With autograd, through a small ``autograd.Function`` whose backward is the backward *op*
   (``tokenpos::embedding_backward`` / ``tokenpos::rope``), so double backward works as with the op.
-  This skips the ~100-200 us of Python the custom-op dispatcher spends per call (argument binding,
-  its generated autograd Function), which is 5-10 % of a GPT-2-sized batch on the reference CPU.
+  This skips the Python the custom-op dispatcher spends per call with autograd (argument binding,
+  its generated autograd Function: 60 us more than this route on the 2-vCPU EPYC guest,
+  benchmarks/HISTORY.md);
+- under ``torch.func`` transforms (grad, vmap of grad, jacrev...): the implementation too, which
+  then runs its formula in differentiable torch ops, because a custom op's autograd cannot run at
+  a transform's grad level.
 
 Every route computes the same values with the same dropout masks (tests/torch/test_ops.py). The
 inputs are valid: the layers check them at their public entry; the ops do not check them again.
@@ -25,7 +27,7 @@ import torch
 
 from tokenpos.torch.ops._dispatch import transforms_active
 from tokenpos.torch.ops.embedding import forward_impl
-from tokenpos.torch.ops.rope import _rope_plain, rope_impl, rope_qk_impl
+from tokenpos.torch.ops.rope import rope_impl, rope_qk_impl
 
 
 class _Embedding(torch.autograd.Function):
@@ -114,17 +116,13 @@ class _RopeQK(torch.autograd.Function):
         return gq, gk, None, None, None
 
 
-
-
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """``tokenpos::rope``: x (B, H, L, Dh) rotated by cos / sin (L, F) or (B, L, F) -> (B, H, L, Dh)."""
     if torch.compiler.is_compiling():
         return torch.ops.tokenpos.rope(x, cos, sin, interleaved)
-    if transforms_active():
-        return _rope_plain(x, cos, sin, interleaved)
-    if torch.is_grad_enabled() and x.requires_grad:
+    if torch.is_grad_enabled() and not transforms_active() and x.requires_grad:
         return _Rope.apply(x, cos, sin, interleaved)  # type: ignore[no-any-return]
-    return rope_impl(x, cos, sin, interleaved)
+    return rope_impl(x, cos, sin, interleaved)                                        # (transforms: torch ops)
 
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -132,8 +130,6 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     """``tokenpos::rope_qk``: q (B, H, L, Dh) and k (B, Hk, L, Dh) in one pass -> (q', k')."""
     if torch.compiler.is_compiling():
         return torch.ops.tokenpos.rope_qk(q, k, cos, sin, interleaved)
-    if transforms_active():
-        return _rope_plain(q, cos, sin, interleaved), _rope_plain(k, cos, sin, interleaved)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+    if torch.is_grad_enabled() and not transforms_active() and (q.requires_grad or k.requires_grad):
         return _RopeQK.apply(q, k, cos, sin, interleaved)  # type: ignore[no-any-return]
-    return rope_qk_impl(q, k, cos, sin, interleaved)
+    return rope_qk_impl(q, k, cos, sin, interleaved)                                  # (transforms: torch ops)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from tokenpos.kernels.rope import rope_apply, run_rope
-from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
+from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, transforms_active, triton_kernels
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -84,13 +84,16 @@ def _rope_numba(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin:
 
 
 def rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """The implementation of ``tokenpos::rope`` on real tensors (the kernel choice: ``_dispatch``)."""
-    if x.is_cpu and cpu_path(x) == "numba":
-        return _rope_numba(x, None, cos, sin, interleaved)[0]
-    if x.is_cuda:
-        tk = triton_kernels(x)
-        if tk is not None:
-            return tk.rope_forward(x, cos, sin, interleaved)
+    """The implementation of ``tokenpos::rope`` (the choice: ``_dispatch``): the numba kernel on the
+    CPU, the Triton kernel on CUDA; otherwise (fp16, meta, kernels off, and under ``torch.func``
+    transforms, where a tensor's values cannot be handed to a kernel) the formula in torch ops."""
+    if not transforms_active():
+        if x.is_cpu and cpu_path(x) == "numba":
+            return _rope_numba(x, None, cos, sin, interleaved)[0]
+        if x.is_cuda:
+            tk = triton_kernels(x)
+            if tk is not None:
+                return tk.rope_forward(x, cos, sin, interleaved)
     return _rope_plain(x, cos, sin, interleaved)
 
 
@@ -129,9 +132,9 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 def rope_qk_impl(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The implementation of ``tokenpos::rope_qk``: one kernel pass over q and k when B, L and Dh
-    match, else one pass each (both with the same cos / sin)."""
+    match, else :func:`rope_impl` on each (both with the same cos / sin)."""
     if (q.is_cpu and k.is_cpu and cpu_path(q, k) == "numba" and k.shape[0] == q.shape[0]
-            and k.shape[2:] == q.shape[2:]):
+            and k.shape[2:] == q.shape[2:] and not transforms_active()):
         oq, ok = _rope_numba(q, k, cos, sin, interleaved)
         return oq, cast(torch.Tensor, ok)
     return rope_impl(q, cos, sin, interleaved), rope_impl(k, cos, sin, interleaved)
