@@ -39,7 +39,7 @@ from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, Token
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # the unsigned 16/32/64-bit dtypes have no min/max kernels in torch: their values are checked through
-# NumPy (which accepts the same dtypes), and ``as_index`` widens them to int64 after the range check
+# NumPy (which accepts the same dtypes); ``as_index`` widens checked ids and positions to int64
 _WIDE_UINT_DTYPES = (torch.uint16, torch.uint32, torch.uint64)
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, *_WIDE_UINT_DTYPES)
 
@@ -151,7 +151,7 @@ def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | N
     values = _outside(ids, vocab_size)
     if values is not None:
         check_token_ids(values, vocab_size)               # raises with the shared text
-    return ids if ids.dtype in (torch.int32, torch.int64) else ids.long()
+    return as_index(ids)
 
 
 def check_position_tensor(positions: Any, max_seq_len: int | None = None, *,
