@@ -46,6 +46,9 @@ PARALLEL_BYTES = 1 << 18  # forward: smaller outputs (half with dropout) run on 
 PREFETCH_BYTES = 12 << 10  # forward: the token row about this many table bytes on is prefetched into L1, a line
                           # per line computed (whole rows, at least one; 0 turns it off)
 PREFETCH_L2_TIMES = 2     # ... and the row this many times as far on into L2 (0 turns it off)
+_NO_DROPOUT = (np.uint64(0), np.uint64(0), 1.0)   # (seed bits, threshold, 1 / (1 - p)) for p = 0
+_ONE_POSITION = np.zeros(1, np.int64)             # the unread positions of a call without a table
+_ONE_POSITION.flags.writeable = False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,18 +202,17 @@ def forward_rows(w: np.ndarray, ids: np.ndarray, pt: np.ndarray | None, pos: np.
     N, D = ids.size, w.shape[1]
     if not (N and D):
         return out
-    bf16 = w.dtype == np.uint16
-    typ = np.float32 if bf16 else w.dtype.type
-    bits, thr, inv = dropout_params(seed, p) if p else (np.uint64(0), np.uint64(0), 1.0)
+    typ = np.float32 if w.dtype == np.uint16 else w.dtype.type          # bf16 bits compute in float32
+    bits, thr, inv = dropout_params(seed, p) if p else _NO_DROPOUT
     has_pos = pt is not None and pos is not None
     if not has_pos:
-        pt, pos = w[:1], np.zeros(1, np.int64)                      # never read (has_pos False)
+        pt, pos = w[:1], _ONE_POSITION                                    # never read (has_pos False)
     rows = out.reshape(N, D)
     addr = rows.__array_interface__["data"][0] if stream else 0
     stream = bool(stream) and addr % out.itemsize == 0
     args = (np.ascontiguousarray(w), np.ascontiguousarray(ids, dtype=np.int64).reshape(-1), typ(scale),
             np.ascontiguousarray(pt), np.ascontiguousarray(pos, dtype=np.int64).reshape(-1), has_pos,
-            bits, thr, typ(inv), np.uint64(int(offset)), stream, np.uint64(addr),
+            bits, thr, typ(inv), np.uint64(offset), stream, np.uint64(addr),
             max(1, TASK_BYTES // (D * out.itemsize)), *prefetch_rows(D * w.itemsize), rows)
     if out.nbytes * (2 if p else 1) < PARALLEL_BYTES:              # the dropout hash: about twice the work
         skipped = forward_core_serial(*args)

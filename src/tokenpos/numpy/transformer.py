@@ -128,16 +128,18 @@ class TransformerEmbedding(Module):
         return self.token.padding_idx
 
     # -- the one boundary: every input checked here, before anything changes ---------------------
-    def _batch(self, ids: Any, positions: Any, start_pos: int, token_type_ids: Any) -> Batch[np.ndarray]:
+    def _batch(self, token: TokenEmbedding, position: Any, ids: Any, positions: Any, start_pos: int,
+               token_type_ids: Any) -> Batch[np.ndarray]:
         """Every input of :meth:`forward`, checked (ids first, so a bad id is reported before any other
         bad input, as in torch), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) int64 in [0, V);
-        the positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a learned
-        scheme; token types.
+        the positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a scheme
+        that does not extend beyond it; token types. ``token`` and ``position`` are the layer's,
+        read once per call by :meth:`forward`.
         """
-        ids = check_token_ids(ids, self.vocab_size)
+        ids = check_token_ids(ids, token.vocab_size)
         if ids.ndim not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
-        L, position = ids.shape[-1], self.position
+        L = ids.shape[-1]
         limit = table_limit(position)
         if positions is not None:                                   # given: used as they are
             check_start_pos_with_positions(start_pos, positions)
@@ -149,7 +151,7 @@ class TransformerEmbedding(Module):
             end = int(pos.max()) + 1 if limit is None and position.kind == "additive" and pos.size else None
         else:
             if self.position_ids == "padding":                      # RoBERTa: from the padding id
-                pad = int(self.token.padding_idx)                   # type: ignore[arg-type]
+                pad = int(token.padding_idx)                        # type: ignore[arg-type]
                 pos, end = positions_from_padding(ids, pad, start_pos), pad + start_pos + L + 1
             else:
                 pos = shared_default_positions(L, start_pos)        # read-only: nothing here writes it
@@ -175,18 +177,19 @@ class TransformerEmbedding(Module):
                 token_type_ids: Any = None) -> np.ndarray:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked first (:meth:`_batch`); the
         dropout seed is drawn after that, so a call that raises changes nothing."""
-        batch = self._batch(ids, positions, start_pos, token_type_ids)
+        token, position = self.token, self.position
+        batch = self._batch(token, position, ids, positions, start_pos, token_type_ids)
         p = self.dropout if self.training else 0.0
-        plan = plan_embedding(self.position, pos_end=batch.pos_end, token_types=self.token_type is not None,
+        plan = plan_embedding(position, pos_end=batch.pos_end, token_types=self.token_type is not None,
                               norm=self.norm is not None, sparse=False, dropout=p > 0.0)
-        position, ids, pos = self.position, batch.ids, batch.positions
+        ids, pos = batch.ids, batch.positions
         seed = draw_seed(self._rng) if p > 0.0 else 0
         table = position.table if plan.table else None
         table_param = position.table_param if plan.table or plan.rows == "lookup" else None
         x, c_emb = F.embedding_forward(                                         # W[ids] * s (+ P[pos])
-            self.token.weight.data, ids, scale=self.token.multiplier, table=table,
+            token.weight.data, ids, scale=token.multiplier, table=table,
             pos=pos if plan.table else None, p=p if plan.fused_dropout else 0.0, seed=seed,
-            padding_idx=self.token.padding_idx, table_grad=plan.table and table_param is not None
+            padding_idx=token.padding_idx, table_grad=plan.table and table_param is not None
             and table_param.requires_grad)
         c_tt = c_pos = c_norm = c_drop = None
         if batch.token_types is not None:                                       # + T[tt]

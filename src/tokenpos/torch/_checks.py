@@ -115,7 +115,7 @@ def _outside(t: torch.Tensor, high: int | None) -> np.ndarray | None:
     reduction (``aminmax``; the wide unsigned dtypes, which have no min/max kernels, through NumPy).
     Inside a ``torch.func`` transform even a plain tensor refuses ``.numpy()``: functorch is set
     aside to read the values."""
-    if not t.numel() or not values_readable(t) or not (t.is_cpu or device_checks_enabled()):
+    if not (t.is_cpu or device_checks_enabled()) or not t.numel() or not values_readable(t):
         return None
     if t.dtype not in _WIDE_UINT_DTYPES:
         lo, hi = torch.aminmax(t)

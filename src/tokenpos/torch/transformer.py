@@ -147,13 +147,15 @@ class TransformerEmbedding(TokenposModule):
                 m.reset_parameters(rng=init_rng)  # type: ignore[operator]
 
     # -- the one boundary: every input checked here, before anything changes ---------------------
-    def _batch(self, ids: Any, positions: Any, start_pos: int, token_type_ids: Any) -> Batch[torch.Tensor]:
+    def _batch(self, token: TokenEmbedding, position: Any, ids: Any, positions: Any, start_pos: int,
+               token_type_ids: Any) -> Batch[torch.Tensor]:
         """Every input of :meth:`forward`, checked (ids first, so a bad id is reported before any other
         bad input, as in NumPy), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) in [0, V) (int32 /
         int64); the positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a
-        scheme that does not extend beyond it; token types.
+        scheme that does not extend beyond it; token types. ``token`` and ``position`` are the
+        layer's, which :meth:`forward` reads once per call (an ``nn.Module`` attribute costs a
+        ``__getattr__``).
         """
-        token, position = self.token, self.position
         ids = check_token_id_tensor(ids, token.vocab_size, device=token.weight.device)
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
@@ -195,8 +197,8 @@ class TransformerEmbedding(TokenposModule):
                 token_type_ids: Any = None) -> torch.Tensor:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked first (:meth:`_batch`); the
         dropout seed is drawn after that, so a call that raises changes nothing."""
-        batch = self._batch(ids, positions, start_pos, token_type_ids)
         token, position, token_type, norm = self.token, self.position, self.token_type, self.norm
+        batch = self._batch(token, position, ids, positions, start_pos, token_type_ids)
         p = self.dropout if self.training else 0.0
         plan = plan_embedding(position, pos_end=batch.pos_end, token_types=token_type is not None,
                               norm=norm is not None, sparse=token.sparse, dropout=p > 0.0)
