@@ -9,7 +9,9 @@ compare them (``PYTHONPATH=/path/to/other/src python benchmarks/experiments/exp_
     python benchmarks/experiments/exp_host_time.py            # full (about 20 s)
     python benchmarks/experiments/exp_host_time.py --quick    # a smoke run
 
-Prints one line per case: median and best microseconds per call over interleaved rounds.
+Prints one line per case: median and best microseconds per call over interleaved rounds. The
+case "eval, range check stubbed" also stubs the boundary's one reduction over the ids
+(``torch._checks._outside``): the difference to "eval" is what checking the ids' values costs.
 """
 
 from __future__ import annotations
@@ -25,10 +27,15 @@ import tokenpos
 import tokenpos.kernels.embedding as kernel_module  # the module whose core is stubbed
 import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
+import tokenpos.torch._checks as checks_module  # the module whose range check one case stubs
 
 
 def _stub_core(*args: object) -> int:
     return 0                                             # "no bad rows", nothing written
+
+
+def _no_bad_values(*args: object) -> None:
+    return None                                          # "every value inside its range", nothing read
 
 
 def _cases(quick: bool) -> dict[str, object]:
@@ -45,6 +52,15 @@ def _cases(quick: bool) -> dict[str, object]:
         with torch.no_grad():
             t_eval(ids_t)
 
+    def torch_eval_unchecked() -> None:
+        real = checks_module._outside
+        checks_module._outside = _no_bad_values
+        try:
+            with torch.no_grad():
+                t_eval(ids_t)
+        finally:
+            checks_module._outside = real
+
     def torch_train() -> None:
         t_train(ids_t)
 
@@ -55,7 +71,9 @@ def _cases(quick: bool) -> dict[str, object]:
         with torch.no_grad():
             rope.apply(q, k)
 
-    return {"torch TransformerEmbedding eval": torch_eval, "torch TransformerEmbedding train p=0.1": torch_train,
+    return {"torch TransformerEmbedding eval": torch_eval,
+            "torch TransformerEmbedding eval, range check stubbed": torch_eval_unchecked,
+            "torch TransformerEmbedding train p=0.1": torch_train,
             "numpy TransformerEmbedding eval": numpy_eval, "torch RotaryEmbedding.apply (rope kernel not stubbed)":
             torch_rope}
 
