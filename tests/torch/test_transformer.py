@@ -356,7 +356,7 @@ def test_an_output_kept_alive_never_changes_under_a_later_call(kernels: bool) ->
 
 
 @pytest.mark.parametrize("grad", [True, False])
-def test_four_tokenpos_frames_between_forward_and_the_kernel(monkeypatch, grad: bool) -> None:
+def test_the_stack_from_forward_to_the_kernel_is_the_documented_chain(monkeypatch, grad: bool) -> None:
     """The chain written in docs/DESIGN.md ("One boundary, one plan"): forward -> embed -> (the
     autograd Function's forward, with autograd) -> forward_impl -> forward_rows, which calls the
     compiled core."""
