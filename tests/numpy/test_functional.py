@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -11,6 +9,7 @@ from hypothesis import strategies as st
 
 import tokenpos
 import tokenpos.numpy as tpn
+from tests.frames import is_package_frame, tokenpos_frames_above
 from tests.numpy.gradcheck import check_grads
 from tests.numpy.helpers import FAST
 from tests.tolerances import TOL
@@ -86,7 +85,6 @@ def test_rope_pair_matches_finite_differences(kernel_mode, interleaved, batch):
 @FAST
 def test_rope_kernel_and_plain_paths_agree_and_qk_is_two_single_rotations(b, h, length, dh, interleaved, per_batch,
                                                                           dtype):
-    import tokenpos
 
     rng = np.random.default_rng(b * 100 + h * 10 + length)
     q, k = (rng.standard_normal((b, hh, length, dh)).astype(dtype) for hh in (h, h + 1))
@@ -111,7 +109,6 @@ def test_rope_kernel_and_plain_paths_agree_and_qk_is_two_single_rotations(b, h, 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_embedding_kernel_and_plain_paths_agree(dtype):
-    import tokenpos
 
     rng = np.random.default_rng(3)
     w, table = rng.standard_normal((V, D)).astype(dtype), rng.standard_normal((P, D)).astype(dtype)
@@ -157,7 +154,6 @@ def test_dropout_is_a_multiply_so_nan_and_inf_propagate():
 
 
 def test_embedding_dropout_on_the_plain_path_propagates_nan():
-    import tokenpos
 
     w = np.zeros((V, D), np.float32)
     w[3] = np.nan
@@ -179,7 +175,6 @@ def test_float16_dropout_uses_the_unrounded_multiplier_and_rounds_once(p):
 
 
 def test_kernel_choice_lives_in_one_place():
-    import tokenpos
 
     f32, f16 = np.zeros(2, np.float32), np.zeros(2, np.float16)
     assert F.use_kernel(f32) and F.use_kernel(f32, f32)
@@ -191,41 +186,14 @@ def test_kernel_choice_lives_in_one_place():
         tokenpos.set_kernels(True)
 
 
-def _is_package_frame(filename: str, package: Path) -> bool:
-    """Whether a frame's file is tokenpos's own code: inside the imported package's folder, whatever
-    the checkout or a virtual environment inside it is called."""
-    return Path(filename).resolve().is_relative_to(package)
-
-
 def test_package_frames_are_told_by_the_package_folder_not_by_a_name_in_the_path(tmp_path) -> None:
     """A checkout named ``tokenpos`` with its venv inside: pytest's own frames carry "tokenpos" in
     their path but are not the package's."""
     package = (tmp_path / "tokenpos" / "src" / "tokenpos").resolve()
     venv_pytest = tmp_path / "tokenpos" / ".venv" / "lib" / "site-packages" / "_pytest" / "python.py"
-    assert _is_package_frame(str(package / "numpy" / "transformer.py"), package)
-    assert not _is_package_frame(str(venv_pytest), package)
-    assert not _is_package_frame(str(tmp_path / "tokenpos" / "tests" / "test_x.py"), package)
-
-
-def _tokenpos_frames_above(monkeypatch, module, core: str, run) -> list[str]:
-    """The tokenpos Python frames on the stack when the compiled ``core`` is called (outermost last)."""
-    import sys
-
-    package = Path(tokenpos.__file__).resolve().parent
-    chain: list[str] = []
-    original = getattr(module, core)
-
-    def spy(*args, **kwargs):
-        frame = sys._getframe(1)
-        while frame is not None:
-            if _is_package_frame(frame.f_code.co_filename, package):
-                chain.append(frame.f_code.co_name)
-            frame = frame.f_back
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module, core, spy)
-    run()
-    return chain
+    assert is_package_frame(str(package / "numpy" / "transformer.py"), package)
+    assert not is_package_frame(str(venv_pytest), package)
+    assert not is_package_frame(str(tmp_path / "tokenpos" / "tests" / "test_x.py"), package)
 
 
 @pytest.mark.parametrize("core, threshold", [("forward_core", 0), ("forward_core_serial", 1 << 62)])
@@ -237,8 +205,8 @@ def test_a_layer_forward_reaches_the_fused_kernel_in_three_frames(monkeypatch, c
     monkeypatch.setattr(kernel, "PARALLEL_BYTES", threshold)
     layer = tpn.TransformerEmbedding(50, 8, 16, dropout=0.1, seed=0)
     ids = np.array([[1, 2, 3]])
-    fwd = _tokenpos_frames_above(monkeypatch, kernel, core, lambda: layer.forward(ids))
-    assert fwd == ["forward_rows", "embedding_forward", "forward"]
+    fwd = tokenpos_frames_above(monkeypatch, kernel, (core,), lambda: layer.forward(ids))
+    assert fwd == [["embedding.py:forward_rows", "embedding.py:embedding_forward", "transformer.py:forward"]]
     out = layer.forward(ids)
-    bwd = _tokenpos_frames_above(monkeypatch, kernel, "_segment_sum_core", lambda: layer.backward(np.ones_like(out)))
-    assert bwd[:3] == ["embedding_backward", "embedding_backward", "backward"]
+    bwd = tokenpos_frames_above(monkeypatch, kernel, ("_segment_sum_core",), lambda: layer.backward(np.ones_like(out)))
+    assert bwd[0] == ["embedding.py:embedding_backward", "embedding.py:embedding_backward", "transformer.py:backward"]

@@ -3,7 +3,6 @@ kernel path equals the plain path; scheme objects; torch.func; threads; outputs 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import subprocess
@@ -17,6 +16,7 @@ import torch
 import tokenpos
 import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
+from tests.frames import tokenpos_frames_above
 from tests.threads import run_threads
 from tests.tolerances import TOL
 from tokenpos.kernels import embedding_forward
@@ -361,27 +361,12 @@ def test_the_stack_from_forward_to_the_kernel_is_the_documented_chain(monkeypatc
     autograd Function's forward, with autograd) -> forward_impl -> forward_rows, which calls the
     compiled core."""
     kernel = importlib.import_module("tokenpos.kernels.embedding")
-    src = str(Path(tokenpos.__file__).parent)
-    seen: list[list[str]] = []
-    def spy(*args, _real, **kwargs):
-        frames = []
-        for info in inspect.stack()[1:]:
-            if info.filename.startswith(src):
-                frames.append(f"{Path(info.filename).name}:{info.function}")
-            if info.function == "forward" and info.filename.endswith("transformer.py"):
-                break
-        seen.append(frames)
-        return _real(*args, **kwargs)
-
-    for core in ("forward_core", "forward_core_serial"):               # whichever the output's size takes
-        monkeypatch.setattr(kernel, core, functools.partial(spy, _real=getattr(kernel, core)))
     emb = tpt.TransformerEmbedding(50, 8, 16, dropout=0.1, seed=0)
-    with torch.set_grad_enabled(grad):
-        emb(IDS)
-    assert len(seen) == 1
+    with torch.set_grad_enabled(grad):                               # whichever core the output's size takes
+        seen = tokenpos_frames_above(monkeypatch, kernel, ("forward_core", "forward_core_serial"), lambda: emb(IDS))
     want = ["embedding.py:forward_rows", "embedding.py:forward_impl",
             *(["entry.py:forward"] if grad else []), "entry.py:embed", "transformer.py:forward"]
-    assert seen[0] == want
+    assert seen == [want]
 
 
 def test_a_call_under_a_default_device_does_not_poison_the_shared_positions():
