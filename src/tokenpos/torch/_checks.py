@@ -117,14 +117,15 @@ def _outside(t: torch.Tensor, high: int | None) -> np.ndarray | None:
     aside to read the values."""
     if not (t.is_cpu or device_checks_enabled()) or not t.numel() or not values_readable(t):
         return None
-    if t.dtype not in _WIDE_UINT_DTYPES:
+    wide = t.dtype in _WIDE_UINT_DTYPES
+    if not wide:
         lo, hi = torch.aminmax(t)
         if int(lo) >= 0 and (high is None or int(hi) < high):
             return None
     with torch._C._DisableFuncTorch():
         values = t.detach().cpu().numpy()
     limit = INT64_MAX + 1 if high is None else high         # uint64 beyond int64 is refused even without a bound
-    return values if t.dtype not in _WIDE_UINT_DTYPES or int(values.max()) >= limit else None
+    return values if not wide or int(values.max()) >= limit else None
 
 
 def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | None = None) -> torch.Tensor:
