@@ -12,11 +12,15 @@ compare them (``PYTHONPATH=/path/to/other/src python benchmarks/experiments/exp_
 Prints one line per case: median and best microseconds per call over interleaved rounds. The
 case "eval, range check stubbed" also stubs the boundary's one reduction over the ids
 (``torch._checks._outside``): the difference to "eval" is what checking the ids' values costs.
+The RoPE cases stub the numba RoPE core too; with liger-kernel installed, Liger's
+``liger_rotary_pos_emb`` runs beside them with its Triton launch stubbed, at a decode step's size
+(issue 34's budget: tokenpos's RotaryEmbedding call at most 1.5x Liger's host time).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import time
 
@@ -25,6 +29,7 @@ import torch
 
 import tokenpos
 import tokenpos.kernels.embedding as kernel_module  # the module whose core is stubbed
+import tokenpos.kernels.rope as rope_module  # the module whose RoPE core is stubbed
 import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
 import tokenpos.torch._checks as checks_module  # the module whose range check one case stubs
@@ -47,6 +52,10 @@ def _cases(quick: bool) -> dict[str, object]:
     n_eval = tpn.TransformerEmbedding(V, D, P, seed=0).eval()
     rope = tpt.RotaryEmbedding(64, max_seq_len=P)
     q, k = torch.randn(4, 12, 128, 64), torch.randn(4, 12, 128, 64)
+    # a decode step of a Llama-style model (one token, GQA): the data is a few KB, the call is host time
+    llama = tpt.RotaryEmbedding(128, max_seq_len=4096)
+    qd, kd = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 1, 128)
+    cos_hf, sin_hf = torch.randn(1, 1, 128), torch.randn(1, 1, 128)     # HF's (B, L, Dh) cache rows
 
     def torch_eval() -> None:
         with torch.no_grad():
@@ -71,11 +80,41 @@ def _cases(quick: bool) -> dict[str, object]:
         with torch.no_grad():
             rope.apply(q, k)
 
-    return {"torch TransformerEmbedding eval": torch_eval,
-            "torch TransformerEmbedding eval, range check stubbed": torch_eval_unchecked,
-            "torch TransformerEmbedding train p=0.1": torch_train,
-            "numpy TransformerEmbedding eval": numpy_eval, "torch RotaryEmbedding.apply (rope kernel not stubbed)":
-            torch_rope}
+    def torch_rope_decode() -> None:
+        with torch.no_grad():
+            llama.apply(qd, kd, start_pos=100)
+
+    cases = {"torch TransformerEmbedding eval": torch_eval,
+             "torch TransformerEmbedding eval, range check stubbed": torch_eval_unchecked,
+             "torch TransformerEmbedding train p=0.1": torch_train,
+             "numpy TransformerEmbedding eval": numpy_eval,
+             "torch RotaryEmbedding.apply B4 H12 L128 Dh64": torch_rope,
+             "torch RotaryEmbedding.apply, decode": torch_rope_decode}
+    liger = _liger_stubbed()
+    if liger is not None:
+        def liger_decode() -> None:
+            with torch.no_grad():
+                liger(qd, kd, cos_hf, sin_hf)
+        cases["liger_rotary_pos_emb, decode"] = liger_decode
+    return cases
+
+
+def _liger_stubbed() -> object:
+    """Liger-Kernel's ``liger_rotary_pos_emb`` with its Triton launch stubbed (``_triton_rope[grid](...)``
+    does nothing): its host time on the same machine. None when liger-kernel is not installed."""
+    try:
+        import liger_kernel.ops.rope as liger_ops
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    except ImportError:
+        return None
+
+    class _NoLaunch:
+        def __getitem__(self, grid: object) -> object:
+            return lambda *args, **kwargs: None
+
+    liger_ops._triton_rope = _NoLaunch()
+    logging.getLogger("liger_kernel").setLevel(logging.ERROR)    # its GPU backends that cannot load here
+    return liger_rotary_pos_emb
 
 
 def main() -> None:
@@ -83,8 +122,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few calls, for a smoke run")
     args = parser.parse_args()
     calls, rounds = (50, 3) if args.quick else (400, 15)
-    real = (kernel_module.forward_core, kernel_module.forward_core_serial)
-    kernel_module.forward_core = kernel_module.forward_core_serial = _stub_core
+    real = (kernel_module.forward_core, kernel_module.forward_core_serial, rope_module._rope_core)
+    kernel_module.forward_core = kernel_module.forward_core_serial = rope_module._rope_core = _stub_core
     try:
         cases = _cases(args.quick)
         for fn in cases.values():                        # warm: numba, caches, allocator
@@ -102,10 +141,15 @@ def main() -> None:
                     fn()  # type: ignore[operator]
                 times[name].append((time.perf_counter() - t0) / calls * 1e6)
     finally:
-        kernel_module.forward_core, kernel_module.forward_core_serial = real
+        kernel_module.forward_core, kernel_module.forward_core_serial, rope_module._rope_core = real
     print(f"tokenpos {tokenpos.__file__}")
     for name, ts in times.items():
         print(f"{name:58s} median {statistics.median(ts):7.1f} us  best {min(ts):7.1f} us")
+    ours, theirs = "torch RotaryEmbedding.apply, decode", "liger_rotary_pos_emb, decode"
+    if theirs in times:
+        print(f"RoPE decode, tokenpos / Liger (budget <= 1.5): median "
+              f"{statistics.median(times[ours]) / statistics.median(times[theirs]):.2f}, "
+              f"best {min(times[ours]) / min(times[theirs]):.2f}")
 
 
 if __name__ == "__main__":
