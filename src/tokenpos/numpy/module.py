@@ -173,15 +173,33 @@ class Module:
         setattr(self, name, module)
         return module
 
-    def named_parameters(self, prefix: str = "", *, trainable_only: bool = False) -> Iterator[tuple[str, Parameter]]:
-        for name, p in self._parameters.items():
+    def named_parameters(self, prefix: str = "", *, trainable_only: bool = False,
+                         remove_duplicate: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """``(name, Parameter)`` pairs, this module's first, then each sub-module's (``"token.weight"``).
+
+        As torch's ``named_parameters``: a Parameter registered under several names (a tied head,
+        ``self.head = self.emb.weight``) is listed once, under its first name, unless
+        ``remove_duplicate=False`` (what ``state_dict`` uses: it keeps every key, as torch does).
+        """
+        seen: set[int] = set()
+        for name, p in self._named_all(prefix):
+            if remove_duplicate:
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
             if p.requires_grad or not trainable_only:
-                yield prefix + name, p
+                yield name, p
+
+    def _named_all(self, prefix: str) -> Iterator[tuple[str, Parameter]]:
+        """Every registration, duplicates included."""
+        for name, p in self._parameters.items():
+            yield prefix + name, p
         for mname, m in self._modules.items():
-            yield from m.named_parameters(prefix + mname + ".", trainable_only=trainable_only)
+            yield from m._named_all(prefix + mname + ".")
 
     def parameters(self) -> list[Parameter]:
-        """The trainable parameters (frozen ones are left out)."""
+        """The trainable parameters, each once (a tied Parameter is listed once, as in torch; frozen
+        ones are left out), so an optimiser updates each exactly once per step."""
         return [p for _, p in self.named_parameters(trainable_only=True)]
 
     def modules(self) -> Iterator[Module]:
@@ -216,7 +234,7 @@ class Module:
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of every parameter (frozen ones included), keyed as in docs/DESIGN.md."""
-        return {name: p.data.copy() for name, p in self.named_parameters()}
+        return {name: p.data.copy() for name, p in self.named_parameters(remove_duplicate=False)}
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Load arrays (NumPy arrays or torch tensors) after checking all of them.
@@ -225,7 +243,7 @@ class Module:
             StateDictError: a missing/unexpected key (strict), or a wrong shape or dtype; nothing has
                 been written when it is raised.
         """
-        params = dict(self.named_parameters())
+        params = dict(self.named_parameters(remove_duplicate=False))       # every key, as state_dict
         arrays = {k: _to_numpy(v) for k, v in state.items()}
         expected = {k: (p.data.shape, p.data.dtype) for k, p in params.items()}
         check_state_dict(arrays, expected, strict=strict, layer=type(self).__name__)
