@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tokenpos.tables.checks.validation import check_state_dict
+from tokenpos.tables.checks.validation import check_state_dict, dtype_name, numpy_dtype_message, numpy_holds
 from tokenpos.tables.errors import StateDictError
 
 
@@ -244,7 +244,8 @@ class Module:
                 been written when it is raised.
         """
         params = dict(self.named_parameters(remove_duplicate=False))       # every key, as state_dict
-        arrays = {k: _to_numpy(v) for k, v in state.items()}
+        layer = type(self).__name__
+        arrays = {k: _to_numpy(k, v, params[k].dtype if k in params else None, layer) for k, v in state.items()}
         expected = {k: (p.data.shape, p.data.dtype) for k, p in params.items()}
         check_state_dict(arrays, expected, strict=strict, layer=type(self).__name__)
         for key, value in arrays.items():
@@ -267,7 +268,8 @@ class Module:
         """
         from tokenpos.tables.checkpoint import class_names, read_checkpoint
 
-        self.load_state_dict(read_checkpoint(path, class_names(self)), strict=strict)
+        expected = {k: p.dtype for k, p in self.named_parameters(remove_duplicate=False)}
+        self.load_state_dict(read_checkpoint(path, class_names(self), expected=expected), strict=strict)
 
     def extra_repr(self) -> str:
         return ""
@@ -278,10 +280,12 @@ class Module:
         return head + ("\n" + "\n".join(inner) + "\n)" if inner else ")")
 
 
-def _to_numpy(value: Any) -> np.ndarray:
+def _to_numpy(key: str, value: Any, expected: Any, layer: str) -> np.ndarray:
+    """A NumPy array of a state_dict entry; a torch tensor of a dtype NumPy lacks (bfloat16, float8) is refused."""
     if hasattr(value, "detach"):  # a torch tensor
         value = value.detach().cpu()
-        if str(value.dtype) == "torch.bfloat16":
-            raise StateDictError("bfloat16 tensors cannot be loaded into the NumPy backend; cast to float32 first")
+        name = dtype_name(value.dtype)
+        if not numpy_holds(name):
+            raise StateDictError(numpy_dtype_message(f"state_dict for {layer}: entry", key, name, expected))
         return value.numpy()
     return np.asarray(value)
