@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tokenpos.cli._ui import console, positive_int
+from tokenpos.cli._ui import check_size, console, positive_int
 
 HELP = "train short, test long: train a tiny LM per positional scheme at L, evaluate at 2L, 4L, 8L"
 
@@ -107,9 +107,10 @@ def build_config(args: argparse.Namespace) -> Any:
         overrides["rope_scalings"] = () if names == ("none",) else names
     if args.multiples is not None:
         try:
-            overrides["multiples"] = tuple(sorted({int(k) for k in _names(args.multiples, "--multiples") or ()}))
+            multiples = tuple(sorted({int(k) for k in _names(args.multiples, "--multiples") or ()}))
         except ValueError:
             raise ValueError(f"--multiples expects integers like 1,2,4,8; got {args.multiples!r}") from None
+        overrides["multiples"] = tuple(check_size("extrapolate", "multiples", k) for k in multiples)
     return replace(base, **overrides).validate()
 
 
