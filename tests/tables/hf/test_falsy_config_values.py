@@ -34,16 +34,26 @@ from tokenpos.tables.hf.models import llama4_kwargs_from_hf_config
 SRC = Path(tokenpos.__file__).resolve().parent
 FALSY: list[Any] = [0, 0.0, False, "", [], None]
 LOOKUP_OR = re.compile(r"\b(get|config_get|getattr|pop|first_given|_first)\([^()]*(\([^()]*\)[^()]*)*\)\s+or\b")
-# ``lookup(...) or`` uses that are not config values (reviewed): the reason is the value of each entry
+# ``lookup(...) or`` uses that are not config values (reviewed): (file, a piece of the line) -> why
 NOT_CONFIG = {
-    "tables/checkpoint.py": "an exception's strerror, then its text",
-    "numpy/rotary.py": "a cache dict lookup (a miss is None), not a setting",
-    "cli/plot.py": "a registry lookup of plot functions",
-    "analysis/report.py": "a benchmark row's optional note",
-    "analysis/extrapolate/render.py": "a result row's optional note",
-    "analysis/extrapolate/plot.py": "optional lists of a results document written by tokenpos",
-    "torch/hf.py": "owned by the torch engineer (issue 28 report: position_embedding_type '' reads as 'absolute')",
+    ("tables/checkpoint.py", 'getattr(exc, "strerror", None) or'): "an exception's strerror, then its text",
+    ("numpy/rotary.py", "snap.halves.get(dtype) or"): "a cache dict lookup (a miss is None), not a setting",
+    ("cli/plot.py", "PLOTS.get(args.kind) or"): "a registry lookup of plot functions",
+    ("analysis/report.py", 'getattr(r, "note", "") or'): "a benchmark row's optional note",
+    ("analysis/extrapolate/render.py", '.get("note") or'): "a result row's optional note",
+    ("analysis/extrapolate/plot.py", '.get(f"{key}_ci") or'): "optional lists of a results document",
+    ("analysis/extrapolate/plot.py", 'data.get("task_results") or'): "optional lists of a results document",
+    ("analysis/extrapolate/plot.py", '.get("task") or'): "optional parts of a results document",
+    # torch/hf.py is owned by the torch engineer (reported in issue 28): "" reads as "absolute", and a falsy
+    # dropout as 0.0 (the same value)
+    ("torch/hf.py", '"position_embedding_type", "absolute") or'): "reported, left to its owner",
+    ("torch/hf.py", '"hidden_dropout_prob", 0.0) or 0.0'): "0 / False / None all mean no dropout",
+    ("torch/hf.py", '"embd_pdrop", 0.0) or 0.0'): "0 / False / None all mean no dropout",
 }
+
+
+def _allowed(rel: str, line: str) -> bool:
+    return any(rel == f and piece in line for f, piece in NOT_CONFIG)
 
 
 def test_no_config_reader_uses_lookup_or_default() -> None:
@@ -51,7 +61,7 @@ def test_no_config_reader_uses_lookup_or_default() -> None:
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
         for n, line in enumerate(path.read_text().splitlines(), 1):
-            if LOOKUP_OR.search(line.split("#")[0]) and rel not in NOT_CONFIG:
+            if LOOKUP_OR.search(line.split("#")[0]) and not _allowed(rel, line):
                 found.append(f"{rel}:{n}: {line.strip()}")
     assert not found, "a config value read with `lookup(...) or default` (use first_given / `is None`):\n" + \
         "\n".join(found)
