@@ -86,10 +86,10 @@ def test_total_smaller_than_the_embedding_is_refused(capsys: pytest.CaptureFixtu
 
 
 def test_huge_sizes_print_in_scientific_notation(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "memory", "--vocab-size", str(10 ** 30), "--d-model", "8")
+    code, out, _ = run(capsys, "memory", "--vocab-size", str(2 ** 40), "--d-model", str(2 ** 30))   # the bounds
     assert code == 0
-    assert "3.052e+25" in out                                                  # 8e30 fp32 bytes / 2**20
-    assert "30,517,578,125" not in out                                         # never the float's digits
+    assert "4.504e+15" in out                                                  # 2**72 fp32 bytes / 2**20
+    assert "4,503,599,627,370,496" not in out                                  # never the float's digits
 
 
 class _ClosedPipe:

@@ -24,7 +24,8 @@ MAX_DPI = 600
 MAX_PIXELS = 50_000_000                      # width x height of the rendered figure (about 200 MB as RGBA)
 # the largest size option each figure accepts (beyond these the arrays or the figure would not fit in memory)
 LIMITS = {"num_positions": 65_536, "d_model": 16_384, "head_dim": 16_384, "num_heads": 64, "alibi_seq_len": 512,
-          "t5_seq_len": 2_048, "max_distance": 65_536, "num_buckets": 4_096, "original_max": 1 << 24,
+          "t5_seq_len": 2_048, "fire_seq_len": 65_536,
+          "kerple_seq_len": 65_536, "max_distance": 65_536, "num_buckets": 4_096, "original_max": 1 << 24,
           "table_cells": 1 << 23}
 
 

@@ -130,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     prog = f"tokenpos {args.command}"
     try:
+        from tokenpos.cli._ui import check_sizes
+
+        check_sizes(args.command, args)            # every size option bounded before any work (ConfigError)
         return int(args._run(args) or 0)
     except UsageError as exc:
         return _fail(exc.prog, str(exc))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -42,6 +43,41 @@ def progress_bars(enabled: bool = True) -> Iterator[ProgressFn]:
             prog.update(tasks[key], description=step, completed=int(done), total=max(int(total), 1))
 
         yield update
+
+
+# The upper bound of every size option of every command, by command and option dest: beyond it the work would
+# not fit in memory (or in any reasonable time). Checked by ``check_size`` before a command runs, so an
+# absurd value is a ConfigError in a millisecond, never an allocation first. Plot sizes are also bounded per
+# figure kind in ``analysis.figures.LIMITS`` (e.g. alibi's seq_len); these are the largest any kind accepts.
+SIZE_LIMITS: dict[str, dict[str, int]] = {
+    "memory": {"vocab_size": 1 << 40, "d_model": 1 << 30, "max_seq_len": 1 << 40, "num_heads": 1 << 20,   # arithmetic
+               "total_params": 10 ** 18, "tp": 1 << 20, "pad_to_multiple_of": 1 << 30, "batch": 1 << 30,  # only
+               "seq_len": 1 << 40},
+    "plot": {"dpi": 600, "d_model": 16_384, "num_positions": 65_536, "head_dim": 16_384, "num_heads": 64,
+             "seq_len": 65_536},
+    "extrapolate": {"sliding_stride": 8_192, "sliding_tokens": 10_000_000, "task_steps": 1_000_000,
+                    "train_len": 8_192, "steps": 1_000_000, "batch_size": 4_096, "d_model": 4_096, "num_layers": 64,
+                    "num_heads": 64, "eval_tokens": 100_000_000, "threads": 1_024, "multiples": 64},
+}
+
+
+def check_size(command: str, dest: str, value: int) -> int:
+    """The one bound of the CLI's size options: ``value`` in [1, SIZE_LIMITS[command][dest]].
+
+    Raises:
+        ConfigError: naming the option (``--seq-len``), the value and the bound.
+    """
+    from tokenpos.tables.checks.validation import check_int
+
+    return check_int("--" + dest.replace("_", "-"), value, minimum=1, maximum=SIZE_LIMITS[command][dest])
+
+
+def check_sizes(command: str, args: Any) -> None:
+    """Every size option of ``command`` that was given, through :func:`check_size` (before the command runs)."""
+    for dest in SIZE_LIMITS.get(command, {}):
+        value = getattr(args, dest, None)
+        if isinstance(value, int):
+            check_size(command, dest, value)
 
 
 def positive_int(text: str) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tokenpos.cli._ui import console, positive_int
+from tokenpos.cli._ui import check_size, console, positive_int
 
 HELP = "train short, test long: train a tiny LM per positional scheme at L, evaluate at 2L, 4L, 8L"
 
@@ -107,9 +107,10 @@ def build_config(args: argparse.Namespace) -> Any:
         overrides["rope_scalings"] = () if names == ("none",) else names
     if args.multiples is not None:
         try:
-            overrides["multiples"] = tuple(sorted({int(k) for k in _names(args.multiples, "--multiples") or ()}))
+            multiples = tuple(sorted({int(k) for k in _names(args.multiples, "--multiples") or ()}))
         except ValueError:
             raise ValueError(f"--multiples expects integers like 1,2,4,8; got {args.multiples!r}") from None
+        overrides["multiples"] = tuple(check_size("extrapolate", "multiples", k) for k in multiples)
     return replace(base, **overrides).validate()
 
 
@@ -167,12 +168,16 @@ def _print_result(result: Any) -> None:
     for task in sorted({e["task"] for e in data.get("task_results", [])}):
         _print_table(con, f"Synthetic task {task}: exact-match accuracy (%) by input length [95% interval]",
                      *task_table(data, task))
-    runs = ", ".join(f"{r['scheme']} {r['final_train_loss']:.3f}" for r in data["runs"])
-    con.print(f"final train loss (nats/char): {runs}", markup=False)
+    runs = data["runs"]
+    if runs:
+        losses = ", ".join(f"{r['scheme']} {r['final_train_loss']:.3f}" for r in runs)
+        con.print(f"final train loss (nats/char): {losses}", markup=False)
+    else:                                                # every run diverged: the notes above say why
+        con.print("no scheme finished training (every run diverged; see the notes): nothing to compare", markup=False)
+    size = f"{runs[0]['parameters']} parameters ({runs[0]['scheme']}), " if runs else ""
     con.print(f"corpus {data['corpus']} ({data['train_chars']} train / {data['eval_chars']} eval chars, "
               f"V = {data['vocab_size']}), {data['eval_tokens_per_length']} predicted tokens per length, "
-              f"{data['runs'][0]['parameters']} parameters ({data['runs'][0]['scheme']}), "
-              f"{data['threads']} threads, seeds {result.seeds}, wall time {data['seconds']:.0f} s",
+              f"{size}{data['threads']} threads, seeds {result.seeds}, wall time {data['seconds']:.0f} s",
               markup=False)
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.numpy.functional._dispatch import kept
 from tokenpos.tables.checks.attention import (
     attention_shape_message,
     check_bias_shape,
@@ -47,9 +48,9 @@ from tokenpos.tables.formulas.llama4 import query_temperature
 class AttentionCache:
     """Everything the backward needs (and nothing global)."""
 
-    q: np.ndarray            # (B, H, Lq, Dh) rotated, compute dtype
-    k: np.ndarray            # (B, H, Lk, Dh) rotated, compute dtype
-    v: np.ndarray            # (B, H, Lk, Dh) compute dtype
+    q: np.ndarray            # (B, H, Lq, Dh) rotated, compute dtype (never the caller's array)
+    k: np.ndarray            # (B, H, Lk, Dh) rotated, compute dtype (never the caller's array)
+    v: np.ndarray            # (B, H, Lk, Dh) compute dtype, a private copy
     probs: np.ndarray        # (B, H, Lq, Lk)
     scale: float
     positional: Any
@@ -68,6 +69,13 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         and k.shape[2] == v.shape[2] and q.shape[3] == k.shape[3] and q.shape[2] <= k.shape[2]
     if not ok:
         raise ConfigError(attention_shape_message(q.shape, k.shape, v.shape))
+
+
+def _own(x: np.ndarray, dtype: np.dtype, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
+    """x in ``dtype``, never sharing memory with the caller's arrays: the cache keeps it for backward, so
+    refilling q, k or v between forward and backward must not change a gradient (``functional._dispatch.kept``)."""
+    x = x.astype(dtype, copy=False)
+    return kept(x) if any(np.may_share_memory(x, a) for a in inputs) else x
 
 
 def _rotate(positional: Any, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: int | None,
@@ -108,6 +116,7 @@ def scaled_dot_product_attention_forward(
             start_pos + arange(Lq)) after any rotation; None = off.
     """
     q, k, v = check_float_array("q", q), check_float_array("k", k), check_float_array("v", v)
+    inputs = (q, k, v)
     _check_shapes(q, k, v)
     kind = check_scheme(positional)
     if attn_mask is not None:
@@ -118,7 +127,7 @@ def scaled_dot_product_attention_forward(
     rotary_cache = None
     if kind == "rotary":
         q, k, rotary_cache = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
-    q, k, v = q.astype(compute, copy=False), k.astype(compute, copy=False), v.astype(compute, copy=False)
+    q, k, v = (_own(x, compute, inputs) for x in (q, k, v))                   # kept for backward: private
     temperature = None
     if attn_temperature is not None:
         temperature = query_temperature(attn_temperature, positions, start_pos, q.shape[2], k.shape[2], compute)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tokenpos.tables.checks.validation import check_state_dict
+from tokenpos.tables.checks.validation import check_state_dict, dtype_name, numpy_dtype_message, numpy_holds
 from tokenpos.tables.errors import StateDictError
 
 
@@ -173,15 +173,33 @@ class Module:
         setattr(self, name, module)
         return module
 
-    def named_parameters(self, prefix: str = "", *, trainable_only: bool = False) -> Iterator[tuple[str, Parameter]]:
-        for name, p in self._parameters.items():
+    def named_parameters(self, prefix: str = "", *, trainable_only: bool = False,
+                         remove_duplicate: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """``(name, Parameter)`` pairs, this module's first, then each sub-module's (``"token.weight"``).
+
+        As torch's ``named_parameters``: a Parameter registered under several names (a tied head,
+        ``self.head = self.emb.weight``) is listed once, under its first name, unless
+        ``remove_duplicate=False`` (what ``state_dict`` uses: it keeps every key, as torch does).
+        """
+        seen: set[int] = set()
+        for name, p in self._named_all(prefix):
+            if remove_duplicate:
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
             if p.requires_grad or not trainable_only:
-                yield prefix + name, p
+                yield name, p
+
+    def _named_all(self, prefix: str) -> Iterator[tuple[str, Parameter]]:
+        """Every registration, duplicates included."""
+        for name, p in self._parameters.items():
+            yield prefix + name, p
         for mname, m in self._modules.items():
-            yield from m.named_parameters(prefix + mname + ".", trainable_only=trainable_only)
+            yield from m._named_all(prefix + mname + ".")
 
     def parameters(self) -> list[Parameter]:
-        """The trainable parameters (frozen ones are left out)."""
+        """The trainable parameters, each once (a tied Parameter is listed once, as in torch; frozen
+        ones are left out), so an optimiser updates each exactly once per step."""
         return [p for _, p in self.named_parameters(trainable_only=True)]
 
     def modules(self) -> Iterator[Module]:
@@ -216,7 +234,7 @@ class Module:
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of every parameter (frozen ones included), keyed as in docs/DESIGN.md."""
-        return {name: p.data.copy() for name, p in self.named_parameters()}
+        return {name: p.data.copy() for name, p in self.named_parameters(remove_duplicate=False)}
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Load arrays (NumPy arrays or torch tensors) after checking all of them.
@@ -225,8 +243,9 @@ class Module:
             StateDictError: a missing/unexpected key (strict), or a wrong shape or dtype; nothing has
                 been written when it is raised.
         """
-        params = dict(self.named_parameters())
-        arrays = {k: _to_numpy(v) for k, v in state.items()}
+        params = dict(self.named_parameters(remove_duplicate=False))       # every key, as state_dict
+        layer = type(self).__name__
+        arrays = {k: _to_numpy(k, v, params[k].dtype if k in params else None, layer) for k, v in state.items()}
         expected = {k: (p.data.shape, p.data.dtype) for k, p in params.items()}
         check_state_dict(arrays, expected, strict=strict, layer=type(self).__name__)
         for key, value in arrays.items():
@@ -249,7 +268,8 @@ class Module:
         """
         from tokenpos.tables.checkpoint import class_names, read_checkpoint
 
-        self.load_state_dict(read_checkpoint(path, class_names(self)), strict=strict)
+        expected = {k: p.dtype for k, p in self.named_parameters(remove_duplicate=False)}
+        self.load_state_dict(read_checkpoint(path, class_names(self), expected=expected), strict=strict)
 
     def extra_repr(self) -> str:
         return ""
@@ -260,10 +280,12 @@ class Module:
         return head + ("\n" + "\n".join(inner) + "\n)" if inner else ")")
 
 
-def _to_numpy(value: Any) -> np.ndarray:
+def _to_numpy(key: str, value: Any, expected: Any, layer: str) -> np.ndarray:
+    """A NumPy array of a state_dict entry; a torch tensor of a dtype NumPy lacks (bfloat16, float8) is refused."""
     if hasattr(value, "detach"):  # a torch tensor
         value = value.detach().cpu()
-        if str(value.dtype) == "torch.bfloat16":
-            raise StateDictError("bfloat16 tensors cannot be loaded into the NumPy backend; cast to float32 first")
+        name = dtype_name(value.dtype)
+        if not numpy_holds(name):
+            raise StateDictError(numpy_dtype_message(f"state_dict for {layer}: entry", key, name, expected))
         return value.numpy()
     return np.asarray(value)

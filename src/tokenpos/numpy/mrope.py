@@ -20,7 +20,7 @@ import numpy as np
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.tables.checks.rope import check_qk_lengths
 from tokenpos.tables.checks.rotary_layers import check_mrope_positions_shape
-from tokenpos.tables.checks.validation import check_int, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.formulas.mrope import MRopeSettings, mrope_angles, mrope_cos_sin, mrope_positions
 from tokenpos.tables.hf.models import mrope_kwargs_from_hf_config
 
@@ -68,7 +68,7 @@ class MRotaryEmbedding(RotaryBase):
 
     def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> np.ndarray:
         if positions is None:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
+            start_pos = check_start_pos(start_pos, length)
             return mrope_positions(np.arange(start_pos, start_pos + length, dtype=np.int64))
         check_start_pos_with_positions(start_pos, positions)
         pos = mrope_positions(positions)                   # (3, ..., L); its own messages for other ranks

@@ -61,6 +61,12 @@ class Optimizer:
         for p in self.params:
             if not isinstance(p, Parameter):
                 raise ConfigError(f"optimizer expects tokenpos.numpy Parameters, got {type(p).__name__}")
+        first: dict[int, int] = {}
+        for i, p in enumerate(self.params):     # a tied Parameter given twice would be updated twice per step
+            j = first.setdefault(id(p), i)
+            if j != i:
+                raise ConfigError(f"optimizer got the same Parameter at indices {j} and {i} (a tied weight?); "
+                                  f"expected each Parameter once (Module.parameters() lists a tied one once)")
         self.lr = check_float("lr", lr, low=0.0)
         self.sparse_mode = check_choice("sparse_mode", sparse_mode, self.SPARSE_MODES)
         self.state: dict[int, dict[str, Any]] = {}

@@ -66,9 +66,9 @@ class RotaryEmbedding2D(RotaryBase):
         pos = check_positions(positions)
         check_rope2d_positions_shape(pos.shape, q.shape[0], q.shape[2])
         check_same_key_positions("2-D RoPE", pos, key_positions)
-        cos, sin = (t.astype(q.dtype) for t in self.cos_sin(pos))
-        return self._rotate_pair(q, k, (cos, sin), None if q.dtype == k.dtype else
-                                 (cos.astype(k.dtype), sin.astype(k.dtype)), False)
+        cos, sin = self.cos_sin(pos)                                       # float64, cast once per tensor dtype
+        tables_k = None if q.dtype == k.dtype else (cos.astype(k.dtype), sin.astype(k.dtype))
+        return self._rotate_pair(q, k, (cos.astype(q.dtype), sin.astype(q.dtype)), tables_k, False)
 
     def apply_forward(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
                       key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, RotaryCache]:

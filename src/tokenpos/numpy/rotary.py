@@ -22,7 +22,7 @@ from tokenpos.numpy import functional as F
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.numpy._rotary_base import to_bhld as to_bhld
 from tokenpos.tables.checks.rope import check_positions_shape, check_qk_layout, check_qk_lengths
-from tokenpos.tables.checks.validation import check_int, check_positions, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_positions, check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.formulas.rope import expand_to_layout, rope_angles
 from tokenpos.tables.formulas.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.formulas.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
@@ -188,7 +188,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
     # -- checks ----------------------------------------------------------------------------------
     def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> np.ndarray:
         if positions is None:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
+            start_pos = check_start_pos(start_pos, length)
             return np.arange(start_pos, start_pos + length, dtype=np.int64)
         check_start_pos_with_positions(start_pos, positions)
         pos = check_positions(positions)

@@ -21,7 +21,7 @@ from tokenpos.tables.checks.rope import (
     check_same_key_positions,
 )
 from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, xpos_layer_args
-from tokenpos.tables.checks.validation import check_int, check_positions, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_positions, check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq
 from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale, xpos_scaled_tables
@@ -73,7 +73,7 @@ class XPosRotaryEmbedding(RotaryBase):
         if positions is None and key_positions is not None:      # the attention's KV path: as torch, refused
             raise ConfigError(XPOS_TOGETHER_MESSAGE)
         if positions is None:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
+            start_pos = check_start_pos(start_pos, length)
             pos = np.arange(start_pos, start_pos + length, dtype=np.int64)
         else:
             check_start_pos_with_positions(start_pos, positions)

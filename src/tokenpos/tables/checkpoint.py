@@ -15,15 +15,21 @@ Reading a file:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tokenpos.tables.checks.validation import numpy_dtype_message, numpy_holds
 from tokenpos.tables.errors import StateDictError
 
 FORMAT = "tokenpos"
+# safetensors' dtype codes -> dtype names (the names NumPy / torch use)
+SAFETENSORS_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
+                      "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16", "BF16": "bfloat16",
+                      "F32": "float32", "F64": "float64", "C64": "complex64", "F8_E4M3": "float8_e4m3fn",
+                      "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
 
 
 def metadata(class_name: str) -> dict[str, str]:
@@ -37,15 +43,18 @@ def class_names(obj: Any) -> tuple[str, ...]:
     return tuple(c.__name__ for c in type(obj).__mro__)
 
 
-def read_checkpoint(path: str | os.PathLike[str], accept: str | Iterable[str], *, framework: str = "numpy") -> dict:
+def read_checkpoint(path: str | os.PathLike[str], accept: str | Iterable[str], *, framework: str = "numpy",
+                    expected: Mapping[str, Any] | None = None) -> dict:
     """The tensors of the safetensors file ``path`` as ``{name: array}`` (NumPy arrays, or torch tensors
     with ``framework="pt"``).
 
     Args:
         accept: the class name(s) the file's metadata may name (``class_names(layer)``).
+        expected: the dtype each key should have, named when a tensor cannot be read (optional).
     Raises:
         StateDictError: naming the file: missing, unreadable, not a safetensors file, or a file of
-            another class.
+            another class; with ``framework="numpy"``, a tensor of a dtype NumPy has no type for
+            (bfloat16, float8, ...), naming the key, its dtype and the expected dtype.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -62,7 +71,15 @@ def read_checkpoint(path: str | os.PathLike[str], accept: str | Iterable[str], *
             if saved is not None and saved not in accepted:
                 raise StateDictError(f"checkpoint {str(target)!r} holds a {saved} state; expected a file saved by "
                                      f"{accepted[0]}")
-            return {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+            names = list(fh.keys())
+            if framework == "numpy":                           # before any read: NumPy has no bfloat16 / float8
+                for name in names:
+                    code = fh.get_slice(name).get_dtype()
+                    dtype = SAFETENSORS_DTYPES.get(code, code)
+                    if not numpy_holds(dtype):
+                        raise StateDictError(numpy_dtype_message(f"checkpoint {str(target)!r}: tensor", name, dtype,
+                                                                 (expected or {}).get(name)))
+            return {name: fh.get_tensor(name) for name in names}
     except StateDictError:
         raise
     except (SafetensorError, OSError, ValueError, RuntimeError, OverflowError) as exc:

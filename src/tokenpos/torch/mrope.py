@@ -17,7 +17,7 @@ import torch
 
 from tokenpos.tables.checks.rope import check_qk_lengths
 from tokenpos.tables.checks.rotary_layers import check_mrope_positions_shape
-from tokenpos.tables.checks.validation import check_int, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.formulas.mrope import MRopeSettings
 from tokenpos.tables.hf.models import mrope_kwargs_from_hf_config
 from tokenpos.torch import ops
@@ -72,7 +72,7 @@ class MRotaryEmbedding(RotaryBase):
 
     def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> torch.Tensor:
         if positions is None:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
+            start_pos = check_start_pos(start_pos, length)
             pos = torch.arange(start_pos, start_pos + length, device=self.inv_freq.device)
         else:
             check_start_pos_with_positions(start_pos, positions)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from tokenpos.tables.checks.rope import check_positions_shape, check_qk_layout, check_qk_lengths
-from tokenpos.tables.checks.validation import check_int, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_int, check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.formulas.rope import rope_angles
 from tokenpos.tables.formulas.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.formulas.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
@@ -208,6 +208,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (L, F) for positions ``start + arange(length)`` (Python ints), variant and rows in one
         step; cached rows come in ``dtype`` when given (the op's table dtype), else as cached."""
+        start = check_start_pos(start, length)                       # beyond int64: PositionError
         need = start + length
         with self._guard():
             inv_t = self._cover(need, seq_len)
@@ -291,7 +292,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         if key_positions is None and q.dtype == k.dtype:
             return self._rotate_pair(q, k, self._pairs_of(q, positions, start_pos, None), None, self.interleaved)
         if positions is None:
-            start_pos = self._start(start_pos)
+            start_pos = check_start_pos(start_pos, q.shape[2])
             pos_q = torch.arange(start_pos, start_pos + q.shape[2], device=self.inv_freq.device)
         else:
             check_start_pos_with_positions(start_pos, positions)

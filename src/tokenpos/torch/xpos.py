@@ -15,7 +15,7 @@ import torch
 
 from tokenpos.tables.checks.rope import check_positions_shape, check_qk_layout, check_qk_lengths
 from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, xpos_layer_args
-from tokenpos.tables.checks.validation import check_int, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope import rope_inv_freq
 from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale_of, xpos_scaled_tables, xpos_zeta
@@ -71,7 +71,7 @@ class XPosRotaryEmbedding(RotaryBase):
         b, length = q.shape[0], q.shape[2]
         check_qk_lengths(tuple(q.shape), tuple(k.shape))
         if positions is None:
-            start_pos = check_int("start_pos", start_pos, minimum=0)
+            start_pos = check_start_pos(start_pos, length)
             pos = torch.arange(start_pos, start_pos + length, device=self.inv_freq.device)
         else:
             check_start_pos_with_positions(start_pos, positions)

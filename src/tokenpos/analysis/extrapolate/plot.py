@@ -44,7 +44,7 @@ def plot_extrapolation(result: Any, path: str | Path) -> Path:
 
     data = _doc(result)
     L = data["train_len"]
-    protos = protocols(data)
+    protos = protocols(data) or ["nonoverlap"]              # no results at all: one empty panel that says so
     fig = Figure(figsize=(12.5, 4.2 * len(protos)))
     axes = fig.subplots(len(protos), 2, squeeze=False)
     for (ax_ppl, ax_r), protocol in zip(axes, protos, strict=True):
@@ -84,7 +84,10 @@ def plot_extrapolation(result: Any, path: str | Path) -> Path:
         ax_ppl.set_ylabel(f"perplexity ({title})")
         ax_r.axhline(1.0, color="black", lw=0.8)
         ax_r.set_ylabel("R(k) = NLL at kL / at L" if protocol == "sliding" else "R(k) = tail NLL at kL / at L")
-        ax_r.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        if values["ratio"]:                                  # no line at all (every run diverged): no legend
+            ax_r.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        else:
+            ax_r.text(0.5, 0.5, "nothing to plot: no scheme has a result", ha="center", transform=ax_r.transAxes)
     seeds = " (mean and 95% interval over seeds)" if "interval" in data else ""
     fig.suptitle(f"Train short, test long (character LM){seeds}")
     fig.tight_layout()

@@ -19,8 +19,11 @@ def plot_fire(path: str | Path, *, num_heads: int = 4, seq_len: int = 512, dpi: 
     """FIRE(num_heads, init_L = seq_len / 4) at init: bias[h, i, i - d] against d for i in {L/4, L/2, L}."""
     from matplotlib.figure import Figure
 
+    from tokenpos.analysis.figures import check_size
     from tokenpos.tables.formulas.fire import fire_bias, fire_init
 
+    check_size("num_heads", num_heads)
+    check_size("seq_len", seq_len, "fire_seq_len")                 # before any array is built
     params = fire_init(num_heads, 32, np.random.default_rng(0))
     init_L = max(1.0, seq_len / 4)
     fig = Figure(figsize=(7.5, 4.2))
@@ -46,9 +49,12 @@ def plot_kerple(path: str | Path, *, num_heads: int = 4, seq_len: int = 256, dpi
     """KERPLE-log at init (seed 0) against distance, one line per head; ALiBi's slopes dotted."""
     from matplotlib.figure import Figure
 
+    from tokenpos.analysis.figures import check_size
     from tokenpos.tables.formulas.alibi import alibi_slopes
     from tokenpos.tables.formulas.kerple import kerple_bias, kerple_init
 
+    check_size("num_heads", num_heads)
+    check_size("seq_len", seq_len, "kerple_seq_len")               # before any array is built
     r1, r2 = kerple_init(num_heads, np.random.default_rng(0))
     d = np.arange(seq_len, dtype=np.float64)
     bias = kerple_bias(r1, r2, d[None, :])[:, 0]                           # (H, seq_len)

@@ -332,6 +332,25 @@ def check_state_dict(state: dict[str, Any], expected: dict[str, tuple[tuple[int,
             )
 
 
+NUMPY_HELD = "a dtype NumPy holds (float16, float32, float64, an integer or bool)"
+
+
+def numpy_holds(name: str) -> bool:
+    """Whether NumPy has the dtype called ``name`` ("float32": yes; "bfloat16", "float8_e4m3fn": no)."""
+    try:
+        np.dtype(name)
+    except TypeError:
+        return False
+    return True
+
+
+def numpy_dtype_message(what: str, key: str, dtype: str, expected: Any = None) -> str:
+    """A tensor NumPy cannot hold (bfloat16, float8, ...): names it, its dtype and the expected dtype."""
+    want = NUMPY_HELD if expected is None else dtype_name(expected)
+    return (f"{what} {key!r} has dtype {dtype}, which the NumPy backend cannot hold; expected {want} "
+            f"(cast it first, e.g. torch: tensor.to(torch.float32))")
+
+
 def dtype_name(dtype: Any) -> str:
     """'float32' for np.float32, np.dtype('float32') and torch.float32 alike."""
     s = str(dtype)

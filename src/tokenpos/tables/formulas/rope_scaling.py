@@ -76,9 +76,13 @@ def normalize_rope_scaling(scaling: Any, *, max_position_embeddings: int | None 
     if not isinstance(scaling, Mapping):
         raise ConfigError(f"rope_scaling must be None, a rope_type string or a dict, got {type(scaling).__name__}")
     params = dict(scaling)
-    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
-    params.pop("type", None)
-    if rope_type not in ROPE_INIT_FUNCTIONS:
+    rope_type, legacy = params.pop("rope_type", None), params.pop("type", None)
+    if rope_type is not None and legacy is not None and rope_type != legacy:
+        raise ConfigError(f"rope_scaling spells the type twice, rope_type={rope_type!r} and type={legacy!r}; "
+                          f"expected one of them (or equal values)")
+    rope_type = legacy if rope_type is None else rope_type     # None / absent: the other spelling, then "default"
+    rope_type = "default" if rope_type is None else rope_type
+    if not isinstance(rope_type, str) or rope_type not in ROPE_INIT_FUNCTIONS:
         listed = ", ".join(repr(k) for k in ROPE_INIT_FUNCTIONS)
         raise ConfigError(f"rope_scaling['rope_type'] is {rope_type!r}; expected one of {listed}")
     required, optional = SCALING_KEYS[rope_type]
@@ -173,14 +177,14 @@ def _compute_yarn(params: Mapping[str, Any], *, dim: int, base: float,
         if params.get(key) is not None:
             check_scaling_number("yarn", params, key, minimum=0.0, strict=key.startswith("beta"))
     if attention_factor is None:
-        if mscale and mscale_all_dim:
+        if mscale and mscale_all_dim:          # as HF: mscale 0 (DeepSeek's "off") keeps YaRN's own factor
             attention_factor = yarn_mscale(factor, float(mscale)) / yarn_mscale(factor, float(mscale_all_dim))
         else:
             attention_factor = yarn_mscale(factor)
     else:
         attention_factor = check_scaling_number("yarn", params, "attention_factor", minimum=0.0)
-    beta_fast = float(params.get("beta_fast") or 32)
-    beta_slow = float(params.get("beta_slow") or 1)
+    beta_fast = 32.0 if params.get("beta_fast") is None else float(params["beta_fast"])   # checked > 0 above
+    beta_slow = 1.0 if params.get("beta_slow") is None else float(params["beta_slow"])
     if beta_fast < beta_slow:
         raise ConfigError(scaling_key_message("yarn", "beta_fast", beta_fast, f"a value >= beta_slow ({beta_slow:g})"))
     truncate = params.get("truncate", True)

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenpos.tables.checks.attention import check_temperature
+from tokenpos.tables.checks.validation import check_bool, check_float, check_int
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.llama4 import llama4_rope_layers
-from tokenpos.tables.hf.rope import config_get, hf_head_dim, rope_kwargs_from_hf_config
+from tokenpos.tables.hf.rope import config_get, first_given, hf_head_dim, rope_kwargs_from_hf_config, scaling_params
+
+# HF Llama4TextConfig's defaults, used only when a key is absent or None (never for a falsy value)
+LLAMA4_DEFAULTS = {"no_rope_layer_interval": 4, "attn_temperature_tuning": True, "floor_scale": 8192.0,
+                   "attn_scale": 0.1}
 
 # ----------------------------------------------------------------------------------------------
 # Llama 4 (iRoPE): NoPE layers and the attention temperature
@@ -20,12 +26,26 @@ from tokenpos.tables.hf.rope import config_get, hf_head_dim, rope_kwargs_from_hf
 
 
 def llama4_kwargs_from_hf_config(config: Any) -> dict[str, Any]:
-    """``{"rope_layers": [...], "attn_temperature": (floor_scale, attn_scale) | None}`` from a Llama4TextConfig."""
-    get = (lambda k: config.get(k)) if isinstance(config, dict) else (lambda k: getattr(config, k, None))
-    layers = llama4_rope_layers(int(get("num_hidden_layers") or 0), no_rope_layers=get("no_rope_layers"),
-                                interval=get("no_rope_layer_interval") or 4)
-    tuning = get("attn_temperature_tuning")
-    temp = (float(get("floor_scale") or 8192), float(get("attn_scale") or 0.1)) if tuning in (None, True) else None
+    """``{"rope_layers": [...], "attn_temperature": (floor_scale, attn_scale) | None}`` from a Llama4TextConfig.
+
+    A key that is absent or None takes HF's default (``LLAMA4_DEFAULTS``); any other value is honoured
+    (``attn_scale=0.0``: a temperature of 1) or refused with ConfigError (``floor_scale=0``,
+    ``no_rope_layer_interval=0``, ``no_rope_layers=[]``, a non-bool ``attn_temperature_tuning``).
+    """
+    def get(key: str) -> Any:
+        value = config_get(config, key)
+        return LLAMA4_DEFAULTS.get(key) if value is None else value
+
+    num_layers = check_int("config.num_hidden_layers", get("num_hidden_layers"), minimum=1)
+    no_rope = get("no_rope_layers")
+    if no_rope is not None and (not isinstance(no_rope, (list, tuple)) or len(no_rope) != num_layers):
+        raise ConfigError(f"config.no_rope_layers must be {num_layers} flags of 0/1 (1 = RoPE), got {no_rope!r}")
+    interval = check_int("config.no_rope_layer_interval", get("no_rope_layer_interval"), minimum=1)
+    layers = llama4_rope_layers(num_layers, no_rope_layers=no_rope, interval=interval)
+    tuning = check_bool("config.attn_temperature_tuning", get("attn_temperature_tuning"))
+    floor_scale = check_float("config.floor_scale", get("floor_scale"), low=0.0, low_inclusive=False)
+    attn_scale = check_float("config.attn_scale", get("attn_scale"))
+    temp = check_temperature((floor_scale, attn_scale)) if tuning else None
     return {"rope_layers": layers, "attn_temperature": temp}
 
 
@@ -46,13 +66,23 @@ def mrope_kwargs_from_hf_config(config: Any) -> dict[str, Any]:
     :func:`tokenpos.tables.hf.rope.rope_kwargs_from_hf_config`. The legacy rope_type "mrope" is
     "default".
     """
-    text = config_get(config, "text_config") or config
-    params = dict(config_get(text, "rope_parameters") or config_get(text, "rope_scaling") or {})
-    model_type = config_get(text, "model_type") or config_get(config, "model_type") or ""
+    text = config_get(config, "text_config")
+    if text is None:
+        text = config
+    elif not isinstance(text, dict) and not hasattr(text, "__dict__"):
+        raise ConfigError(f"config.text_config must be a config or a dict, got {text!r}")
+    params = dict(scaling_params(text))
+    model_type = first_given(text, "model_type")
+    model_type = first_given(config, "model_type") if model_type is None else model_type
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(f"config.model_type must be a string, got {model_type!r}")
     qwen3 = model_type in QWEN3_VL_TYPES
-    section = params.pop("mrope_section", None) or ([24, 20, 20] if qwen3 else [16, 24, 24])
-    layout = "interleaved" if qwen3 or params.pop("mrope_interleaved", False) else "sections"
-    params.pop("mrope_interleaved", None)
+    section = params.pop("mrope_section", None)
+    if section is None:                                     # HF's defaults when absent
+        section = [24, 20, 20] if qwen3 else [16, 24, 24]
+    flag = params.pop("mrope_interleaved", None)
+    interleaved = flag is not None and check_bool("rope_parameters['mrope_interleaved']", flag)
+    layout = "interleaved" if qwen3 or interleaved else "sections"
     if params.get("rope_type", params.get("type")) == "mrope":
         params.pop("type", None)
         params["rope_type"] = "default"
@@ -63,7 +93,8 @@ def mrope_kwargs_from_hf_config(config: Any) -> dict[str, Any]:
     kw.pop("interleaved")
     if kw.pop("rotary_dim") != kw["head_dim"]:
         raise ConfigError("M-RoPE with a partial rotary factor is not supported; expected the whole head to rotate")
-    return {**kw, "mrope_section": list(section), "mrope_layout": layout}
+    return {**kw, "mrope_section": list(section) if isinstance(section, (list, tuple)) else section,
+            "mrope_layout": layout}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -73,8 +104,10 @@ def mrope_kwargs_from_hf_config(config: Any) -> dict[str, Any]:
 
 def rope2d_args_from_hf_config(config: Any) -> tuple[int, float]:
     """``(head_dim, base)`` of an HF ``PixtralVisionConfig`` (``rope_parameters`` of type "axial")."""
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    if params.get("rope_type", "axial") != "axial" or set(params) - {"rope_type", "rope_theta"}:
+    params = dict(scaling_params(config))
+    if params.get("rope_type", "axial") not in ("axial", None) or set(params) - {"rope_type", "rope_theta"}:
         raise ConfigError(f"2-D RoPE reads rope_parameters {{'rope_type': 'axial', 'rope_theta'}}, got {params}")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return int(head_dim), float(params.get("rope_theta", 10000.0))
+    theta = params.get("rope_theta")
+    base = 10000.0 if theta is None else check_float("rope_parameters['rope_theta']", theta, low=0.0,
+                                                     low_inclusive=False)
+    return hf_head_dim(config), base

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar, cast
 
+from tokenpos.tables.checks.validation import check_bool, check_float, check_positive_int
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope_scaling import FULL_WIDTH_TYPES
 
@@ -45,12 +46,38 @@ def config_get(config: Any, name: str) -> Any:
     return getattr(config, name, None)
 
 
+def first_given(config: Any, *names: str) -> Any:
+    """The first of ``config``'s keys ``names`` that is not None (None when none is given).
+
+    The one fallback rule of the config readers: None (or a missing key) means "not given"; any other
+    value, falsy ones included (0, "", [], False), is the value given, honoured or refused, never
+    replaced by a default (``x or default`` would turn ``attn_scale=0.0`` into 0.1).
+    """
+    for name in names:
+        value = config_get(config, name)
+        if value is not None:
+            return value
+    return None
+
+
+def scaling_params(config: Any) -> Any:
+    """``rope_parameters`` (transformers 5), else ``rope_scaling`` (4), else ``{}``; anything but a dict is refused."""
+    params = first_given(config, "rope_parameters", "rope_scaling")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"config.rope_parameters / rope_scaling must be a dict, got {params!r} "
+                          f"({type(params).__name__})")
+    return params
+
+
 def _first(config: Any, params: dict[str, Any], dict_key: str, *top_keys: str) -> Any:
-    """The value of a setting spelled ``params[dict_key]`` or one of ``top_keys``; disagreeing spellings raise."""
+    """The value of a setting spelled ``params[dict_key]`` or one of ``top_keys`` (a number > 0; disagreeing
+    spellings raise)."""
     found = {f"rope_parameters[{dict_key!r}]": params.pop(dict_key, None)}
     found.update({k: config_get(config, k) for k in top_keys})
-    given = {k: v for k, v in found.items() if v is not None}
-    if len({float(v) for v in given.values()}) > 1:
+    given = {k: check_float(k, v, low=0.0, low_inclusive=False) for k, v in found.items() if v is not None}
+    if len(set(given.values())) > 1:
         raise ConfigError(f"the HF config spells one setting differently: {given}; expected equal values")
     return next(iter(given.values()), None)
 
@@ -58,19 +85,22 @@ def _first(config: Any, params: dict[str, Any], dict_key: str, *top_keys: str) -
 def hf_head_dim(config: Any) -> int:
     """Dh from ``head_dim`` or ``hidden_size // num_attention_heads``."""
     head_dim = config_get(config, "head_dim")
-    if head_dim:
-        return int(head_dim)
+    if head_dim is not None:
+        return check_positive_int("config.head_dim", head_dim)
     hidden, heads = config_get(config, "hidden_size"), config_get(config, "num_attention_heads")
-    if not hidden or not heads:
+    if hidden is None or heads is None:
         raise ConfigError("the HF config has neither head_dim nor hidden_size and num_attention_heads; "
                           "expected one of them")
-    return int(hidden) // int(heads)
+    return check_positive_int("config.hidden_size", hidden) // check_positive_int("config.num_attention_heads", heads)
 
 
 def _layer_params(config: Any, params: dict[str, Any], layer_type: str | None) -> dict[str, Any]:
     """The one scaling dict of ``layer_type`` when ``rope_parameters`` is keyed by layer type."""
-    nested = bool(params) and all(isinstance(v, dict) or v is None for v in params.values())
+    nested = any(isinstance(v, dict) for v in params.values()) and all(
+        isinstance(v, dict) or v is None for v in params.values())
     layer_types = config_get(config, "layer_types")
+    if layer_types is not None and not isinstance(layer_types, (list, tuple)):
+        raise ConfigError(f"config.layer_types must be a list of layer type names, got {layer_types!r}")
     if not nested:
         if layer_type is not None and layer_types is not None and layer_type not in set(layer_types):
             raise ConfigError(f"layer_type={layer_type!r} is not among config.layer_types {sorted(set(layer_types))}")
@@ -102,43 +132,50 @@ def rope_kwargs_from_hf_config(config: Any, *, layer_type: str | None = None) ->
         ConfigError: a refused key (see the module docstring), a missing or unknown layer type,
             disagreeing spellings of one setting, no head dim.
     """
+    raw = scaling_params(config)
     for key, why in REFUSED_KEYS.items():
         value = config_get(config, key)
-        raw = config_get(config, "rope_parameters") or config_get(config, "rope_scaling") or {}
-        if value is None and isinstance(raw, dict):
+        if value is None:
             value = raw.get(key)
             if value is None and layer_type is not None and isinstance(raw.get(layer_type), dict):
                 value = raw[layer_type].get(key)
-        if value not in (None, False) and not (key == "rotary_emb_fraction" and value == 1.0):
+        off = value is None or value is False or (key == "rotary_emb_fraction" and value is not True
+                                                  and isinstance(value, (int, float)) and value == 1.0)
+        if not off:
             raise ConfigError(f"the HF config sets {key}={value!r}, which changes the rotation: {why}")
     head_dim = hf_head_dim(config)
-    params = config_get(config, "rope_parameters") or config_get(config, "rope_scaling") or {}
-    if not isinstance(params, dict):
-        raise ConfigError(f"config.rope_parameters must be a dict, got {type(params).__name__}")
-    params = _layer_params(config, dict(params), layer_type)
+    params = _layer_params(config, dict(raw), layer_type)
     local_base = config_get(config, "rope_local_base_freq")           # Gemma 3 in transformers 4
     if local_base is not None and layer_type is None:
         raise ConfigError("the HF config sets rope_local_base_freq (a different base for sliding-window layers); "
                           "pass layer_type='sliding_attention' or 'full_attention'")
     if local_base is not None and layer_type == "sliding_attention":
-        params, base = {}, float(local_base)
+        params, base = {}, check_float("config.rope_local_base_freq", local_base, low=0.0, low_inclusive=False)
     else:
         base = _first(config, params, "rope_theta", "rope_theta", "rotary_emb_base")
     prf = _first(config, params, "partial_rotary_factor", "partial_rotary_factor", "rotary_pct")
-    max_len = config_get(config, "max_position_embeddings") or 2048
+    max_len = config_get(config, "max_position_embeddings")
+    max_len = 2048 if max_len is None else check_positive_int("config.max_position_embeddings", max_len)
     rope_type = params.get("rope_type", params.get("type", "default"))
     original = config_get(config, "original_max_position_embeddings")
     if original is not None and rope_type in ("yarn", "longrope", "llama3"):
-        params["original_max_position_embeddings"] = int(original)
+        params["original_max_position_embeddings"] = check_positive_int("config.original_max_position_embeddings",
+                                                                        original)
     model_type = config_get(config, "model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(f"config.model_type must be a string, got {model_type!r}")
     explicit_r = config_get(config, "rotary_dim")
-    interleaved = model_type in INTERLEAVED_MODEL_TYPES or bool(config_get(config, "rope_interleave"))
+    if explicit_r is not None:
+        explicit_r = check_positive_int("config.rotary_dim", explicit_r)
+    rope_interleave = config_get(config, "rope_interleave")
+    interleaved = model_type in INTERLEAVED_MODEL_TYPES or (
+        rope_interleave is not None and check_bool("config.rope_interleave", rope_interleave))
     if model_type in INTERLEAVED_MODEL_TYPES or explicit_r is not None:
         if prf is not None and explicit_r is not None and int(head_dim * float(prf)) != int(explicit_r):
             raise ConfigError(f"rotary_dim={explicit_r} conflicts with partial_rotary_factor={prf} "
                               f"(int({head_dim} * {prf}) = {int(head_dim * float(prf))})")
         rotary_dim = int(explicit_r) if explicit_r is not None else head_dim
-    elif rope_type in FULL_WIDTH_TYPES:
+    elif isinstance(rope_type, str) and rope_type in FULL_WIDTH_TYPES:   # (other types: refused by the layer)
         rotary_dim = head_dim                         # p-RoPE keeps the factor inside its dict
         if prf is not None:
             params["partial_rotary_factor"] = float(prf)
