@@ -64,8 +64,12 @@ def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor,
     page faults), ``np.empty`` under its ``min_bytes`` or when the cache is off; never
     ``torch.empty``, whose large blocks fault on every call. The
     storage cannot be resized in place, as for any tensor whose memory NumPy also sees.
-    ``dtype``: float32, float64 or bfloat16 (the numba paths).
+    ``dtype``: float32, float64 or bfloat16 (the numba paths). An empty output has torch's C-order
+    strides, as the ops' fake implementations give it.
     """
+    if 0 in shape:                       # NumPy strides an empty array (0, ...); torch (and the fakes) C-order
+        t = torch.empty(tuple(shape), dtype=dtype)
+        return t, (t.view(torch.uint16) if dtype == torch.bfloat16 else t).numpy()
     arr = OUTPUTS.empty(tuple(shape), _NP_DTYPES[dtype])
     t = torch.from_numpy(arr)
     return (t.view(dtype) if dtype == torch.bfloat16 else t), arr
