@@ -10,7 +10,8 @@ kernel and plain torch.
 
 The choice is made inside the op's implementation, at run time, on real (unwrapped) tensors, so a
 ``torch.compile`` graph keeps the op and still follows ``tokenpos.set_kernels``.
-Every path receives checked inputs (the layers check them at their public entry).
+Every path receives checked inputs: the op's implementation checks shapes, dtypes and scalars first
+(``tables.checks.ops``), the layers the values of ids and positions at their public entry.
 """
 
 from __future__ import annotations
