@@ -29,7 +29,7 @@ def _outputs(x: object) -> tuple[torch.Tensor, ...]:
 
 def test_samples_cover_every_op() -> None:
     names = {op._name for op, _, _ in SAMPLES}
-    assert names == {"embedding", "embedding_backward", "rope", "rope_qk"}
+    assert names == {"embedding", "embedding_backward", "rope", "rope_qk", "rope_backward", "rope_qk_backward"}
     dtypes = {a.dtype for _, args, _ in SAMPLES for a in args[:1]}
     assert dtypes == {torch.float32, torch.float64}
     assert {args[0].requires_grad for _, args, _ in SAMPLES} == {False, True}
@@ -245,3 +245,21 @@ def test_arguments_out_of_shape_give_the_same_result(monkeypatch) -> None:
             ref = OPS.rope_qk(qq, kk, c, s, False)
         for a, b in zip(got, ref, strict=True):
             _close(a, b)
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_double_backward_with_padding_idx_makes_no_host_tensor(kernels: bool, monkeypatch) -> None:
+    """The backward op's own backward zeroes the padding row without ``torch.tensor`` (a host-to-device
+    copy per call on CUDA); the result is the adjoint of the backward op (gradcheck in float64)."""
+    w, ids, t, pos, scale, p, seed, _ = _embedding_args(torch.float64, 0.3, -1)
+    g = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
+    made: list[object] = []
+    real = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or real(*a, **k))
+    with use_kernels(kernels):
+        fn = lambda g: OPS.embedding_backward(g, ids, pos, 9, 6, scale, p, seed, 2)  # noqa: E731
+        gw, _ = fn(g)
+        assert gw[2].abs().max() == 0
+        (gg,) = torch.autograd.grad((gw * torch.ones_like(gw)).sum(), g, create_graph=True)
+        assert not made and gg.shape == g.shape
+        assert torch.autograd.gradcheck(fn, (g,))

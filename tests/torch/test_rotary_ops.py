@@ -158,3 +158,35 @@ def test_tables_cast_once_follow_the_cache_when_it_grows_moves_or_changes_dtype(
     got64 = rope.apply(q.double(), k.double(), start_pos=3)                # float64: the cache as it is
     for a, b in zip(got64, rope.apply(q.double(), k.double(), positions=torch.arange(3, 7)), strict=True):
         close(a, b, torch.float64, "float64")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("where", ["start_pos", "positions", "key_positions"])
+def test_the_op_gets_float32_tables_for_low_precision_and_float32_inputs(monkeypatch, dtype, where):
+    """bf16 / fp16 / float32 inputs hand the op float32 cos / sin (float64 angles rounded once; never the
+    Triton kernel's float64 branch), float64 inputs float64; every route (cached range, positions, q and
+    k at their own positions). Results stay within bf16 / fp16 rounding of the float64 rotation."""
+    seen: list[torch.dtype] = []
+    for name in ("rotate", "rotate_qk"):
+        fn = getattr(tpt.rotary.ops, name)
+
+        def spy(*args, _fn=fn):
+            seen.extend(a.dtype for a in args if isinstance(a, torch.Tensor) and a.dim() in (2, 3))
+            return _fn(*args)
+
+        monkeypatch.setattr(tpt.rotary.ops, name, spy)
+    rope = tpt.RotaryEmbedding(64, max_seq_len=16)
+    gen = torch.Generator().manual_seed(0)
+    q64 = torch.randn(2, 4, 6, 64, dtype=torch.float64, generator=gen)
+    k64 = torch.randn(2, 2, 6, 64, dtype=torch.float64, generator=gen)
+    q, k = q64.to(dtype), k64.to(dtype)
+    kwargs = {"start_pos": {"start_pos": 3}, "positions": {"positions": torch.tensor([5, 900, 7, 1_000_000, 2, 40])},
+              "key_positions": {"key_positions": torch.arange(6) + 9}}[where]
+    got = rope.apply(q, k, **kwargs)
+    assert seen and set(seen) == {torch.float64 if dtype == torch.float64 else torch.float32}
+    ref = rope.apply(q.double(), k.double(), **kwargs)                      # the same inputs rotated in float64
+    for a, b in zip(got, ref, strict=True):
+        assert a.dtype == dtype
+        err = float((a.double() - b).abs().max()) / float(b.abs().max())
+        assert err <= {torch.bfloat16: TOL["rope.bf16_far"]["scale"], torch.float16: 2.0 ** -10,
+                       torch.float32: TOL["kernels.float32"]["rtol"], torch.float64: 0.0}[dtype]

@@ -18,6 +18,7 @@ round once on store). The rotation is orthogonal, so the backward is the same pa
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from numba import njit, prange
 
 from tokenpos._config import OUTPUTS
 from tokenpos.kernels._threading import parallel_guard
+from tokenpos.tables.checks.ops import check_rope_tables, rope_rank_message
 from tokenpos.tables.checks.validation import check_choice
 from tokenpos.tables.errors import ConfigError
 
@@ -108,7 +110,7 @@ def _as_heads(name: str, x: Any) -> np.ndarray:
     if arr.dtype not in _FLOATS:
         raise ConfigError(f"{name} must be float32 or float64, got dtype {arr.dtype}")
     if arr.ndim != 4:
-        raise ConfigError(f"{name} must have shape (B, H, L, head_dim), got {arr.shape}")
+        raise ConfigError(rope_rank_message(name, arr.shape))
     return np.ascontiguousarray(arr)
 
 
@@ -123,14 +125,9 @@ def prepare_rope(q: Any, k: Any, cos: Any, sin: Any, layout: str):
             raise ConfigError(f"k must be {q.dtype} of shape ({B}, Hk, {L}, {Dh}), got {k.dtype} {k.shape}")
     c = np.asarray(cos)
     s = np.asarray(sin)
-    if c.dtype not in _FLOATS or s.dtype != c.dtype or c.shape != s.shape:
-        raise ConfigError(f"cos and sin must be float32/float64 arrays of one dtype and shape, "
-                          f"got {c.dtype} {c.shape} and {s.dtype} {s.shape}")
+    check_rope_tables(c, s, B, L, Dh)                  # the ops' check (tables.checks.ops)
     if c.ndim == 2:
         c, s = c[None], s[None]
-    if c.ndim != 3 or c.shape[0] not in (1, B) or c.shape[1] != L or 2 * c.shape[2] > Dh:
-        raise ConfigError(f"cos/sin must have shape ({L}, R/2) or ({B}, {L}, R/2) with R <= head_dim={Dh}, "
-                          f"got {np.asarray(cos).shape}")
     return q, k, np.ascontiguousarray(c), np.ascontiguousarray(s), layout
 
 
@@ -164,9 +161,10 @@ def run_rope(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, int
         return
     _, H, L, Dh = q.shape
     per_task = max(1, ROPE_TASK_BYTES // max(1, Dh * q.itemsize))
+    rows = cos.size // cos.shape[-1] if cos.shape[-1] else math.prod(cos.shape[:-1])   # (no reshape(-1, 0))
     with parallel_guard():                     # TBB balances the tasks (no chunk size: benchmarks/HISTORY.md)
         _rope_core(q.reshape(-1, Dh), k.reshape(-1, Dh), H, k.shape[1], L,
-                   cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]),
+                   cos.reshape(rows, cos.shape[-1]), sin.reshape(rows, sin.shape[-1]),
                    q.dtype.type(sign) if cos.dtype == q.dtype else float(sign),
                    interleaved, copy_tail, out_q.reshape(-1, Dh), out_k.reshape(-1, Dh), per_task)
 

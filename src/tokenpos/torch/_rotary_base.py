@@ -116,9 +116,10 @@ class RotaryBase(TokenposModule):
     # -- rotation: tokenpos::rope / rope_qk op calls -----------------------------------------------
     @staticmethod
     def _op_tables(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The op's tables: in x's dtype for float32 / float64 x (as HF casts), else kept (the op then
-        computes low-precision inputs in float32 and rounds once)."""
-        return t.to(x.dtype) if x.dtype in (torch.float32, torch.float64) and t.dtype != x.dtype else t
+        """The op's tables: float64 for float64 x, else float32 (float32 x as HF casts; bf16 / fp16 x too,
+        which the op rotates in float32: float64 angles rounded once to float32, never a float64 kernel)."""
+        dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return t if t.dtype == dt else t.to(dt)
 
     def _rotate_pair(self, q: torch.Tensor, k: torch.Tensor, tables_q: tuple[torch.Tensor, torch.Tensor],
                      tables_k: tuple[torch.Tensor, torch.Tensor] | None, interleaved: bool

@@ -6,8 +6,8 @@ positions: (L,), (1, L) or (B, L) integers.
 
 Precision: frequencies come from ``tokenpos.tables`` (float64); angles, cos and sin are computed in
 float64 (float32 on MPS, which has no float64), times the attention factor, and cast to the input
-dtype for float32 / float64 inputs (as HF does); bf16 / fp16 inputs are rotated in float32 by the op
-and rounded once. So bf16 inputs at position 1,000,000 still get accurate angles, not bf16 ones
+dtype for float32 / float64 inputs (as HF does) and to float32 for bf16 / fp16 inputs, which the op
+rotates in float32 and rounds once. So bf16 inputs at position 1,000,000 still get accurate angles, not bf16 ones
 (whose positions are multiples of 4096 there).
 
 Cache: ``cos_cached`` / ``sin_cached`` (P, F) non-persistent buffers, one entry per rotated pair, for
@@ -264,7 +264,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         """cos, sin (L, F) | (B, L, F) for x (B, H, L, Dh) at ``positions`` (default start_pos + arange(L))."""
         if positions is None:
             return self._pairs_range(self._start(start_pos), x.shape[2], seq_len,
-                                     x.dtype if x.dtype in (torch.float32, torch.float64) else None)
+                                     torch.float64 if x.dtype == torch.float64 else torch.float32)
         check_start_pos_with_positions(start_pos, positions)
         pos = self._positions(positions, x.shape[0], x.shape[2])
         with self._guard():

@@ -107,8 +107,8 @@ def _unit_last(name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def _output(name: str, out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    if out is None:
-        return torch.empty_like(x)
+    if out is None:                  # contiguous whatever x's strides, as the ops' fake implementations say
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or out.stride(-1) != 1:
         raise ConfigError(f"{name} must be a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device} with unit "
                           f"stride along head_dim, got {out.dtype} {tuple(out.shape)} on {out.device}")

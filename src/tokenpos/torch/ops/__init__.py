@@ -1,11 +1,13 @@
 """tokenpos's torch custom ops (``torch.ops.tokenpos.*``), registered with ``torch.library`` on import.
 
 - ``tokenpos::embedding`` / ``tokenpos::embedding_backward`` (:mod:`.embedding`)
-- ``tokenpos::rope`` / ``tokenpos::rope_qk`` (:mod:`.rope`)
+- ``tokenpos::rope`` / ``tokenpos::rope_qk`` and their transposes ``tokenpos::rope_backward`` /
+  ``tokenpos::rope_qk_backward`` (:mod:`.rope`)
 
 Each has a CPU implementation (the numba kernel for float32 / float64), a plain-torch one for every
 other device and dtype, a fake (meta) implementation, registered autograd (double backward
-included) and a vmap rule. Which kernel runs is decided in :mod:`._dispatch` alone.
+included) and a vmap rule. Which kernel runs is decided in :mod:`._dispatch` alone; every
+implementation first runs the op's one argument check (``tokenpos.tables.checks.ops``).
 
 Layers call :func:`embed` / :func:`rotate` / :func:`rotate_qk` (:mod:`.entry`): the op under
 ``torch.compile``, the op's implementation directly in eager mode (its backward is the backward op),

@@ -10,7 +10,8 @@ kernel and plain torch.
 
 The choice is made inside the op's implementation, at run time, on real (unwrapped) tensors, so a
 ``torch.compile`` graph keeps the op and still follows ``tokenpos.set_kernels``.
-Every path receives checked inputs (the layers check them at their public entry).
+Every path receives checked inputs: the op's implementation checks shapes, dtypes and scalars first
+(``tables.checks.ops``), the layers the values of ids and positions at their public entry.
 """
 
 from __future__ import annotations
@@ -64,8 +65,12 @@ def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor,
     page faults), ``np.empty`` under its ``min_bytes`` or when the cache is off; never
     ``torch.empty``, whose large blocks fault on every call. The
     storage cannot be resized in place, as for any tensor whose memory NumPy also sees.
-    ``dtype``: float32, float64 or bfloat16 (the numba paths).
+    ``dtype``: float32, float64 or bfloat16 (the numba paths). An empty output has torch's C-order
+    strides, as the ops' fake implementations give it.
     """
+    if 0 in shape:                       # NumPy strides an empty array (0, ...); torch (and the fakes) C-order
+        t = torch.empty(tuple(shape), dtype=dtype)
+        return t, (t.view(torch.uint16) if dtype == torch.bfloat16 else t).numpy()
     arr = OUTPUTS.empty(tuple(shape), _NP_DTYPES[dtype])
     t = torch.from_numpy(arr)
     return (t.view(dtype) if dtype == torch.bfloat16 else t), arr

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from tokenpos.kernels.embedding import embedding_backward as kernel_backward
 from tokenpos.kernels.embedding import forward_rows
+from tokenpos.tables.checks.ops import check_embedding_args, check_embedding_backward_args
 from tokenpos.torch._dropout import dropout_torch
 from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, transforms_active, triton_kernels
 
@@ -38,6 +39,16 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 # ----------------------------------------------------------------------------------------------
 
 
+def _path(x: torch.Tensor, y: torch.Tensor | None = None) -> str:
+    """"numba" (float32 / float64 / bf16 bits), "triton" or "plain" for x (and y): ``_dispatch``'s choice,
+    plain torch under ``torch.func`` transforms (a tensor's values cannot reach a kernel there)."""
+    if transforms_active():
+        return "plain"
+    if x.is_cuda:
+        return "plain" if triton_kernels(*((x,) if y is None else (x, y))) is None else "triton"
+    return "numba" if x.is_cpu and cpu_path(x, y) != "plain" else "plain"
+
+
 def forward_impl(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
                  pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
                  padding_idx: int) -> torch.Tensor:
@@ -45,19 +56,19 @@ def forward_impl(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | 
     kernel (float32 / float64 / bf16 bits) writing into a fresh tensor, on CUDA the Triton kernel;
     otherwise (fp16, meta, kernels off, and under ``torch.func`` transforms, where a tensor's values
     cannot be handed to a kernel) the formula in differentiable torch ops, in float32 for fp16 / bf16.
-    ids and pos are checked by the calling layer."""
-    if not transforms_active():
-        if weight.is_cpu and cpu_path(weight, table) != "plain":
-            out, out_np = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
-            with_rows = table is not None and pos is not None
-            forward_rows(np_view(weight), ids.numpy(), np_view(table) if with_rows else None,  # type: ignore[arg-type]
-                         pos.numpy() if with_rows else None, scale, p, int(seed) if p else 0,  # type: ignore[union-attr]
-                         out_np)
-            return out
-        if weight.is_cuda:
-            tk = triton_kernels(weight) if table is None else triton_kernels(weight, table)
-            if tk is not None:
-                return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)
+    Arguments are checked first (``tables.checks.ops``); the values of ids and pos by the calling layer."""
+    check_embedding_args(weight, ids, table, pos, p, seed, padding_idx)
+    path = _path(weight, table)
+    if path == "numba":
+        out, out_np = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
+        with_rows = table is not None and pos is not None
+        forward_rows(np_view(weight), ids.numpy(), np_view(table) if with_rows else None,  # type: ignore[arg-type]
+                     pos.numpy() if with_rows else None, scale, p, int(seed) if p else 0,  # type: ignore[union-attr]
+                     out_np)
+        return out
+    if path == "triton":
+        tk = triton_kernels(weight) if table is None else triton_kernels(weight, table)
+        return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)  # type: ignore[no-any-return]
     ct = _compute_dtype(weight.dtype)
     x = F.embedding(ids.long(), weight, None if padding_idx < 0 else padding_idx).to(ct) * scale   # (..., D)
     if table is not None and pos is not None:
@@ -78,6 +89,7 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | Non
 @embedding.register_fake
 def _(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None, pos: torch.Tensor | None,
       scale: float, p: float, seed: torch.Tensor, padding_idx: int) -> torch.Tensor:
+    check_embedding_args(weight, ids, table, pos, p, seed, padding_idx)
     return weight.new_empty((*ids.shape, weight.shape[1]))
 
 
@@ -145,20 +157,21 @@ def embedding_backward(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor 
                        num_positions: int, scale: float, p: float, seed: torch.Tensor,
                        padding_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
     """grad (..., D) -> (grad_weight (V, D), grad_table (P, D)); P = num_positions (0: empty)."""
-    if grad.is_cpu and cpu_path(grad) == "numba":
+    check_embedding_backward_args(grad, ids, pos, num_weights, num_positions, p, seed, padding_idx)
+    path = _path(grad)
+    if path == "numba" and grad.dtype != torch.bfloat16:
         return _backward_numba(grad, ids, pos, num_weights, num_positions, scale, p, seed, padding_idx)
-    if grad.is_cuda:
+    if path == "triton":
         tk = triton_kernels(grad)
-        if tk is not None:
-            gw, gt = tk.embedding_backward(grad, ids, pos, num_weights, num_positions, scale, p, seed,
-                                           padding_idx)
-            return gw, (gt if gt is not None else grad.new_zeros(num_positions, grad.shape[-1]))
+        gw, gt = tk.embedding_backward(grad, ids, pos, num_weights, num_positions, scale, p, seed, padding_idx)
+        return gw, (gt if gt is not None else grad.new_zeros(num_positions, grad.shape[-1]))
     return _backward_plain(grad, ids, pos, num_weights, num_positions, scale, p, seed, padding_idx)
 
 
 @embedding_backward.register_fake
 def _(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor | None, num_weights: int, num_positions: int,
       scale: float, p: float, seed: torch.Tensor, padding_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    check_embedding_backward_args(grad, ids, pos, num_weights, num_positions, p, seed, padding_idx)
     D = grad.shape[-1]
     return grad.new_empty((num_weights, D)), grad.new_empty((num_positions, D))
 
@@ -174,7 +187,7 @@ def _backward_grad(ctx: Any, gg_weight: torch.Tensor, gg_table: torch.Tensor) ->
     ids, pos, seed = ctx.saved_tensors
     num_positions, scale, p, padding_idx = ctx.args
     if padding_idx >= 0:                                                     # that row never got gradient
-        gg_weight = gg_weight.index_fill(0, torch.tensor([padding_idx], device=gg_weight.device), 0)
+        gg_weight = gg_weight.select_scatter(torch.zeros_like(gg_weight[padding_idx]), 0, padding_idx)  # no H2D copy
     table = gg_table if num_positions and pos is not None else None
     gg = torch.ops.tokenpos.embedding(gg_weight, ids, table, pos if table is not None else None, scale, p, seed,
                                       padding_idx)

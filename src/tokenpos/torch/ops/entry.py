@@ -6,7 +6,7 @@ Each runs its op, reached the cheapest way that keeps the op's semantics:
   keeps it (and its fake / autograd registrations);
 - in eager mode: the op's own implementation (``forward_impl`` / ``rope_impl``), called directly.
   With autograd, through a small ``autograd.Function`` whose backward is the backward *op*
-  (``tokenpos::embedding_backward`` / ``tokenpos::rope``), so double backward works as with the op.
+  (``tokenpos::embedding_backward`` / ``tokenpos::rope_backward``), so double backward works as with the op.
   This skips the Python the custom-op dispatcher spends per call with autograd (argument binding,
   its generated autograd Function: 60 us more than this route on the 2-vCPU EPYC guest,
   benchmarks/HISTORY.md);
@@ -15,7 +15,8 @@ Each runs its op, reached the cheapest way that keeps the op's semantics:
   a transform's grad level.
 
 Every route computes the same values with the same dropout masks (tests/torch/test_ops.py). The
-inputs are valid: the layers check them at their public entry; the ops do not check them again.
+layers check the values of ids and positions at their public entry; the ops' implementations check
+only shapes, dtypes and scalars (``tables.checks.ops``), on every route, reading no tensor values.
 Shapes: as the ops (``embedding``: weight (V, D), ids (...) -> (..., D); ``rope``: (B, H, L, Dh)).
 """
 
@@ -27,7 +28,7 @@ import torch
 
 from tokenpos.torch.ops._dispatch import transforms_active
 from tokenpos.torch.ops.embedding import forward_impl
-from tokenpos.torch.ops.rope import rope_impl, rope_qk_impl
+from tokenpos.torch.ops.rope import rope_grads, rope_impl, rope_qk_impl, save_rope
 
 
 class _Embedding(torch.autograd.Function):
@@ -86,14 +87,12 @@ def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = 
 class _Rope(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> Any:
-        ctx.save_for_backward(cos, sin)
-        ctx.interleaved = interleaved
+        save_rope(ctx, (x,), cos, sin, interleaved, False)
         return rope_impl(x, cos, sin, interleaved)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        cos, sin = ctx.saved_tensors
-        return torch.ops.tokenpos.rope(grad, cos, -sin, ctx.interleaved), None, None, None
+        return rope_grads(ctx, grad)                     # x: the transpose op; cos / sin when they need it
 
 
 class _RopeQK(torch.autograd.Function):
@@ -101,26 +100,28 @@ class _RopeQK(torch.autograd.Function):
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 interleaved: bool) -> Any:
         ctx.set_materialize_grads(True)
-        ctx.save_for_backward(cos, sin)
-        ctx.interleaved = interleaved
+        save_rope(ctx, (q, k), cos, sin, interleaved, False)
         oq, ok = rope_qk_impl(q, k, cos, sin, interleaved)
+        tables = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
         for out, needs in ((oq, ctx.needs_input_grad[0]), (ok, ctx.needs_input_grad[1])):
-            if not needs:                               # as plain torch: x' requires grad iff x does
+            if not (needs or tables):                   # as plain torch: x' requires grad iff x (or a table) does
                 ctx.mark_non_differentiable(out)
         return oq, ok
 
     @staticmethod
     def backward(ctx: Any, grad_q: torch.Tensor, grad_k: torch.Tensor) -> tuple[Any, ...]:
-        cos, sin = ctx.saved_tensors
-        gq, gk = torch.ops.tokenpos.rope_qk(grad_q, grad_k, cos, -sin, ctx.interleaved)
-        return gq, gk, None, None, None
+        return rope_grads(ctx, grad_q, grad_k)         # q and k: one transpose pass
+
+
+def _tables_need_grad(cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    return cos.requires_grad or sin.requires_grad
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
     """``tokenpos::rope``: x (B, H, L, Dh) rotated by cos / sin (L, F) or (B, L, F) -> (B, H, L, Dh)."""
     if torch.compiler.is_compiling():
         return torch.ops.tokenpos.rope(x, cos, sin, interleaved)
-    if torch.is_grad_enabled() and not transforms_active() and x.requires_grad:
+    if torch.is_grad_enabled() and not transforms_active() and (x.requires_grad or _tables_need_grad(cos, sin)):
         return _Rope.apply(x, cos, sin, interleaved)  # type: ignore[no-any-return]
     return rope_impl(x, cos, sin, interleaved)                                        # (transforms: torch ops)
 
@@ -130,6 +131,7 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     """``tokenpos::rope_qk``: q (B, H, L, Dh) and k (B, Hk, L, Dh) in one pass -> (q', k')."""
     if torch.compiler.is_compiling():
         return torch.ops.tokenpos.rope_qk(q, k, cos, sin, interleaved)
-    if torch.is_grad_enabled() and not transforms_active() and (q.requires_grad or k.requires_grad):
+    if (torch.is_grad_enabled() and not transforms_active()
+            and (q.requires_grad or k.requires_grad or _tables_need_grad(cos, sin))):
         return _RopeQK.apply(q, k, cos, sin, interleaved)  # type: ignore[no-any-return]
     return rope_qk_impl(q, k, cos, sin, interleaved)                                  # (transforms: torch ops)

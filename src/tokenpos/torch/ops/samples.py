@@ -1,7 +1,11 @@
 """``samples()``: (op, args, kwargs) triples covering every tokenpos op, for ``torch.library.opcheck``.
 
-float32 and float64; with and without requires_grad; dropout on and off; table on and off;
-padding_idx; both RoPE layouts, partial rotary dims and per-batch cos/sin.
+float32 and float64; with and without requires_grad (RoPE's cos / sin too: learned frequencies);
+dropout on and off; table on and off; padding_idx; both RoPE layouts, partial rotary dims, shared
+(L, F) / (1, L, F) and per-batch (B, L, F) cos / sin; and inputs of every stride the layers hand the
+ops: q / k as Hugging Face builds them (``proj.view(B, L, H, Dh).transpose(1, 2)``), from a
+``qk_layout="blhd"`` tensor, expanded over the batch (stride 0), sliced from a wider (fused qkv) or
+strided tensor; strided, transposed and expanded tables, ids and positions for the embedding.
 """
 
 from collections.abc import Iterator
@@ -10,13 +14,31 @@ from typing import Any
 import torch
 
 from tokenpos.torch.ops.embedding import embedding, embedding_backward
-from tokenpos.torch.ops.rope import rope, rope_qk
+from tokenpos.torch.ops.rope import rope, rope_backward, rope_qk, rope_qk_backward
 
 
 def _rope_tables(batch: int | None, L: int, F: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (L, F) if batch is None else (batch, L, F)
     angles = torch.rand(shape, generator=gen, dtype=torch.float64) * 6.0
     return torch.cos(angles), torch.sin(angles)
+
+
+def _strided_heads(kind: str, B: int, H: int, L: int, Dh: int, rand: Any) -> torch.Tensor:
+    """A (B, H, L, Dh) input of ``kind``'s strides, as a leaf (requires_grad as ``rand`` makes it)."""
+    if kind == "hf":                                                    # (B, L, H*Dh) projection, viewed
+        x = rand(B, L, H * Dh).view(B, L, H, Dh).transpose(1, 2)
+    elif kind == "blhd":
+        x = rand(B, L, H, Dh).transpose(1, 2)
+    elif kind == "expanded":                                            # stride 0 over the batch
+        x = rand(1, H, L, Dh).expand(B, H, L, Dh)
+    elif kind == "fused":                                               # a slice of a wider (qkv) tensor
+        x = rand(B, H, L, Dh + 4)[..., 2:Dh + 2]
+    else:                                                               # "strided": every other element
+        x = rand(B, H, L, 2 * Dh)[..., ::2]
+    return x.detach().requires_grad_(rand(1).requires_grad)
+
+
+STRIDES = ("hf", "blhd", "expanded", "fused", "strided")
 
 
 def samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
@@ -28,6 +50,10 @@ def samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[st
             def rand(*shape: int, g: bool = grad, dt: torch.dtype = dtype) -> torch.Tensor:
                 return torch.randn(shape, generator=gen, dtype=dt).to(device).requires_grad_(g)
 
+            def tables(batch: int | None, F: int, g: bool = grad) -> tuple[torch.Tensor, torch.Tensor]:
+                cos, sin = _rope_tables(batch, L, F, gen)
+                return cos.to(device).requires_grad_(g), sin.to(device).requires_grad_(g)
+
             ids = torch.randint(0, V, (B, L), generator=gen).to(device)
             pos = torch.randint(0, P, (L,), generator=gen).to(device)
             seed = torch.tensor(1234 + int(grad), dtype=torch.int64, device=device)
@@ -37,11 +63,28 @@ def samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[st
                     yield embedding, (rand(V, D), ids, table, pos if with_table else None, 1.5, p, seed, 3), {}
             full_pos = torch.randint(0, P, (B, L), generator=gen).to(device)
             yield embedding, (rand(V, D), ids[0], rand(P, D), full_pos[0], 1.0, 0.1, seed, -1), {}
+            wide_w = rand(V, 2 * D).detach()[:, ::2].requires_grad_(grad)          # strided rows
+            wide_t = rand(P, D + 3).detach()[:, 1:D + 1].requires_grad_(grad)      # a slice of wider rows
+            yield embedding, (wide_w, ids.t().contiguous().t(), wide_t, pos.expand(B, L), 1.0, 0.0, seed, 0), {}
+            yield embedding, (wide_w, ids[:1].expand(B, L), wide_t, full_pos.t().contiguous().t(), 2.0, 0.25, seed,
+                              -1), {}
             yield embedding_backward, (rand(B, L, D), ids, pos, V, P, 2.0, 0.25, seed, 0), {}
             yield embedding_backward, (rand(B, L, D), ids, None, V, 0, 1.0, 0.0, seed, -1), {}
+            yield embedding_backward, (rand(L, B, D).detach().transpose(0, 1).requires_grad_(grad),
+                                       ids.t().contiguous().t(), pos, V, P, 1.0, 0.0, seed, -1), {}
             for interleaved in (False, True):
-                for batch_tables, F in ((None, 4), (B, 4), (None, 3)):
-                    cos, sin = _rope_tables(batch_tables, L, F, gen)
-                    cos, sin = cos.to(device), sin.to(device)
+                for batch_tables, F in ((None, 4), (B, 4), (None, 3), (1, 2)):
+                    cos, sin = tables(batch_tables, F)
                     yield rope, (rand(B, 3, L, 8), cos, sin, interleaved), {}
                     yield rope_qk, (rand(B, 3, L, 8), rand(B, 1, L, 8), cos, sin, interleaved), {}
+                if interleaved:                                             # the transposes
+                    cos, sin = tables(None, 3)
+                    yield rope_backward, (rand(B, 3, L, 8), cos, sin, interleaved), {}
+                    yield rope_qk_backward, (rand(B, 3, L, 8), rand(B, 1, L, 8), cos, sin, interleaved), {}
+                    continue
+                for kind in STRIDES:
+                    cos, sin = tables(B if kind == "hf" else None, 3)
+                    q = _strided_heads(kind, B, 4, L, 8, rand)
+                    k = _strided_heads(kind, B, 2, L, 8, rand)
+                    yield rope, (q, cos, sin, interleaved), {}
+                    yield rope_qk, (q, k, cos, sin, interleaved), {}
