@@ -16,8 +16,9 @@ import torch
 from tests.tolerances import TOL
 from tokenpos.tables import ConfigError
 from tokenpos.torch.hf import PatchReport, patch, unpatch
+from tokenpos.torch.hf.embedding import SharedTokenEmbedding
 from tokenpos.torch.hf.families import FAMILIES
-from tokenpos.torch.hf.patch import ExactAngles, SharedTokenEmbedding
+from tokenpos.torch.hf.patch import ExactAngles
 
 transformers = pytest.importorskip("transformers")
 T = transformers
@@ -39,6 +40,8 @@ BUILD: dict[str, Any] = {
     "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(**KW)),
     "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**KW)),
     "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**KW, head_dim=16)),
+    "granite": lambda: T.GraniteForCausalLM(T.GraniteConfig(**KW, embedding_multiplier=3.0, residual_multiplier=0.5,
+                                                            logits_scaling=2.0)),
     "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(**KW, head_dim=16, sliding_window=8)),
     "gemma3_text": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(**KW, head_dim=16, sliding_window=8)),
     "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**KW, partial_rotary_factor=0.5, pad_token_id=0)),

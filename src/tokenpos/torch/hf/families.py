@@ -51,6 +51,7 @@ FAMILIES: dict[str, Family] = {
     "qwen3": _qk("qwen3", "Qwen3RotaryEmbedding"),
     "phi3": _qk("phi3", "Phi3RotaryEmbedding"),
     "gpt_neox": _qk("gpt_neox", "GPTNeoXRotaryEmbedding"),
+    "granite": _qk("granite", "GraniteRotaryEmbedding"),   # embedding_multiplier: in HF's model forward
     "gemma2": _qk("gemma2", "Gemma2RotaryEmbedding", embed_scale="buffer"),
     "gemma3_text": _qk("gemma3", "Gemma3RotaryEmbedding", angles="layer_types", embed_scale="buffer"),
     "qwen2_vl": _qk("qwen2_vl", "Qwen2VLRotaryEmbedding", angles="mrope"),

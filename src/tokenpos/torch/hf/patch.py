@@ -13,9 +13,10 @@ holds the replacements, which follow HF's calling conventions exactly:
   unpatched (a count per function).
 - ``angles="exact"``: the model's rotary module(s) become :class:`ExactAngles`, cos / sin from
   tokenpos's float64 angles of the config, handed to the patched function in HF's form.
-- Embedding: the input embedding becomes a :class:`SharedTokenEmbedding` (a ``TokenEmbedding``)
-  holding the SAME weight Parameter (tied heads stay tied), its rows multiplied by the model's scale
-  as HF computes it.
+- Embedding: the input embedding becomes a :class:`~tokenpos.torch.hf.embedding.SharedTokenEmbedding`
+  (a ``TokenEmbedding``) holding the SAME weight Parameter (tied heads stay tied), its rows multiplied
+  by the module's own scale as HF computes it (a scale HF applies outside the module, Granite's
+  ``embedding_multiplier``, stays HF's own code).
 
 Every check runs before anything changes; a refused call leaves the model as it was.
 Shapes: B batch, H (Hk) query (key) heads, L length, Dh head dim, R rotary dim, F = R/2.
@@ -25,15 +26,15 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
 from tokenpos.tables.errors import ConfigError
+from tokenpos.torch.hf.embedding import SharedTokenEmbedding, hf_embedding_scale
 from tokenpos.torch.hf.families import FAMILIES, Family
 from tokenpos.torch.ops.entry import rotate, rotate_qk
-from tokenpos.torch.token import TokenEmbedding
 
 ANGLES = ("hf", "exact")
 _STATE = "_tokenpos_patch"
@@ -146,25 +147,6 @@ def _exact_rotary(family: Family, config: Any, device: torch.device) -> ExactAng
     return ExactAngles(rotary, str(family.rope))
 
 
-class SharedTokenEmbedding(TokenEmbedding):
-    """A ``TokenEmbedding`` over an existing (V, D) Parameter (the same object, not a copy), rows times
-    a given float: ids (...) -> (..., D) = W[ids] * multiplier."""
-
-    def __init__(self, weight: nn.Parameter, *, multiplier: float = 1.0, padding_idx: int | None = None) -> None:
-        V, D = weight.shape
-        super().__init__(V, D, init="zeros", padding_idx=padding_idx, device="meta", dtype=weight.dtype, seed=0)
-        self.weight = weight
-        self._multiplier = float(multiplier)
-
-    @property
-    def multiplier(self) -> float:
-        """The float the rows are multiplied by (the model's own embedding scale)."""
-        return self._multiplier
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, multiplier={self._multiplier!r}"
-
-
 # ----------------------------------------------------------------------------------------------
 # patch / unpatch
 # ----------------------------------------------------------------------------------------------
@@ -180,19 +162,14 @@ def _unsupported(model: Any, model_type: Any) -> ConfigError:
 def _embedding_plan(model: Any, family: Family) -> tuple[Any, float]:
     """HF's input embedding (an ``nn.Embedding``) and its row multiplier, checked to be what ``family`` says."""
     emb: Any = model.get_input_embeddings()
-    plain = family.embed_scale == "none"
-    if not isinstance(emb, nn.Embedding) or (plain and type(emb) is not nn.Embedding) or (
-            not plain and not isinstance(getattr(emb, "embed_scale", None), torch.Tensor)):
-        want = "an nn.Embedding" if plain else "a scaled word embedding with an embed_scale buffer"
-        raise ConfigError(f"patch expects {want} as the input embedding of a {type(model).__name__}; "
-                          f"got {type(emb).__name__}")
+    if not isinstance(emb, nn.Embedding) or (family.embed_scale == "none" and type(emb) is not nn.Embedding):
+        raise ConfigError(f"patch expects an nn.Embedding ({family.embed_scale!r} scale) as the input embedding of "
+                          f"a {type(model).__name__}; got {type(emb).__name__}")
     for key, off in (("max_norm", None), ("scale_grad_by_freq", False), ("sparse", False)):
         if getattr(emb, key) != off:
             raise ConfigError(f"the input embedding sets {key}={getattr(emb, key)!r}, which TokenEmbedding does "
                               f"not reproduce; expected {off!r}")
-    # as HF: the embed_scale buffer rounded to the weight dtype, then the multiply
-    scale = 1.0 if plain else float(cast(torch.Tensor, emb.embed_scale).to(emb.weight.dtype))
-    return emb, scale
+    return emb, hf_embedding_scale(family.embed_scale, emb, model.config)
 
 
 def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
