@@ -262,3 +262,21 @@ def test_the_rope_function_is_restored_after_the_last_patched_model() -> None:
     assert modeling_llama.apply_rotary_pos_emb is not original          # b still uses it
     unpatch(b)
     assert modeling_llama.apply_rotary_pos_emb is original
+
+
+def test_the_blhd_layout_of_the_rope_function_and_a_bad_one() -> None:
+    """unsqueeze_dim=2 (q, k as (B, L, H, Dh)) gives HF's result; another value is refused, not misread."""
+    from transformers.models.llama import modeling_llama
+
+    from tokenpos.torch.hf.patch import rope_qk_half
+
+    g = torch.Generator().manual_seed(6)
+    q, k = torch.randn(2, 5, 4, 16, generator=g), torch.randn(2, 5, 2, 16, generator=g)
+    ang = torch.rand(2, 5, 8, generator=g) * 5
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    want = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+    got = rope_qk_half(q, k, cos, sin, unsqueeze_dim=2)
+    for a, b in zip(got, want, strict=True):
+        _close(a, b)
+    with pytest.raises(ConfigError, match="unsqueeze_dim"):
+        rope_qk_half(q, k, cos, sin, unsqueeze_dim=0)

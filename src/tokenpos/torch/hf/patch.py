@@ -77,6 +77,9 @@ def rope_qk_half(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                  unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """HF's ``apply_rotary_pos_emb``: q (B, H, L, Dh), k (B, Hk, L, Dh) (``unsqueeze_dim=2``: (B, L, H, Dh)),
     cos / sin (B, L, R) = [c, c], R <= Dh (the rest passes) -> (q', k') in one ``tokenpos::rope_qk`` pass."""
+    if unsqueeze_dim not in (1, 2):
+        raise ConfigError(f"apply_rotary_pos_emb patched by tokenpos takes unsqueeze_dim 1 (q (B, H, L, Dh)) or 2 "
+                          f"(q (B, L, H, Dh)); got {unsqueeze_dim!r}")
     c, s = _op_tables(cos, sin, cos.shape[-1] // 2)                  # (B, L, F)
     if unsqueeze_dim == 2:
         oq, ok = rotate_qk(q.transpose(1, 2), k.transpose(1, 2), c, s, False)
