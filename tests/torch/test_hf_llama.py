@@ -50,3 +50,33 @@ def test_scaled_embedding_configs_are_refused() -> None:
     model.config.embedding_multiplier = 12.0
     with pytest.raises(ConfigError, match="embedding_multiplier"):
         tpt.from_hf(model)
+
+
+SCALED = {
+    "gemma": lambda kw: transformers.GemmaForCausalLM(transformers.GemmaConfig(**kw, head_dim=16)),
+    "gemma2": lambda kw: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**kw, head_dim=16)),
+    "granite": lambda kw: transformers.GraniteForCausalLM(transformers.GraniteConfig(**kw, embedding_multiplier=0.1)),
+    "granitemoe": lambda kw: transformers.GraniteMoeForCausalLM(transformers.GraniteMoeConfig(
+        **kw, embedding_multiplier=12.1, num_local_experts=2, num_experts_per_tok=1)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", list(SCALED))
+def test_scaled_embeddings_equal_what_the_first_layer_receives(family: str, dtype: torch.dtype) -> None:
+    """Gemma's embed_scale (rounded to the weight dtype) and Granite's embedding_multiplier, checked
+    against HF itself: the hidden states its first decoder layer receives."""
+    kw = {"vocab_size": 50, "hidden_size": 48, "intermediate_size": 32, "num_hidden_layers": 1,
+          "num_attention_heads": 3, "num_key_value_heads": 1, "max_position_embeddings": 128}
+    torch.manual_seed(0)
+    model = SCALED[family](kw).to(dtype).eval()
+    seen: list[torch.Tensor] = []
+    model.model.layers[0].register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append((args[0] if args else kwargs["hidden_states"]).detach()), with_kwargs=True)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    emb = tpt.from_hf(model)
+    with torch.no_grad():
+        model(ids)
+        got = emb(ids)
+    assert emb.token.multiplier != 1.0 and got.dtype == dtype
+    assert torch.equal(got, seen[0])

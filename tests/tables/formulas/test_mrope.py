@@ -42,3 +42,39 @@ def test_mismatched_runs_and_grids_raise() -> None:
         mrope_position_ids(np.array([[0, 3]]))
     with pytest.raises(ConfigError, match=r"image_grid_thw must be positive ints of shape \(N, 3\)"):
         mrope_position_ids(types, np.array([1, 1, 3]))
+
+
+@pytest.mark.parametrize("secs", [None, [0.5, 1.3]])
+def test_qwen25_vl_temporal_scaling_matches_hf_get_rope_index(secs: list[float] | None) -> None:
+    """Qwen2.5-VL spaces the T ids of a video by tokens_per_second * second_per_grid_ts (float32, truncated)."""
+    import functools
+    from types import SimpleNamespace
+
+    torch = pytest.importorskip("torch")
+    q25 = pytest.importorskip("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl")
+    model = q25.Qwen2_5_VLModel
+    vision = SimpleNamespace(spatial_merge_size=2, tokens_per_second=7)
+    fake = SimpleNamespace(config=SimpleNamespace(vision_config=vision))
+    fake.get_vision_position_ids = functools.partial(model.get_vision_position_ids, fake)
+    # row 0: 2 text, video (3, 2, 2) -> 3 tokens, 1 text, image (1, 2, 4) -> 2 tokens, video (2, 2, 4) -> 4, 2 text
+    types = torch.tensor([[0, 0] + [2] * 3 + [0] + [1] * 2 + [2] * 4 + [0, 0]])
+    ids = torch.arange(types.numel()).reshape(types.shape)
+    image, video = torch.tensor([[1, 2, 4]]), torch.tensor([[3, 2, 2], [2, 2, 4]])
+    sec_t = None if secs is None else torch.tensor(secs)
+    want, want_delta = model.get_rope_index(fake, ids, types, image_grid_thw=image, video_grid_thw=video,
+                                            second_per_grid_ts=sec_t)
+    got, delta = mrope_position_ids(types.numpy(), image.numpy(), video.numpy(), spatial_merge_size=2,
+                                    tokens_per_second=7, second_per_grid_ts=secs)
+    np.testing.assert_array_equal(got, want.numpy())
+    np.testing.assert_array_equal(delta, want_delta.numpy())
+    assert got[0].max() > got[1].max()                       # the T axis was stretched
+
+
+def test_temporal_scaling_arguments_are_checked() -> None:
+    types = np.array([[0] + [2] * 2])
+    with pytest.raises(ConfigError, match="tokens_per_second"):
+        mrope_position_ids(types, video_grid_thw=[[2, 1, 1]], second_per_grid_ts=[1.0])
+    with pytest.raises(ConfigError, match="second_per_grid_ts"):
+        mrope_position_ids(types, video_grid_thw=[[2, 1, 1]], tokens_per_second=2, second_per_grid_ts=[])
+    with pytest.raises(ConfigError, match="split_video_frames"):
+        mrope_position_ids(types, video_grid_thw=[[2, 1, 1]], tokens_per_second=2, split_video_frames=True)

@@ -45,6 +45,9 @@ CASES = {
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 1024, "rope_theta": 500000.0},
     "legacy-type-key": {"type": "linear", "factor": 2.0},
+    # Llama 4 Scout: low_freq_factor == high_freq_factor, an empty smoothing band (HF and Meta accept it)
+    "llama3-scout": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_theta": 500000.0},
 }
 
 
@@ -143,6 +146,9 @@ BAD = [
     ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
       "original_max_position_embeddings": 64}, "high_freq_factor"),
     ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}, "missing required keys"),
+    # an empty band with a wavelength (2 pi, the first pair) exactly on its edge: Meta asserts, HF gives NaN
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 64 / (2 * math.pi),
+      "high_freq_factor": 64 / (2 * math.pi), "original_max_position_embeddings": 64}, "wavelength equals"),
 ]
 
 

@@ -102,6 +102,18 @@ def test_gptj_rotary_dim_is_interleaved() -> None:
     assert kw["rotary_dim"] == 16 and kw["interleaved"] is True
 
 
+@pytest.mark.parametrize("model_type", ["gptj", "codegen"])
+def test_gptj_and_codegen_config_json_dicts_read_like_the_config_objects(model_type: str) -> None:
+    """config.json spells n_embd / n_head / n_positions; HF's config classes map them (attribute_map)."""
+    from transformers import CodeGenConfig
+
+    d = {"model_type": model_type, "n_embd": 64, "n_head": 4, "rotary_dim": 8, "n_positions": 96}
+    cls = GPTJConfig if model_type == "gptj" else CodeGenConfig
+    want = rope_kwargs_from_hf_config(cls.from_dict(d))
+    assert rope_kwargs_from_hf_config(d) == want
+    assert want["head_dim"] == 16 and want["max_seq_len"] == 96 and want["rotary_dim"] == 8
+
+
 def test_old_neox_dict_rotary_pct_and_base() -> None:
     d = {"model_type": "gpt_neox", "hidden_size": 256, "num_attention_heads": 4, "rotary_pct": 0.25,
          "rotary_emb_base": 20000, "max_position_embeddings": 2048}

@@ -103,9 +103,29 @@ def _grid(grid: Any, name: str) -> np.ndarray | None:
     return g.astype(np.int64)
 
 
+def _video_intervals(tokens_per_second: float | None, second_per_grid_ts: Any, videos: np.ndarray | None,
+                     split: bool) -> np.ndarray | None:
+    """(num_videos,) float32 steps between temporal ids (Qwen2.5-VL), or None (no temporal scaling)."""
+    if tokens_per_second is None:
+        if second_per_grid_ts is not None:
+            raise ConfigError("second_per_grid_ts needs tokens_per_second (Qwen2.5-VL's vision_config); got None")
+        return None
+    if split:
+        raise ConfigError("tokens_per_second scales whole-video grids (Qwen2.5-VL); it cannot be combined with "
+                          "split_video_frames=True (Qwen3-VL)")
+    n = 0 if videos is None else videos.shape[0]
+    secs = np.ones(n, dtype=np.float32) if second_per_grid_ts is None else np.asarray(second_per_grid_ts,
+                                                                                       dtype=np.float32)
+    if secs.ndim != 1 or secs.shape[0] < n or not np.isfinite(secs).all() or (secs < 0).any():
+        raise ConfigError(f"second_per_grid_ts must be (num_videos,) = ({n},) finite values >= 0, got "
+                          f"shape {secs.shape}")
+    return (np.float32(tokens_per_second) * secs).astype(np.float32)
+
+
 def mrope_position_ids(token_types: Any, image_grid_thw: Any = None, video_grid_thw: Any = None, *,
                        spatial_merge_size: int = 1, attention_mask: Any = None,
-                       split_video_frames: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                       split_video_frames: bool = False, tokens_per_second: float | None = None,
+                       second_per_grid_ts: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """The (3, B, L) M-RoPE position ids of text + image/video inputs, as HF's ``get_rope_index``.
 
     Each run of text tokens counts up from the current position on all three axes; each run of
@@ -119,12 +139,17 @@ def mrope_position_ids(token_types: Any, image_grid_thw: Any = None, video_grid_
         spatial_merge_size: m, patches merged per token along h and w.
         attention_mask: (B, L) 0/1; masked tokens are skipped and keep position 0.
         split_video_frames: Qwen3-VL: each video frame is its own grid with t = 1.
+        tokens_per_second: Qwen2.5-VL (``vision_config.tokens_per_second``): the T ids of the v-th video
+            are ``start + trunc(arange(t) * tokens_per_second * second_per_grid_ts[v])``, the product in
+            float32 as HF computes it. None (Qwen2-VL): no temporal scaling.
+        second_per_grid_ts: (num_videos,) seconds per temporal grid step; None: 1 for every video.
 
     Returns:
         ``(positions (3, B, L) int64, deltas (B, 1) int64)``, deltas = max position + 1 - tokens.
 
     Raises:
-        ConfigError: a vision run whose length is not its grid's token count, too few grids, bad shapes.
+        ConfigError: a vision run whose length is not its grid's token count, too few grids, bad shapes,
+            fewer ``second_per_grid_ts`` than videos, temporal scaling with ``split_video_frames``.
     """
     types = np.asarray(token_types)
     if types.ndim != 2 or not np.issubdtype(types.dtype, np.integer) or not np.isin(types, (0, 1, 2)).all():
@@ -135,6 +160,7 @@ def mrope_position_ids(token_types: Any, image_grid_thw: Any = None, video_grid_
         frames = np.repeat(grids[2], grids[2][:, 0], axis=0)
         frames[:, 0] = 1
         grids[2] = frames
+    intervals = _video_intervals(tokens_per_second, second_per_grid_ts, grids[2], split_video_frames)
     used = {1: 0, 2: 0}
     mask = np.ones(types.shape, dtype=bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
     out = np.zeros((3, *types.shape), dtype=np.int64)
@@ -162,7 +188,10 @@ def mrope_position_ids(token_types: Any, image_grid_thw: Any = None, video_grid_
                     raise ConfigError(f"row {b}: a run of {n} {name[:5]} tokens at index {i} does not fit grid "
                                       f"(t, h, w) = {(t, h, w)} with spatial_merge_size {m}; expected "
                                       f"{t * gh * gw} tokens")
-                tt, hh, ww = np.meshgrid(np.arange(t), np.arange(gh), np.arange(gw), indexing="ij")
+                steps = np.arange(t)
+                if kind == 2 and intervals is not None:                  # float32 product, truncated, as HF
+                    steps = (steps.astype(np.float32) * intervals[used[kind] - 1]).astype(np.int64)
+                tt, hh, ww = np.meshgrid(steps, np.arange(gh), np.arange(gw), indexing="ij")
                 parts.append(np.stack([tt, hh, ww]).reshape(3, -1) + cur)
                 cur += max(h, w) // m
             i = j

@@ -230,18 +230,25 @@ def _compute_llama3(params: Mapping[str, Any], *, dim: int, base: float,
     factor = check_scaling_number("llama3", params, "factor", minimum=1.0)
     low_freq_factor = check_scaling_number("llama3", params, "low_freq_factor", minimum=0.0, strict=True)
     high_freq_factor = check_scaling_number("llama3", params, "high_freq_factor", minimum=0.0, strict=True)
-    if high_freq_factor <= low_freq_factor:
+    if high_freq_factor < low_freq_factor:
         raise ConfigError(scaling_key_message("llama3", "high_freq_factor", params["high_freq_factor"],
-                                              f"a value > low_freq_factor ({low_freq_factor:g})"))
+                                              f"a value >= low_freq_factor ({low_freq_factor:g})"))
     old_context_len = _original_max("llama3", params)
     inv_freq = _default_inv_freq(dim, base)
     low_freq_wavelen = old_context_len / low_freq_factor
     high_freq_wavelen = old_context_len / high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     inv_freq_llama = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    if high_freq_factor == low_freq_factor:     # Llama 4 Scout: the smoothing band is empty (as HF and Meta)
+        if is_medium.any():                     # a wavelength exactly on the edge: Meta asserts, HF gives NaN
+            raise ConfigError(scaling_key_message("llama3", "high_freq_factor", params["high_freq_factor"],
+                                                  "a value > low_freq_factor when a wavelength equals "
+                                                  f"original_max_position_embeddings / low_freq_factor "
+                                                  f"({low_freq_wavelen:g})"))
+        return inv_freq_llama, 1.0
     smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
     smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
-    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return np.where(is_medium, smoothed, inv_freq_llama), 1.0
 
 

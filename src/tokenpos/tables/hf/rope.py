@@ -5,7 +5,7 @@ it is never ignored. Keys read (first match wins where several spell the same th
 
 | setting | keys |
 | --- | --- |
-| head dim Dh | ``head_dim``; else ``hidden_size // num_attention_heads`` |
+| head dim Dh | ``head_dim``; else ``hidden_size // num_attention_heads`` (dicts: ``n_embd``, ``n_head``) |
 | scaling dict | ``rope_parameters`` (transformers 5; may be keyed by layer type), ``rope_scaling`` (4) |
 | base | the dict's ``rope_theta``, ``rope_theta``, ``rotary_emb_base`` (older GPT-NeoX dicts); Gemma 3
   (transformers 4) ``rope_local_base_freq`` for ``layer_type="sliding_attention"`` |
@@ -39,10 +39,17 @@ REFUSED_KEYS = {
 }
 
 
+# config.json spellings that HF's config classes map to the standard names (``attribute_map`` of
+# GPT-J, CodeGen, GPT-2): a config object answers the standard name itself, a dict does not
+DICT_ALIASES = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "max_position_embeddings": "n_positions",
+                "num_hidden_layers": "n_layer"}
+
+
 def config_get(config: Any, name: str) -> Any:
-    """``config[name]`` for a dict, ``getattr(config, name, None)`` otherwise."""
+    """``config[name]`` for a dict (else its ``DICT_ALIASES`` spelling), ``getattr(config, name, None)`` otherwise."""
     if isinstance(config, dict):
-        return config.get(name)
+        value = config.get(name)
+        return config.get(DICT_ALIASES[name]) if value is None and name in DICT_ALIASES else value
     return getattr(config, name, None)
 
 

@@ -7,8 +7,12 @@ Supported families (by ``model.config.model_type``):
 | BERT | bert | word + token type + position (start_pos + arange(L)), LayerNorm, dropout |
 | RoBERTa | roberta, xlm-roberta, camembert | the same, positions derived from padding (+ start_pos) |
 | GPT-2 | gpt2 | wte + wpe (start_pos + arange(L)), dropout |
-| Llama-style causal LMs | llama, mistral, qwen2, qwen3, phi3 | embed_tokens; ``emb.position`` is a
+| Llama-style causal LMs | llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, granite, granitemoe,
+  granitemoeshared | embed_tokens times the model's scale (:data:`LLAMA_SCALES`); ``emb.position`` is a
   ``RotaryEmbedding.from_hf_config(config)`` for the attention (nothing is added to the embeddings) |
+
+The token scale is reproduced as the model computes it (``tokenpos.torch.hf.embedding``): Gemma's
+``embed_scale`` buffer rounded to the weight dtype, Granite's ``embedding_multiplier`` in float32.
 
 ``start_pos`` plays the role of HF's ``cache_length`` (``past_key_values_length`` in earlier transformers
 releases) / past seen tokens (HF ignores it when ``position_ids`` are given; tokenpos refuses
@@ -32,9 +36,13 @@ from tokenpos.torch.transformer import TransformerEmbedding
 BERT_TYPES = ("bert",)
 ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 GPT2_TYPES = ("gpt2",)
-LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+# Llama-style families and how each scales its token rows (tokenpos.torch.hf.embedding.SCALE_KINDS)
+LLAMA_SCALES = {"llama": "none", "mistral": "none", "qwen2": "none", "qwen3": "none", "phi3": "none",
+                "gemma": "buffer", "gemma2": "buffer", "granite": "multiplier", "granitemoe": "multiplier",
+                "granitemoeshared": "multiplier"}
+LLAMA_TYPES = tuple(LLAMA_SCALES)
 SUPPORTED = BERT_TYPES + ROBERTA_TYPES + GPT2_TYPES + LLAMA_TYPES
-# config keys of Llama-style families that change the embedding block; refused, never ignored
+# config keys that would scale the embeddings of a family whose code reads none of them: refused, never ignored
 LLAMA_REFUSED = ("embedding_multiplier", "embed_scale", "scale_emb")
 
 
@@ -119,16 +127,23 @@ def _from_gpt2(base: Any, config: Any) -> TransformerEmbedding:
 
 
 def _from_llama(base: Any, config: Any) -> TransformerEmbedding:
+    from tokenpos.torch.hf.embedding import SharedTokenEmbedding, hf_embedding_scale
     from tokenpos.torch.rotary import RotaryEmbedding
 
-    for key in LLAMA_REFUSED:
+    kind = LLAMA_SCALES[config.model_type]
+    for key in LLAMA_REFUSED if kind == "none" else ():
         value = getattr(config, key, None)
         if value not in (None, 1, 1.0, False):
-            raise ConfigError(f"the config sets {key}={value!r}, which scales the embeddings; from_hf reproduces "
-                              f"plain Llama-style embedding blocks only")
+            raise ConfigError(f"the config sets {key}={value!r}, which scales the embeddings, but a "
+                              f"{config.model_type!r} model never reads it; expected it unset")
     w = base.embed_tokens.weight
     rope = RotaryEmbedding.from_hf_config(config, device=w.device)
     pad = getattr(base.embed_tokens, "padding_idx", None)
     layer = TransformerEmbedding(w.shape[0], w.shape[1], rope.max_seq_len, positional=rope, padding_idx=pad,
                                  init="zeros", device=w.device, dtype=w.dtype, seed=0)
+    scale = hf_embedding_scale(kind, base.embed_tokens, config)
+    if scale != 1.0:                                  # a token table with the model's own multiplier
+        layer.token = SharedTokenEmbedding(torch.nn.Parameter(w.detach().clone()), multiplier=scale,
+                                           padding_idx=pad)
+        return layer
     return _copy(layer, {"token.weight": w})

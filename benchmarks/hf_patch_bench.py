@@ -1,0 +1,146 @@
+"""tokenpos.torch.hf.patch(model) against the same HF Llama-style model unpatched, in one run, on the CPU.
+
+Usage:
+    python benchmarks/hf_patch_bench.py [--rounds N] [--threads T] [--quick]
+
+One random ``LlamaForCausalLM`` (hidden 512, 8 heads, 4 layers, vocab 32000, float32, eval, no grad),
+patched and unpatched in turn inside each round (interleaved, so drift hits both alike):
+
+- prefill: ``model(ids)`` with ids (4, 512);
+- decode: 64 one-token steps with a KV cache after a 64-token prompt (4 rows), as ``generate`` runs them.
+
+For each: best and median over rounds, the ratio unpatched / patched (> 1: patched is faster), and the
+share of the wall time spent in RoPE (the family's ``apply_rotary_pos_emb``, HF's or tokenpos's, timed
+by a wrapper) and in the input embedding (a forward pre/post hook pair), measured in separate timing
+rounds so the wrappers do not touch the main numbers. Logits of the two agree (checked once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _model(quick: bool) -> Any:
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376,
+                                   num_hidden_layers=2 if quick else 4, num_attention_heads=8, num_key_value_heads=8,
+                                   max_position_embeddings=2048, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _prefill(model: Any, ids: torch.Tensor) -> Callable[[], Any]:
+    return lambda: model(ids).logits
+
+
+def _decode(model: Any, prompt: torch.Tensor, steps: int) -> Callable[[], Any]:
+    def run() -> Any:
+        out = model(prompt, use_cache=True)
+        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        for _ in range(steps):
+            out = model(tok, past_key_values=cache, use_cache=True)
+            cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        return tok
+    return run
+
+
+class _Shares:
+    """Seconds spent in the RoPE function and the input embedding while installed."""
+
+    def __init__(self, model: Any) -> None:
+        from transformers.models.llama import modeling_llama
+
+        self.mod, self.model, self.rope, self.emb = modeling_llama, model, 0.0, 0.0
+
+    def __enter__(self) -> _Shares:
+        inner = self.mod.apply_rotary_pos_emb
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            out = inner(*a, **k)
+            self.rope += time.perf_counter() - t
+            return out
+        self.inner, self.mod.apply_rotary_pos_emb = inner, timed
+        emb = self.model.get_input_embeddings()
+        self.hooks = (emb.register_forward_pre_hook(lambda m, a: setattr(self, "_t", time.perf_counter())),
+                      emb.register_forward_hook(lambda m, a, o: setattr(self, "emb", self.emb + time.perf_counter()
+                                                                        - self._t)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.mod.apply_rotary_pos_emb = self.inner
+        for h in self.hooks:
+            h.remove()
+
+
+def main() -> None:
+    from tokenpos.torch.hf import patch, unpatch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--quick", action="store_true", help="2 layers, L=128, 16 decode steps")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = _model(args.quick)
+    g = torch.Generator().manual_seed(1)
+    L, steps = (128, 16) if args.quick else (512, 64)
+    ids = torch.randint(0, 32000, (4, L), generator=g)
+    prompt = ids[:, :64]
+    work = {f"prefill B=4 L={L}": lambda: _prefill(model, ids),
+            f"decode {steps} steps B=4": lambda: _decode(model, prompt, steps)}
+    with torch.no_grad():
+        want = model(ids[:, :64]).logits
+        patch(model)
+        diff = float((model(ids[:, :64]).logits - want).abs().max())
+        unpatch(model)
+        for fn in work.values():                                     # warm up both (numba JIT, allocator)
+            fn()()
+            patch(model)
+            fn()()
+            unpatch(model)
+        times: dict[tuple[str, str], list[float]] = {}
+        shares: dict[tuple[str, str], tuple[float, float, float]] = {}
+        for r in range(args.rounds + 1):
+            for variant in ("hf", "tokenpos"):
+                if variant == "tokenpos":
+                    patch(model)
+                for name, fn in work.items():
+                    run = fn()
+                    if r == args.rounds:                                 # the last round: timed shares
+                        with _Shares(model) as s:
+                            t = time.perf_counter()
+                            run()
+                            total = time.perf_counter() - t
+                        shares[(name, variant)] = (total, s.rope, s.emb)
+                    else:
+                        t = time.perf_counter()
+                        run()
+                        times.setdefault((name, variant), []).append(time.perf_counter() - t)
+                if variant == "tokenpos":
+                    unpatch(model)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, rounds {args.rounds}, "
+          f"max |logits diff| {diff:.2e}")
+    print(f"{'workload':<22} {'model':<9} {'best ms':>9} {'median ms':>10} {'hf/ours':>8} {'rope %':>7} {'emb %':>6}")
+    for name in work:
+        ref = statistics.median(times[(name, "hf")])
+        for variant in ("hf", "tokenpos"):
+            ts = times[(name, variant)]
+            total, rope, emb = shares[(name, variant)]
+            print(f"{name:<22} {variant:<9} {1e3 * min(ts):9.1f} {1e3 * statistics.median(ts):10.1f} "
+                  f"{ref / statistics.median(ts):8.2f} {100 * rope / total:7.1f} {100 * emb / total:6.1f}")
+
+
+if __name__ == "__main__":
+    main()
