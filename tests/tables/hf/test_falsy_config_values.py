@@ -44,11 +44,6 @@ NOT_CONFIG = {
     ("analysis/extrapolate/plot.py", '.get(f"{key}_ci") or'): "optional lists of a results document",
     ("analysis/extrapolate/plot.py", 'data.get("task_results") or'): "optional lists of a results document",
     ("analysis/extrapolate/plot.py", '.get("task") or'): "optional parts of a results document",
-    # torch/hf.py is owned by the torch engineer (reported in issue 28): "" reads as "absolute", and a falsy
-    # dropout as 0.0 (the same value)
-    ("torch/hf.py", '"position_embedding_type", "absolute") or'): "reported, left to its owner",
-    ("torch/hf.py", '"hidden_dropout_prob", 0.0) or 0.0'): "0 / False / None all mean no dropout",
-    ("torch/hf.py", '"embd_pdrop", 0.0) or 0.0'): "0 / False / None all mean no dropout",
 }
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.hf.rope import first_given
 from tokenpos.torch.transformer import TransformerEmbedding
 
 BERT_TYPES = ("bert",)
@@ -81,7 +82,8 @@ def from_hf(model: Any, *, freeze: bool = False) -> TransformerEmbedding:
         got = (f"model_type {model_type!r} ({type(model).__name__})" if config is not None
                else f"a {type(model).__name__} without a .config")
         raise _unsupported(got)
-    kind = getattr(config, "position_embedding_type", "absolute") or "absolute"
+    kind = first_given(config, "position_embedding_type")          # None or missing: absolute (HF's default)
+    kind = "absolute" if kind is None else kind
     if kind != "absolute":
         raise ConfigError(f"from_hf reproduces absolute position embeddings only; got "
                           f"position_embedding_type={kind!r}")
@@ -111,7 +113,7 @@ def _from_bert_like(emb: Any, config: Any, *, padding: bool) -> TransformerEmbed
     layer = TransformerEmbedding(
         w.shape[0], w.shape[1], pos.weight.shape[0], positional="learned", padding_idx=pad, init="zeros",
         num_token_types=tt.weight.shape[0], norm="layernorm", norm_eps=ln.eps,
-        dropout=float(getattr(config, "hidden_dropout_prob", 0.0) or 0.0),
+        dropout=float(emb.dropout.p),                                 # what the model's module does
         position_ids="padding" if padding else "default", device=w.device, dtype=w.dtype, seed=0)
     state = {"token.weight": w, "position.weight": pos.weight, "token_type.weight": tt.weight,
              "norm.weight": ln.weight, "norm.bias": ln.bias}
@@ -122,7 +124,7 @@ def _from_gpt2(base: Any, config: Any) -> TransformerEmbedding:
     wte, wpe = base.wte.weight, base.wpe.weight
     layer = TransformerEmbedding(
         wte.shape[0], wte.shape[1], wpe.shape[0], positional="learned", init="zeros",
-        dropout=float(getattr(config, "embd_pdrop", 0.0) or 0.0), device=wte.device, dtype=wte.dtype, seed=0)
+        dropout=float(base.drop.p), device=wte.device, dtype=wte.dtype, seed=0)  # what the model's module does
     return _copy(layer, {"token.weight": wte, "position.weight": wpe})
 
 
