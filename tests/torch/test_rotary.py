@@ -129,13 +129,18 @@ def test_compiles_without_graph_breaks(name: str) -> None:
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
 
 
-def test_dynamic_needs_eager_for_tensor_positions() -> None:
+def test_dynamic_compiles_with_tensor_positions_and_shares_the_eager_state() -> None:
+    """Dynamic NTK under torch.compile(fullgraph=True) takes the tensor path (state in ``dynamic_len``):
+    the eager results, and compiled and eager calls go on from one state (growth, then reset)."""
     torch._dynamo.reset()
-    rope = RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS["dynamic"])
+    rope, ref = (RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS["dynamic"]) for _ in range(2))
+    compiled = torch.compile(lambda x, p: rope.apply(x, x, p), fullgraph=True, backend="eager")
     q = torch.randn(1, 1, 3, DH)
-    assert rope.apply(q, q, torch.tensor([0, 1, 50]))[0].shape == q.shape       # eager: fine
-    with pytest.raises(Exception):  # noqa: B017 - dynamo's data-dependent error; documented limitation
-        torch.compile(lambda x, p: rope.apply(x, x, p), fullgraph=True, backend="eager")(q, torch.tensor([0, 1, 70]))
+    for pos, eager_call in ((torch.tensor([0, 1, 70]), False), (torch.tensor([0, 1, 40]), True),
+                            (torch.tensor([0, 1, 2]), False), (torch.tensor([0, 1, 90]), True)):
+        got = rope.apply(q, q, pos) if eager_call else compiled(q, pos)
+        torch.testing.assert_close(got[0], ref.apply(q, q, pos)[0], rtol=1e-6, atol=1e-6)
+        assert int(rope.dynamic_len) == ref._rope_state.max_seq_len_cached
 
 
 def test_from_hf_config_and_errors_match_numpy() -> None:

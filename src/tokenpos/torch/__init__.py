@@ -6,9 +6,10 @@ state_dict keys of ``tokenpos.numpy``, built on the same ``tokenpos.tables``.
     >>> emb(torch.tensor([[101, 2054, 2003, 102], [101, 7592, 1010, 102]])).shape
     torch.Size([2, 4, 768])
 
-Id/position value checks run on CPU tensors always, on other devices only after
-``set_device_checks(True)`` (``tokenpos._config``), and never inside ``torch.compile`` (see
-``tokenpos.torch._checks``). The fused computations are the custom ops of ``tokenpos.torch.ops``.
+Id/position value checks read CPU tensors in eager mode (a typed error); on other devices they are
+one device-side assert each, with no host sync (``set_device_checks(True)`` reads the values there
+instead, for the typed error; see ``tokenpos.torch._checks``). The fused computations are the custom
+ops of ``tokenpos.torch.ops``.
 """
 
 from tokenpos._config import device_checks_enabled, set_device_checks

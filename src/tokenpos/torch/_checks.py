@@ -5,12 +5,20 @@ the CPU and handed to the NumPy check of :mod:`tokenpos.tables.checks.validation
 index and raises. So the text is written once and is identical in both backends.
 
 When the data-dependent checks run:
-- CPU tensors: always (in eager mode).
-- CUDA / other devices: only when :func:`set_device_checks` is on, because reading a device value
-  synchronises the stream (and an out-of-range index would otherwise end in a device assert that
-  poisons the CUDA context).
-- Under ``torch.compile``: never (they would break the graph). Compile an already-validated pipeline,
-  or validate in eager first. dtype checks are static and always run.
+- CPU tensors in eager mode: always, reading the values (a typed TokenIdError / PositionError,
+  raised before anything changes).
+- CUDA / other devices (not meta): by default ONE device-side assert per checked tensor
+  (``torch._assert_async`` on "every value in range", message
+  ``tables.checks.device.device_range_message``), eager or compiled: no value is read on the host,
+  nothing synchronises, and the call stays capturable in a CUDA graph. A bad value fails loudly on
+  the device (CUDA: "device-side assert triggered", reported at the next synchronisation; the CUDA
+  context is then unusable), never as a silent zero row (the Triton gather masks ids it cannot read).
+  With :func:`set_device_checks` on, the values are read instead (one host sync per check) and the
+  typed error of the CPU is raised.
+- CPU tensors under ``torch.compile``: never (reading would break the graph). Compile an
+  already-validated pipeline, or validate in eager first. dtype checks are static and always run.
+- Tensors wrapped by ``torch.func`` transforms: read through functorch on the CPU; not checked on
+  other devices.
 
 Shapes: ids / positions of any shape (...).
 """
@@ -24,6 +32,7 @@ import numpy as np
 import torch
 
 from tokenpos._config import device_checks_enabled
+from tokenpos.tables.checks.device import device_range_message
 from tokenpos.tables.checks.validation import (
     INT64_MAX,
     check_positions_at,
@@ -108,14 +117,20 @@ def _layout_name(layout: torch.layout, nested: bool) -> str | None:
     return None if layout == torch.strided else str(layout).replace("torch.", "")
 
 
-def _outside(t: torch.Tensor, high: int | None) -> np.ndarray | None:
+def _outside(t: torch.Tensor, high: int | None, what: str) -> np.ndarray | None:
     """``t``'s values as NumPy when one lies outside [0, high) (``high`` None: any int64), for the
-    shared NumPy check to locate and raise; None when all lie inside, or when they cannot be read
-    here (see the module doc: CPU tensors in eager mode, other devices with device checks on). One
-    reduction (``aminmax``; the wide unsigned dtypes, which have no min/max kernels, through NumPy).
-    Inside a ``torch.func`` transform even a plain tensor refuses ``.numpy()``: functorch is set
-    aside to read the values."""
-    if not (t.is_cpu or device_checks_enabled()) or not t.numel() or not values_readable(t):
+    shared NumPy check to locate and raise; None when all lie inside, when they cannot be read here,
+    or when the check is left to the device (see the module doc: on a non-CPU device without
+    device checks, one device-side assert, :func:`_assert_on_device`). One reduction (``aminmax``;
+    the wide unsigned dtypes, which have no min/max kernels, through NumPy). Inside a ``torch.func``
+    transform even a plain tensor refuses ``.numpy()``: functorch is set aside to read the values."""
+    if not t.numel() or t.is_meta:
+        return None
+    if not t.is_cpu and not (device_checks_enabled() and values_readable(t)):
+        if not is_wrapped(t):
+            _assert_on_device(t, high, what)
+        return None
+    if not values_readable(t):
         return None
     wide = t.dtype in _WIDE_UINT_DTYPES
     if not wide:
@@ -128,6 +143,16 @@ def _outside(t: torch.Tensor, high: int | None) -> np.ndarray | None:
     return values if not wide or int(values.max()) >= limit else None
 
 
+def _assert_on_device(t: torch.Tensor, high: int | None, what: str) -> None:
+    """One device-side assert that every value of ``t`` (on a non-CPU device) lies in [0, high)
+    (``high`` None: >= 0): no value is read on the host (no sync; capturable in a CUDA graph; traced
+    by torch.compile). The wide unsigned dtypes are compared as int64, where a uint64 value beyond
+    int64 is negative, so it is refused too."""
+    v = t if t.dtype in (torch.int32, torch.int64) else t.long()
+    ok = v >= 0 if high is None else (v >= 0) & (v < high)
+    torch._assert_async(ok.all(), device_range_message(what, high, t.device))
+
+
 def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | None = None) -> torch.Tensor:
     """Integer ids with every value in [0, vocab_size), returned as a tensor that indexes directly
     (int32 / int64; the other integer dtypes are widened to int64 after the check). The torch twin
@@ -137,7 +162,8 @@ def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | N
 
     Raises:
         TokenIdError: a non-integer dtype, a nested or sparse tensor, meta ids for a real table
-            (always), or a value out of range (see the module doc).
+            (always), or a value out of range (CPU; see the module doc for other devices, where a
+            value out of range fails a device-side assert instead).
     """
     if not isinstance(ids, torch.Tensor):
         return torch.as_tensor(check_token_ids(ids, vocab_size), device=device)
@@ -149,7 +175,7 @@ def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | N
     if ids.is_meta and device is not None and torch.device(device).type != "meta":
         raise TokenIdError(f"token ids are on the meta device (they hold no values), but the table is on "
                            f"{device}; expected ids on {device} (or the CPU)")
-    values = _outside(ids, vocab_size)
+    values = _outside(ids, vocab_size, "token ids")
     if values is not None:
         check_token_ids(values, vocab_size)               # raises with the shared text
     return as_index(ids)
@@ -164,7 +190,8 @@ def check_position_tensor(positions: Any, max_seq_len: int | None = None, *,
     same as NumPy's (which checks the broadcast array).
 
     Raises:
-        PositionError: non-integer dtype, a negative position, or one >= max_seq_len.
+        PositionError: non-integer dtype, a negative position, or one >= max_seq_len (CPU; on other
+            devices those values fail a device-side assert, see the module doc).
     """
     if not isinstance(positions, torch.Tensor):
         arr = np.asarray(positions)
@@ -175,7 +202,7 @@ def check_position_tensor(positions: Any, max_seq_len: int | None = None, *,
         raise PositionError(id_layout_message("positions", layout))
     if positions.dtype not in _INT_DTYPES:
         raise PositionError(position_dtype_message(positions.dtype))
-    values = _outside(positions, max_seq_len)
+    values = _outside(positions, max_seq_len, "positions")
     if values is not None:
         check_positions_at(values, broadcast_to, max_seq_len)   # raises with the shared text
     return positions

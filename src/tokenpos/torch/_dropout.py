@@ -82,7 +82,22 @@ def dropout_torch(x: torch.Tensor, p: float, seed: Any, offset: int = 0) -> torc
     return (x.to(wide) * m).to(x.dtype)
 
 
-def draw_seed_torch(generator: torch.Generator | None) -> torch.Tensor:
-    """A fresh 63-bit dropout seed: a 0-d int64 CPU tensor drawn from ``generator`` (None: torch's
-    global CPU generator, so ``torch.manual_seed`` reproduces a run)."""
-    return torch.randint(0, SEED_MASK, (), generator=generator, dtype=torch.int64)
+def draw_seed_torch(generator: torch.Generator | None, device: torch.device | None = None) -> torch.Tensor:
+    """A fresh 63-bit dropout seed: a 0-d int64 tensor on ``device`` (None: the CPU).
+
+    On the CPU it is drawn from ``generator`` (None: torch's global CPU generator, so
+    ``torch.manual_seed`` reproduces a run). On another device it is drawn THERE, by a device op,
+    from ``generator`` (which must live on that device) or, for None, that device's default
+    generator (``torch.cuda.manual_seed`` reproduces a run): nothing is copied from the host, so no
+    call waits for the device, and under CUDA-graph capture each replay draws a fresh seed (CUDA's
+    default generator advances its graph-safe offset per replay)."""
+    if device is None or device.type == "cpu":
+        return torch.randint(0, SEED_MASK, (), generator=generator, dtype=torch.int64)
+    return torch.randint(0, SEED_MASK, (), generator=generator, dtype=torch.int64, device=device)
+
+
+def generator_device_message(generator_device: torch.device, device: torch.device) -> str:
+    """The refusal of a ``generator=`` that lives on another device than the layer drawing seeds from it."""
+    return (f"generator is on {generator_device} but the layer is on {device}: dropout seeds are drawn on the "
+            f"layer's device; pass a generator on {device} (torch.Generator({str(device)!r})) or generator=None "
+            f"(the device's default generator), or set layer.generator = None after moving the layer")

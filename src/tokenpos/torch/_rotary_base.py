@@ -108,10 +108,21 @@ class RotaryBase(TokenposModule):
 
     @staticmethod
     def _same_key_positions(scheme: str, pos: torch.Tensor, key_positions: Any) -> None:
-        """For schemes rotating q and k together: ``key_positions``, if given, must equal ``pos``."""
-        if key_positions is not None:
-            check_same_key_positions(scheme, pos.cpu().numpy(),
-                                     check_position_tensor(key_positions, device=pos.device).cpu().numpy())
+        """For schemes rotating q and k together: ``key_positions``, if given, must equal ``pos``.
+        Read on the CPU (ConfigError); on another device the shapes are checked here and the values
+        by one device-side assert (no host sync), as ``tokenpos.torch._checks`` does for ids."""
+        if key_positions is None:
+            return
+        kp = check_position_tensor(key_positions, device=pos.device)
+        if pos.is_cpu and kp.is_cpu:
+            check_same_key_positions(scheme, pos.numpy(), kp.numpy())
+            return
+        try:
+            torch.broadcast_shapes(pos.shape, kp.shape)
+        except RuntimeError:
+            check_same_key_positions(scheme, np.zeros(tuple(pos.shape)), np.zeros(tuple(kp.shape)))  # raises
+        torch._assert_async((pos == kp).all(), f"{scheme} rotates q and k at the same positions; key_positions on "
+                                               f"{pos.device} differ from the query positions (a device-side check)")
 
     # -- rotation: tokenpos::rope / rope_qk op calls -----------------------------------------------
     @staticmethod

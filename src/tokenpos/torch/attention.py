@@ -28,13 +28,14 @@ from tokenpos.tables.checks.attention import (
     check_bias_shape,
     check_mask_shape,
     check_scheme,
+    check_temperature,
     key_start_message,
 )
 from tokenpos.tables.checks.validation import check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.formulas.attention import resolve_query_start
 from tokenpos.tables.formulas.llama4 import query_temperature
-from tokenpos.torch._checks import check_float_tensor
+from tokenpos.torch._checks import calc_dtype, check_float_tensor, check_position_tensor
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -66,6 +67,28 @@ def _rotate(positional: Any, q: torch.Tensor, k: torch.Tensor, positions: Any, s
     return positional.apply(q, k, positions, start_pos=q_start, key_positions=key_positions)
 
 
+def _query_temperature(attn_temperature: Any, positions: Any, start_pos: int | None, lq: int, lk: int,
+                       device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Llama 4's per-query scales (B|1, 1, Lq, 1) in ``dtype`` on ``device``: on the CPU from
+    ``tables.formulas.llama4.query_temperature``; elsewhere its formula in tensor ops on the device
+    (``log1p(floor((n + 1) / floor_scale)) * attn_scale + 1`` in float64; float32 on MPS), so no
+    position is read on the host and nothing is copied to the device."""
+    if device.type == "cpu":
+        return torch.from_numpy(query_temperature(attn_temperature, positions, start_pos, lq, lk)).to(dtype)
+    floor_scale, attn_scale = check_temperature(attn_temperature)
+    if positions is None:
+        start = resolve_query_start(start_pos, lq, lk)
+        pos = torch.arange(start, start + lq, device=device)
+    else:
+        pos = check_position_tensor(positions, device=device)
+        if pos.shape[-1] != lq or pos.dim() > 2:
+            raise ConfigError(f"positions for attn_temperature must have shape ({lq},) or (B, {lq}), "
+                              f"got {tuple(pos.shape)}")
+    n = pos.to(calc_dtype(device))
+    s = torch.log1p(torch.floor((n + 1.0) / floor_scale)) * attn_scale + 1.0
+    return (s.reshape(1, 1, lq, 1) if s.dim() == 1 else s[:, None, :, None]).to(dtype)
+
+
 def scaled_dot_product_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, positional: Any = None, causal: bool = True,
         positions: Any = None, start_pos: int | None = None, key_positions: Any = None,
@@ -95,8 +118,7 @@ def scaled_dot_product_attention(
         q, k = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     if attn_temperature is not None:
-        temp = query_temperature(attn_temperature, positions, start_pos, q.shape[2], k.shape[2])
-        q = q * torch.from_numpy(temp).to(q.device, compute)                    # (B|1, 1, Lq, 1)
+        q = q * _query_temperature(attn_temperature, positions, start_pos, q.shape[2], k.shape[2], q.device, compute)
     lq, lk, dh = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
     logits = torch.matmul(q, k.transpose(-1, -2)) * scale                        # (B, H, Lq, Lk)

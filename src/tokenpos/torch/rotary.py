@@ -18,7 +18,16 @@ one call are taken together under a lock, and the new state kept, so threads sha
 frequencies. Calls with ``positions=None`` slice the cache; explicit position tensors are
 computed from the formula (same numbers). Under ``torch.compile`` nothing is mutated. Static scalings
 and longrope run under ``fullgraph=True``; ``dynamic`` keeps HF's state in Python and reads
-``max(positions)``, so it is eager-only with explicit positions.
+``max(positions)`` on the CPU in eager mode (see below for the device and compiled path).
+
+Dynamic NTK on another device (CUDA), and under ``torch.compile``: nothing is read on the host. HF's
+state (the length the frequencies were made for) is the 0-d int64 buffer ``dynamic_len``, updated in
+place by tensor ops from ``max(positions) + 1`` (growth, and the reset below
+``max_position_embeddings``, as ``tables.formulas.rope_state.rope_variant``), and the frequencies are
+recomputed from it there (:func:`dynamic_inv_freq_torch`, the formula of
+``tables.formulas.rope_scaling._compute_dynamic``); cos / sin come from the formula (no cache). The
+buffer is the one state: the eager CPU path reads it (a CPU scalar) and writes its changes back, so
+compiled and eager calls, and a layer moved between devices, go on from where the last call left it.
 
 Kernel: each call is one ``tokenpos::rope_qk`` op (q and k at the same positions) or ``tokenpos::rope``
 per tensor (k at its own positions); the op picks the fused CPU kernel, Triton or plain torch, and
@@ -97,6 +106,10 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         f = self.rotary_dim // 2
         self._register_empty(device, inv_freq=((0,), None), long_inv_freq=((0,), None),
                              cos_cached=((0, f), None), sin_cached=((0, f), None))
+        self.dynamic_len: torch.Tensor                      # dynamic NTK: HF's max_seq_len_cached, on the device
+        if self.rope_type == "dynamic":
+            self.register_buffer("dynamic_len", torch.full((), self.max_seq_len, dtype=torch.int64,
+                                                           device=self.inv_freq.device), persistent=False)
         self._cache_key: tuple[Any, ...] | None = None
         self._cast_memo: tuple[Any, ...] | None = None    # (cos_cached, dtype, cos, sin) cast once per build
         self._scaling_memo: tuple[Any, ...] | None = None  # (copy of scaling, its frozen key)
@@ -140,16 +153,45 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         chosen by ``tables.formulas.rope_state.rope_variant``; keeps the new state unless ``mutate`` is False.
 
         ``need`` may be a 0-d tensor: longrope then chooses on the device with ``torch.where`` (nothing is
-        read, so torch.compile traces it; no NumPy frequencies: None); dynamic reads it (eager only).
+        read, so torch.compile traces it; no NumPy frequencies: None); dynamic reads it (eager CPU calls
+        only: on a device and under torch.compile :meth:`_dynamic_on_device` serves dynamic instead).
+        The state is ``dynamic_len``'s, which the tensor path may have moved: read first (a CPU scalar).
         """
+        if self.rope_type == "dynamic" and not is_compiling() and self.dynamic_len.is_cpu:
+            n = int(self.dynamic_len)                    # the tensor path (compiled calls, a device) may have moved it
+            if n != self._rope_state.max_seq_len_cached:
+                self._rope_state = rope_variant(self.freqs, n, self.freqs.initial_state)[2]
         key, which, state = rope_variant(self.freqs, need, self._rope_state)
         if mutate and state is not self._rope_state:
             self._rope_state = state
+            if self.rope_type == "dynamic" and not self.dynamic_len.is_meta and not is_compiling():
+                self.dynamic_len.fill_(state.max_seq_len_cached)
         if isinstance(which, torch.Tensor):
             return key, None, torch.where(which, self.long_inv_freq, self.inv_freq)
         inv_np = self.freqs.inv_freq_for(which, state)
         inv_t = {"original": self.inv_freq, "long": self.long_inv_freq}.get(which)
         return key, inv_np, self._table(inv_np) if inv_t is None else inv_t
+
+    def _on_device_dynamic(self) -> bool:
+        """Dynamic NTK by tensor ops (module doc): on a non-CPU device, and under torch.compile (which
+        cannot branch on a position's value)."""
+        return (self.rope_type == "dynamic" and not self.inv_freq.is_meta
+                and (not self.inv_freq.is_cpu or is_compiling()))
+
+    def _dynamic_on_device(self, need: torch.Tensor | int) -> torch.Tensor:
+        """HF's dynamic update for a call needing rows [0, need) (``need`` a 0-d int tensor, or an int),
+        by tensor ops on the device: the state ``dynamic_len`` is updated in place (growth past it;
+        back to ``max_position_embeddings`` when a call needs fewer after a growth, as
+        ``rope_variant``), and the (F,) frequencies for it are returned. Nothing is read on the host."""
+        dev = self.dynamic_len.device
+        if not isinstance(need, torch.Tensor):
+            need = torch.full((), int(need), dtype=torch.int64, device=dev)
+        need = need.to(torch.int64)
+        m = self.freqs.max_position_embeddings
+        grown = torch.maximum(self.dynamic_len, need)                          # growth
+        cached = torch.where((need < m) & (grown > m), m, grown)              # reset
+        self.dynamic_len.copy_(cached)
+        return dynamic_inv_freq_torch(cached, self.freqs)
 
     def _key(self, variant: tuple[Any, ...]) -> tuple[Any, ...]:
         return (self.rotary_dim, self.base, self.interleaved, self.attention_factor, self._scaling_key(), variant)
@@ -210,6 +252,10 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         step; cached rows come in ``dtype`` when given (the op's table dtype), else as cached."""
         start = check_start_pos(start, length)                       # beyond int64: PositionError
         need = start + length
+        if self._on_device_dynamic():                                   # the device's state, the formula
+            with self._guard():
+                inv_d = self._dynamic_on_device(max(need, seq_len or 0))
+            return self._formula(torch.arange(start, need, device=self.inv_freq.device), inv_d)
         with self._guard():
             inv_t = self._cover(need, seq_len)
             if inv_t is None:
@@ -224,9 +270,11 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         """cos, sin (..., F) for an int tensor of positions (...), from the formula; ``need`` (default
         ``max(pos) + 1``, a tensor: not read by longrope) picks the variant."""
         if need is None:
-            need = pos.max() + 1 if self.freqs.length_dependent else 0
+            need = pos.max() + 1 if self.freqs.length_dependent and pos.numel() else 0
         elif isinstance(need, torch.Tensor):
             need = need.to(pos.device)
+        if self._on_device_dynamic():                                   # nothing read on the host
+            return self._formula(pos, self._dynamic_on_device(need))
         return self._formula(pos, self._variant(need)[2])
 
     def cos_sin_range(self, start: int, length: int, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,3 +357,19 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
                 f"max_seq_len={self.max_seq_len}, rope_type={self.rope_type!r}, layout={self.layout!r}, "
                 f"qk_layout={self.qk_layout!r}")
+
+
+def dynamic_inv_freq_torch(length: torch.Tensor, freqs: Any) -> torch.Tensor:
+    """Dynamic NTK's (F,) inverse frequencies for the 0-d int ``length`` (>= max_position_embeddings
+    M), in float64 on its device (float32 on MPS): the formula of
+    ``tables.formulas.rope_scaling._compute_dynamic`` in tensor ops, so nothing is read on the host.
+
+        base' = base * (factor * S / M - (factor - 1)) ** (R / (R - 2)),  S = max(length, M)
+        inv_freq = 1 / base' ** (arange(0, R, 2) / R)
+    """
+    calc = _calc_dtype(length.device)
+    R, m = freqs.rotary_dim, float(freqs.max_position_embeddings)
+    factor = float(freqs._params["factor"])
+    s = length.to(calc).clamp_min(m)
+    base = freqs.base * ((factor * s / m) - (factor - 1.0)) ** (R / (R - 2))
+    return 1.0 / torch.pow(base, torch.arange(0, R, 2, dtype=calc, device=length.device) / R)

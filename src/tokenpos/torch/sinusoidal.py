@@ -107,8 +107,10 @@ class SinusoidalPositionalEncoding(TokenposModule):
                 return self.table[:L].clone()                                        # (L, D)
             return self.encode(torch.arange(L, device=self.table.device))
         pos = check_position_tensor(seq_len_or_positions, device=self.table.device)
-        if not values_readable(pos) or (pos.numel() and int(pos.max()) >= self.max_seq_len):
-            return self.encode(pos)                                                  # the same bits as the table
+        # the table's rows when every position is inside it; read on the CPU only (elsewhere a read
+        # would sync): the formula then, the same bits as the table
+        if not pos.is_cpu or not values_readable(pos) or (pos.numel() and int(pos.max()) >= self.max_seq_len):
+            return self.encode(pos)
         return self.table[as_index(pos)]                                             # (..., D), a copy
 
     def extra_repr(self) -> str:

@@ -30,7 +30,7 @@ from tokenpos.torch._checks import (
     resolve_dtype,
     values_readable,
 )
-from tokenpos.torch._dropout import draw_seed_torch, dropout_torch
+from tokenpos.torch._dropout import draw_seed_torch, dropout_torch, generator_device_message
 from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.norm import build_norm
@@ -82,11 +82,17 @@ class TransformerEmbedding(TokenposModule):
         padding_idx, init, std: the token table's. num_token_types, norm, norm_eps, position_ids: as
             the NumPy layer. device / dtype: factory kwargs. seed / rng: NumPy-identical init;
             generator: a torch.Generator for the initial weights and the dropout seeds (default:
-            torch's global one).
+            torch's global one). The dropout seeds are drawn on the layer's device, so a
+            ``generator`` must live there when the layer trains with dropout: a CPU generator serves
+            a CPU layer; a layer on CUDA takes a CUDA generator (``torch.Generator("cuda")``) or None
+            (CUDA's default generator); a CPU generator there is refused (ConfigError) at the first
+            training call rather than silently ignored. The initial weights take any generator.
 
     Dropout uses the counter-based mask of ``tokenpos.tables.formulas.dropout``: a fresh 63-bit seed per
-    training forward, drawn from torch's generator, so ``torch.manual_seed`` (or ``generator=``)
-    reproduces a run.
+    training forward, drawn from torch's generator on the layer's device, so ``torch.manual_seed`` (or
+    ``generator=``; on CUDA ``torch.cuda.manual_seed``) reproduces a run. On CUDA the seed is drawn on
+    the device (no host sync), so a training step can be captured in a CUDA graph and each replay
+    draws fresh masks.
 
     Shape:
         forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids) -> (..., D);
@@ -168,8 +174,11 @@ class TransformerEmbedding(TokenposModule):
                 raise ConfigError(f"positions must have shape {shape[-1:]} or {shape}, got {tuple(pos.shape)}")
             if limit is not None:                                   # indexed as used, as NumPy does
                 check_position_tensor(pos, limit, broadcast_to=shape)
-            readable = limit is None and position.kind == "additive" and pos.numel() and values_readable(pos)
-            end = int(pos.max()) + 1 if readable else None          # a table that extends: inside it?
+            # a table that extends: inside it? Read on the CPU only (elsewhere a read would sync:
+            # unknown, so the rows come from the formula, the same values)
+            readable = (limit is None and position.kind == "additive" and pos.numel() and pos.is_cpu
+                        and values_readable(pos))
+            end = int(pos.max()) + 1 if readable else None
         else:
             if self.position_ids == "padding":                      # RoBERTa: from the padding id
                 pad = int(token.padding_idx)                        # type: ignore[arg-type]
@@ -224,14 +233,22 @@ class TransformerEmbedding(TokenposModule):
         return x
 
     def _dropout_seed(self, p: float, like: torch.Tensor) -> torch.Tensor:
-        """A 0-d int64 seed on ``like``'s device: fresh per training call (from ``generator``), 0
-        without dropout."""
+        """A 0-d int64 seed on ``like``'s device: fresh per training call, 0 without dropout. Drawn on
+        that device (:func:`draw_seed_torch`: no host-to-device copy, no sync, CUDA-graph safe) from
+        ``generator`` or the device's default generator.
+
+        Raises:
+            ConfigError: ``generator`` lives on another device than the layer (a CPU generator for
+                a layer moved to CUDA): checked before anything changes.
+        """
         if p == 0.0:
             return no_seed(like)
         if is_compiling():                                  # in-graph draw (generators do not trace)
             return torch.randint(0, SEED_MASK, (), device=like.device, dtype=torch.int64)
-        seed = draw_seed_torch(self.generator)
-        return seed if like.is_cpu else seed.to(like.device)
+        g = self.generator
+        if g is not None and g.device != like.device:
+            raise ConfigError(generator_device_message(g.device, like.device))
+        return draw_seed_torch(g, like.device)
 
     def extra_repr(self) -> str:
         s = f"{self.vocab_size}, {self.d_model}, max_seq_len={self.max_seq_len}, positional={self.positional!r}"

@@ -43,11 +43,23 @@ def all_reduce(t: torch.Tensor, group: Any, op: Any = None) -> torch.Tensor:
     return t
 
 
-def all_ranks_ok(ok: bool, group: Any, world: int, device: Any = None) -> bool:
-    """True when every rank of ``group`` passed ``ok`` (one all-reduce of a failure count; none at W = 1)."""
+def collective_device(group: Any) -> torch.device:
+    """The device whose tensors a collective on ``group`` takes: the current CUDA device for an
+    NCCL-only group (which refuses CPU tensors), else the CPU (gloo, mpi, or a "cpu:gloo,cuda:nccl"
+    group). The one place a small collective of the layers (a seed, a flag) picks its device,
+    whatever device the table is on (the CPU or meta while a model is built)."""
+    if str(dist.get_backend(group)) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_ranks_ok(ok: bool, group: Any, world: int) -> bool:
+    """True when every rank of ``group`` passed ``ok`` (one all-reduce of a failure count on the group's
+    :func:`collective_device`; none at W = 1)."""
     if world == 1:
         return ok
-    flag = torch.tensor([0.0 if ok else 1.0], device=device)
+    flag = torch.zeros(1, device=collective_device(group))
+    flag.fill_(0.0 if ok else 1.0)
     return float(all_reduce(flag, group)[0]) == 0.0
 
 

@@ -85,7 +85,7 @@ def save_full(layer: Any, path: str | Path) -> None:
             atomic_write_bytes(path, save({"weight": full.contiguous().cpu()}, metadata=FILE_METADATA))
         except (OSError, ValueError) as exc:
             error = exc
-    if not all_ranks_ok(error is None, layer.group, layer.world_size, layer.weight.device):
+    if not all_ranks_ok(error is None, layer.group, layer.world_size):
         if error is not None:
             raise error
         raise OSError(f"rank 0 could not write the vocab-parallel checkpoint {str(path)!r}")
@@ -112,7 +112,7 @@ def load_full(layer: Any, path: str | Path, strict: bool = True) -> None:
         full = _checked_weight(layer, read_file(path), strict)
     except StateDictError as exc:
         error = exc
-    if not all_ranks_ok(error is None, layer.group, layer.world_size, layer.weight.device):
+    if not all_ranks_ok(error is None, layer.group, layer.world_size):
         if error is not None:
             raise error
         raise StateDictError(f"another rank could not load the checkpoint {str(path)!r}; nothing was loaded")

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tokenpos._config import device_checks_enabled
 from tokenpos.tables.checks.validation import check_choice, check_float, check_int, dtype_name
 from tokenpos.tables.errors import ConfigError, TokenIdError
-from tokenpos.torch._checks import _INT_DTYPES, is_compiling
+from tokenpos.torch._checks import _INT_DTYPES, is_wrapped, values_readable
 from tokenpos.torch.distributed._comm import all_reduce, resolve_group
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -42,18 +43,36 @@ def check_targets(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> 
     """Integer targets, each in [0, V) or equal to ``ignore_index``. The same targets on every rank
     make every rank raise together, before any collective.
 
+    On the CPU the values are read (a TokenIdError naming the first bad target); on another device
+    (unless ``tokenpos.set_device_checks(True)``) one device-side assert, with no host sync (see
+    ``tokenpos.torch._checks``).
+
     Raises:
-        TokenIdError: a non-integer dtype, or a value out of range that is not ``ignore_index``.
+        TokenIdError: a non-integer dtype, or a value out of range that is not ``ignore_index`` (CPU).
     """
     if targets.dtype not in _INT_DTYPES:
         raise TokenIdError(f"targets must be integers, got dtype {dtype_name(targets.dtype)}; expected an "
                            f"integer tensor with values in [0, {vocab_size}) or ignore_index={ignore_index}")
-    if targets.numel() == 0 or is_compiling():
+    if targets.numel() == 0 or targets.is_meta:
         return
-    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab_size))
+    t = targets if targets.dtype in (torch.int32, torch.int64) else targets.long()
+    bad = (t != ignore_index) & ((t < 0) | (t >= vocab_size))
+    if not targets.is_cpu and not (device_checks_enabled() and values_readable(targets)):
+        if not is_wrapped(targets):
+            torch._assert_async(~bad.any(), target_device_message(vocab_size, ignore_index, targets.device))
+        return
+    if not values_readable(targets):
+        return
     if bool(bad.any()):
         index = tuple(int(i) for i in torch.nonzero(bad)[0])
         raise TokenIdError(target_range_message(int(targets[index]), index, vocab_size, ignore_index))
+
+
+def target_device_message(vocab_size: int, ignore_index: int, device: Any) -> str:
+    """The device-side assert's text for a target out of range (no index or value: nothing is read)."""
+    return (f"targets on {device} out of range: expected every target in [0, {int(vocab_size)}) or "
+            f"ignore_index={int(ignore_index)} (a device-side check; call tokenpos.set_device_checks(True) for "
+            "a typed error with the index and the value, at one host sync per call)")
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
@@ -92,29 +111,29 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if eps > 0.0:
             per = (1.0 - eps) * per + eps * (lse - reduced[1] / vocab_size)
         per = torch.where(valid, per, torch.zeros_like(per))
-        count = valid.sum()
-        ctx.save_for_backward(e / s.unsqueeze(-1), idx, here, valid, real)
-        ctx.args = (logits.shape, logits.dtype, eps, vocab_size, reduction, int(count))
+        count = valid.sum().clamp_min(1)                                       # () on the device: never read
+        ctx.save_for_backward(e / s.unsqueeze(-1), idx, here, valid, real, count)
+        ctx.args = (logits.shape, logits.dtype, eps, vocab_size, reduction)
         if reduction == "mean":
-            return per.sum() / max(int(count), 1)
+            return per.sum() / count
         if reduction == "sum":
             return per.sum()
         return per.reshape(targets.shape)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        probs, idx, here, valid, real = ctx.saved_tensors
-        shape, dtype, eps, vocab_size, reduction, count = ctx.args
+        probs, idx, here, valid, real, count = ctx.saved_tensors
+        shape, dtype, eps, vocab_size, reduction = ctx.args
         g = probs.clone()                                                      # (N, Vl)
-        rows = torch.nonzero(here).squeeze(1)
-        g[rows, idx[rows]] -= 1.0 - eps
+        # - (1 - eps) at each row's target column when the target is on this rank (x + -a == x - a)
+        g.scatter_add_(1, idx.unsqueeze(1), here.to(g.dtype).unsqueeze(1) * -(1.0 - eps))
         if eps > 0.0:
             g -= real.to(g.dtype) * (eps / vocab_size)
         g = torch.where(valid.unsqueeze(-1), g, torch.zeros_like(g))
         if reduction == "none":
             g = g * grad.reshape(-1, 1).to(g.dtype)
         else:
-            g = g * (grad.to(g.dtype) / (max(count, 1) if reduction == "mean" else 1))
+            g = g * (grad.to(g.dtype) / count if reduction == "mean" else grad.to(g.dtype))
         return g.reshape(shape).to(dtype), None, None, None, None, None, None, None, None
 
 
@@ -132,14 +151,19 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: Any, *, gr
         label_smoothing: eps in [0, 1], spread over the V real classes as ``F.cross_entropy`` does.
         reduction: "mean" (over non-ignored targets), "sum" or "none" (a (...) loss, 0 where ignored).
         vocab_size: the real vocab V when the columns are padded (pass the embedding's ``vocab_size``;
-            columns >= V are excluded); None means every column is a real class (V = W * Vl).
+            columns >= V are excluded); None means every column is a real class (V = W * Vl), which
+            label smoothing refuses (it cannot tell padding columns from classes).
 
     When every target is ignored the loss is 0 and the gradient zero (``F.cross_entropy`` gives NaN).
     Three all-reduces in forward (none at W = 1), none in backward.
 
+    No call reads a device value on the host: on CUDA the loss, its mean and its gradient stay on the
+    device (a bad target fails a device-side assert there, see ``check_targets``).
+
     Raises:
-        TokenIdError: a target outside [0, V) that is not ``ignore_index``, on every rank, before any collective.
-        ConfigError: shapes that do not match, or a bad option.
+        TokenIdError: a target outside [0, V) that is not ``ignore_index`` (CPU), on every rank, before any
+            collective.
+        ConfigError: shapes that do not match, a bad option, or label_smoothing > 0 without vocab_size.
     """
     g, rank, world = resolve_group(group)
     if not isinstance(local_logits, torch.Tensor) or not local_logits.is_floating_point():
@@ -158,6 +182,10 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: Any, *, gr
         raise ConfigError(f"vocab_size must be <= world_size * local columns = {world * Vl}, got {V}")
     ignore_index = check_int("ignore_index", ignore_index)
     eps = check_float("label_smoothing", label_smoothing, low=0.0, high=1.0)
+    if eps > 0.0 and vocab_size is None:        # padded (-inf) columns would count as classes: an infinite loss
+        raise ConfigError(f"label_smoothing={eps} needs vocab_size= (the real vocab V, e.g. the embedding's "
+                          f"vocab_size): the smoothing spreads over the V real classes, and without it every one of "
+                          f"the {world * Vl} columns would count, padding columns (-inf) included")
     check_choice("reduction", reduction, REDUCTIONS)
     check_targets(t, V, ignore_index)
     return _VocabParallelCrossEntropy.apply(local_logits, t, g, world, rank * Vl, V, ignore_index, eps, reduction)

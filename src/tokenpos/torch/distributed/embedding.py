@@ -8,9 +8,9 @@ rule, :func:`tokenpos.tables.formulas.vocab_parallel.padded_vocab_size`); rows >
 looked up, and give ``-inf`` logits. Every rank runs the same code on the same ids (SPMD).
 
 Forward: validate ids (every rank, before any collective, so bad ids raise the same ``TokenIdError``
-on all ranks together), look up the owned ids locally, zero the others, one all-reduce (sum). Exactly
-one rank contributes each output row and the rest add zeros, so the result is bit-identical to the
-one-process ``TokenEmbedding``.
+on all ranks together; on CUDA a device-side assert on every rank, with no host sync), look up the
+owned ids locally, zero the others, one all-reduce (sum). Exactly one rank contributes each output
+row and the rest add zeros, so the result is bit-identical to the one-process ``TokenEmbedding``.
 """
 
 from __future__ import annotations
@@ -23,15 +23,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tokenpos._config import device_checks_enabled
 from tokenpos.tables.checks.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
 from tokenpos.tables.formulas.init import INIT_SCHEMES, resolve_rng
 from tokenpos.tables.formulas.vocab_parallel import padded_vocab_size, shard_range
-from tokenpos.torch._checks import check_token_id_tensor, is_compiling, resolve_dtype
+from tokenpos.torch._checks import check_token_id_tensor, resolve_dtype
 from tokenpos.torch._init import torch_seed
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.distributed import checkpoint
-from tokenpos.torch.distributed._comm import all_reduce, copy_to_group, reduce_from_group, resolve_group
+from tokenpos.torch.distributed._comm import (
+    all_reduce,
+    collective_device,
+    copy_to_group,
+    reduce_from_group,
+    resolve_group,
+)
 from tokenpos.torch.distributed._lookup import local_lookup
 from tokenpos.torch.distributed._shard_init import shard_init
 
@@ -102,10 +107,13 @@ class VocabParallelEmbedding(TokenposModule):
     @torch.no_grad()
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         """Re-draw this rank's rows of the one-process table (see the class doc for seed / rng)."""
-        if seed is None and rng is None:
-            dev = None if self.weight.is_meta else self.weight.device
-            shared = torch.tensor([torch_seed() if self.rank == 0 else 0], dtype=torch.int64, device=dev)
-            seed = int(all_reduce(shared, self.group)[0]) if self.world_size > 1 else int(shared[0])
+        if seed is None and rng is None:                         # rank 0's draw, on every rank
+            seed = torch_seed() if self.rank == 0 else 0            # only rank 0's generator advances
+            if self.world_size > 1:
+                # on the device the group's backend takes (CUDA for NCCL), whatever the table's (CPU, meta)
+                shared = torch.zeros(1, dtype=torch.int64, device=collective_device(self.group))
+                shared.fill_(seed)
+                seed = int(all_reduce(shared, self.group)[0])
         gen = resolve_rng(seed, rng)
         if self.weight.is_meta:
             return
@@ -115,13 +123,9 @@ class VocabParallelEmbedding(TokenposModule):
 
     # -- lookup ------------------------------------------------------------------------------
     def _checked_ids(self, ids: Any) -> torch.Tensor:
-        """Ids validated in [0, V) on this rank (whatever the device: a silent zero row is worse than a sync)."""
-        t = check_token_id_tensor(ids, self.vocab_size, device=self.weight.device)
-        if t.device.type != "cpu" and t.numel() and not device_checks_enabled() and not is_compiling():
-            lo, hi = torch.aminmax(t)
-            if int(lo) < 0 or int(hi) >= self.vocab_size:
-                check_token_id_tensor(t.cpu(), self.vocab_size)                     # raises the shared message
-        return t.to(self.weight.device)
+        """Ids validated in [0, V) on this rank: read on the CPU (TokenIdError), a device-side assert
+        elsewhere (no host sync; never a silent zero row), see ``tokenpos.torch._checks``."""
+        return check_token_id_tensor(ids, self.vocab_size, device=self.weight.device).to(self.weight.device)
 
     def forward(self, ids: Any) -> torch.Tensor:
         """ids (...) -> (..., D), one all-reduce. Bad ids raise TokenIdError on every rank, before it."""
