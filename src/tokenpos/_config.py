@@ -29,11 +29,12 @@ kept; with ``omp``, forking after a kernel call is unsafe.
 Four memoised lookups live beside the code that uses them; none is a setting, and none changes a
 result:
 
-- ``tokenpos.torch.transformer.default_positions``: one read-only int64 ``arange`` per
-  (start, length) on the CPU (an LRU of 64), the default positions of ``TransformerEmbedding``.
-  The ops never write their inputs; written through a graph's ``grad_fn.saved_tensors``, it is
-  dropped and rebuilt before the next call reads it (its version counter says so). The no-dropout
-  seed (``tokenpos.torch.ops.entry.no_seed``) is guarded the same way.
+- ``tokenpos.torch.transformer.default_positions``: one int64 ``arange`` per device (its length a
+  power of two), the default positions of ``TransformerEmbedding`` being a view of it, so a call
+  launches no kernel for them (decode steps included). The ops never write their inputs; written
+  through a graph's ``grad_fn.saved_tensors``, it is dropped and rebuilt before the next call reads
+  it (its version counter says so). The no-dropout seed (``tokenpos.torch.ops.entry.no_seed``, one
+  zero per device) is guarded the same way.
 - ``tokenpos.tables.formulas.positions.shared_default_positions``: the NumPy twin, one read-only int64
   ``arange`` per (length, start) (an LRU of 64); NumPy refuses any write to it.
 - ``tokenpos._hugepages``: libc's ``madvise``, looked up once. Large CPU torch tables ask for

@@ -530,3 +530,27 @@ def test_dynamic_frequencies_by_tensor_ops_match_the_tables(head_dim: int) -> No
         got = dynamic_inv_freq_torch(torch.tensor(n), layer.freqs)
         want = torch.from_numpy(layer.freqs._compute(n)[0])
         torch.testing.assert_close(got, want, rtol=1e-15, atol=0.0)
+
+
+# ------------------------------------------------------------------ no per-call factory kernels
+
+FACTORY_OPS = {"arange", "zeros", "ones", "full", "fill", "fill_", "scalar_tensor", "zero_", "lift_fresh",
+               "lift_fresh_copy", "randint", "random_"}
+
+
+@pytest.mark.parametrize("start_pos", [0, 5, 37], ids=lambda s: f"start_pos={s}")
+def test_transformer_embedding_eval_call_launches_no_factory_kernel(start_pos: int) -> None:
+    """Issue 34's budget: a ``TransformerEmbedding`` call without dropout makes no tensor of its own on
+    the device per call (no ``arange`` for the default positions, at any ``start_pos``, no ``zeros``
+    for the no-dropout seed): what runs is the id check (device-side assert), a view of the shared
+    positions and the fused kernel."""
+    m = Device("fake").m(tpt.TransformerEmbedding(V, D, 64, seed=0).eval())
+    ids = to_fake_cuda(IDS)
+    with no_host_sync() as mode, torch.no_grad():
+        m(ids, start_pos=start_pos)                                  # warm: the shared arange is built once
+        mode.ops.clear()
+        m(ids, start_pos=start_pos + 1)                              # the next decode step
+        names = [op._schema.name.split("::")[-1] for op in mode.ops]
+    made = [n for n in names if n.split(".")[0] in FACTORY_OPS]
+    assert not made, f"factory kernels per call: {made} (all ops: {names})"
+    assert names[:5] == ["ge", "lt", "bitwise_and", "all", "_assert_async"], names   # the id check

@@ -40,25 +40,32 @@ from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.token import TokenEmbedding, _pad, token_rows
 
 
-@functools.lru_cache(maxsize=64)
-def _cpu_arange(start: int, stop: int) -> torch.Tensor:
+ARANGE_CAP = 1 << 22                                    # positions below this come from the shared arange
+
+
+@functools.lru_cache(maxsize=16)
+def _arange(n: int, device: torch.device) -> torch.Tensor:
     with torch.inference_mode(False):                  # a normal tensor, so autograd may save it
-        return torch.arange(start, stop, device="cpu")  # whatever the default device (torch.device context)
+        return torch.arange(n, device=device)
 
 
 def default_positions(start: int, length: int, device: torch.device) -> torch.Tensor:
-    """``start + arange(length)`` (int64) on ``device``. On the CPU in eager mode, one shared
-    tensor per (start, length) (a ``torch.arange`` per call costs 30-100 us when caches are cold):
-    the ops never write their inputs. A caller can still reach it, through a graph's
-    ``grad_fn.saved_tensors``; if it was written there (its version counter moved), the cache is
-    dropped and rebuilt, so a later call never reads changed positions."""
-    if device.type == "cpu" and not torch.compiler.is_compiling():
-        pos = _cpu_arange(start, start + length)
-        if pos._version:                                # written in place by someone: not ours any more
-            _cpu_arange.cache_clear()
-            pos = _cpu_arange(start, start + length)
-        return pos
-    return torch.arange(start, start + length, device=device)
+    """``start + arange(length)`` (int64) on ``device``, as a view of one shared ``arange`` per device
+    (its length a power of two, at least 1024), so a call launches no kernel and allocates nothing,
+    decode steps included (a ``torch.arange`` per call is a kernel launch on a GPU, and 30-100 us on the
+    CPU when caches are cold). The ops never write their inputs; a caller can still reach the view
+    through a graph's ``grad_fn.saved_tensors``, and if it was written there (the shared version
+    counter moved) the arange is rebuilt, so a later call never reads changed positions. Under
+    ``torch.compile`` and past ``ARANGE_CAP``: a fresh ``torch.arange``."""
+    end = start + length
+    if torch.compiler.is_compiling() or end > ARANGE_CAP:
+        return torch.arange(start, end, device=device)
+    n = max(1024, 1 << (end - 1).bit_length())
+    pos = _arange(n, device)
+    if pos._version:                                    # written in place by someone: not ours any more
+        _arange.cache_clear()
+        pos = _arange(n, device)
+    return pos[start:end]
 
 
 def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int = 0) -> torch.Tensor:

@@ -22,6 +22,7 @@ Shapes: as the ops (``embedding``: weight (V, D), ids (...) -> (..., D); ``rope`
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -49,24 +50,22 @@ class _Embedding(torch.autograd.Function):
         return (gw if ctx.needs_input_grad[0] else None), (gt if P else None), None, None, None, None, None, None
 
 
-def _cpu_zero() -> torch.Tensor:
-    with torch.inference_mode(False):   # a normal tensor (autograd saves it), on the CPU whatever the default device
-        return torch.zeros((), dtype=torch.int64, device="cpu")
-
-
-_NO_SEED_CPU = _cpu_zero()              # every CPU call without dropout; the ops never write it
+@functools.lru_cache(maxsize=16)
+def _zero(device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):   # a normal tensor (autograd saves it)
+        return torch.zeros((), dtype=torch.int64, device=device)
 
 
 def no_seed(like: torch.Tensor) -> torch.Tensor:
-    """The 0-d int64 seed of a call without dropout, on ``like``'s device. One CPU tensor serves every
-    CPU call; a caller can reach it through a graph's ``grad_fn.saved_tensors``, so if it was written
-    there (its version counter moved) a fresh zero replaces it."""
-    global _NO_SEED_CPU
-    if not like.is_cpu:
-        return torch.zeros((), dtype=torch.int64, device=like.device)
-    if not torch.compiler.is_compiling() and _NO_SEED_CPU._version:    # (a traced graph cannot read versions)
-        _NO_SEED_CPU = _cpu_zero()
-    return _NO_SEED_CPU
+    """The 0-d int64 seed of a call without dropout, on ``like``'s device: one shared zero per device,
+    so a call launches no kernel for it. A caller can reach it through a graph's
+    ``grad_fn.saved_tensors``, so if it was written there (its version counter moved) a fresh zero
+    replaces it."""
+    seed = _zero(like.device)
+    if not torch.compiler.is_compiling() and seed._version:    # (a traced graph cannot read versions)
+        _zero.cache_clear()
+        seed = _zero(like.device)
+    return seed
 
 
 def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None,
