@@ -192,14 +192,9 @@ def _call(op: str, a: dict[str, Any]) -> Any:
         return OPS.rope(a["x"], a["cos"], a["sin"], a["interleaved"])
     if op == "rope_qk":
         return OPS.rope_qk(a["x"], a["k"], a["cos"], a["sin"], a["interleaved"])
-    if op == "rotate_qk":                                         # the layers' eager route
-        return ops.rotate_qk(a["x"], a["k"], a["cos"], a["sin"], a["interleaved"])
     if op == "embedding":
         return OPS.embedding(a["weight"], a["ids"], a["table"], a["pos"], a["scale"], a["p"], a["seed"],
                              a["padding_idx"])
-    if op == "embed":
-        return ops.embed(a["weight"], a["ids"], a["table"], a["pos"], scale=a["scale"], p=a["p"], seed=a["seed"],
-                         padding_idx=a["padding_idx"])
     return OPS.embedding_backward(a["grad"], a["ids"], a["pos"], a["num_weights"], a["num_positions"], a["scale"],
                                   a["p"], a["seed"], a["padding_idx"])
 
@@ -245,11 +240,10 @@ EMB_BW_BAD: dict[str, dict[str, Any]] = {
     "float ids": {"ids": torch.zeros(B, L)},
     "pos not a trailing part of the ids' shape": {"pos": torch.arange(L + 1)},
 }
-BAD = [(op, name) for op, table in (("rope", ROPE_BAD), ("rope_qk", ROPE_QK_BAD), ("rotate_qk", ROPE_QK_BAD),
-                                    ("embedding", EMB_BAD), ("embed", EMB_BAD), ("embedding_backward", EMB_BW_BAD))
+BAD = [(op, name) for op, table in (("rope", ROPE_BAD), ("rope_qk", ROPE_QK_BAD),
+                                    ("embedding", EMB_BAD), ("embedding_backward", EMB_BW_BAD))
        for name in table]
-BAD_TABLES = {"rope": ROPE_BAD, "rope_qk": ROPE_QK_BAD, "rotate_qk": ROPE_QK_BAD, "embedding": EMB_BAD,
-              "embed": EMB_BAD, "embedding_backward": EMB_BW_BAD}
+BAD_TABLES = {"rope": ROPE_BAD, "rope_qk": ROPE_QK_BAD, "embedding": EMB_BAD, "embedding_backward": EMB_BW_BAD}
 
 
 def _cast_floats(over: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
@@ -284,7 +278,7 @@ def _outcome(op: str, a: dict[str, Any], path: str) -> tuple[type, str]:
 def test_bad_arguments_give_one_error_on_every_path_and_dtype(op: str, case: str) -> None:
     """The same exception type and message whether the kernels are on or off, on the Triton path, on
     the meta device (the fake implementation), for every float dtype."""
-    build = _rope_args if op in ("rope", "rope_qk", "rotate_qk") else _emb_args
+    build = _rope_args if op in ("rope", "rope_qk") else _emb_args
     outcomes = {}
     for dtype in DTYPES:
         for path in PATHS:

@@ -39,7 +39,6 @@ from tokenpos.torch.ops.entry import no_seed
 from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.token import TokenEmbedding, _pad, token_rows
 
-
 ARANGE_CAP = 1 << 22                                    # positions below this come from the shared arange
 
 

@@ -56,8 +56,8 @@ def forward_impl(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | 
     kernel (float32 / float64 / bf16 bits) writing into a fresh tensor, on CUDA the Triton kernel;
     otherwise (fp16, meta, kernels off, and under ``torch.func`` transforms, where a tensor's values
     cannot be handed to a kernel) the formula in differentiable torch ops, in float32 for fp16 / bf16.
-    Arguments are checked first (``tables.checks.ops``); the values of ids and pos by the calling layer."""
-    check_embedding_args(weight, ids, table, pos, p, seed, padding_idx)
+    The arguments are valid: the op checks them (``tables.checks.ops``) before it calls this, and the
+    layers, which call it directly (``entry.embed``), build them from checked inputs."""
     path = _path(weight, table)
     if path == "numba":
         out, out_np = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
@@ -83,6 +83,7 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | Non
               pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
               padding_idx: int) -> torch.Tensor:
     """weight (V, D), ids (...) -> (..., D): gather * scale + table[pos], dropout. See the module doc."""
+    check_embedding_args(weight, ids, table, pos, p, seed, padding_idx)
     return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx)
 
 

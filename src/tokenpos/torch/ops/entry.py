@@ -15,8 +15,9 @@ Each runs its op, reached the cheapest way that keeps the op's semantics:
   a transform's grad level.
 
 Every route computes the same values with the same dropout masks (tests/torch/test_ops.py). The
-layers check the values of ids and positions at their public entry; the ops' implementations check
-only shapes, dtypes and scalars (``tables.checks.ops``), on every route, reading no tensor values.
+layers check their inputs at their public entry and hand these functions valid arguments; the
+ops themselves (``torch.ops.tokenpos.*``, a public boundary too) check theirs (``tables.checks.ops``:
+shapes, dtypes and scalars, no tensor values) before choosing an implementation.
 Shapes: as the ops (``embedding``: weight (V, D), ids (...) -> (..., D); ``rope``: (B, H, L, Dh)).
 """
 

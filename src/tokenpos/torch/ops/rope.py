@@ -17,8 +17,10 @@ forward op, so every higher derivative stays on the kernels). cos / sin get thei
 they require grad (learned frequencies), from :func:`_table_grads` in differentiable torch ops, summed
 over heads and, for shared tables, over the batch; only then is x saved for backward.
 
-Every implementation (numba, Triton, plain torch, fake) first runs the one argument check,
-``tables.checks.ops.check_rope_args`` / ``check_rope_qk_args``.
+Each op (and its fake) runs the one argument check, ``tables.checks.ops.check_rope_args`` /
+``check_rope_qk_args``, before it chooses an implementation (numba, Triton, plain torch), so every
+implementation refuses or accepts the same calls. The layers reach the implementations directly
+(``entry``) with arguments they built from checked inputs, and are not checked twice.
 """
 
 from __future__ import annotations
@@ -130,9 +132,9 @@ def _one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 def rotate_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
                 neg: bool = False) -> torch.Tensor:
-    """The implementation of ``tokenpos::rope`` (``neg``: ``tokenpos::rope_backward``): checked, then the
-    numba kernel on the CPU, the Triton kernel on CUDA, else the formula in torch ops."""
-    check_rope_args(x, cos, sin)
+    """The implementation of ``tokenpos::rope`` (``neg``: ``tokenpos::rope_backward``) on valid arguments
+    (the op checks them first; the layers build them from checked inputs): the numba kernel on the
+    CPU, the Triton kernel on CUDA, else the formula in torch ops."""
     return _one(x, cos, sin, interleaved, neg)
 
 
@@ -143,11 +145,10 @@ def rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved
 
 def rotate_qk_impl(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
                    neg: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The implementation of ``tokenpos::rope_qk`` (``neg``: ``rope_qk_backward``): checked, then one
-    kernel pass over q and k (numba: when k has q's dtype and Dh; Triton: the one launch of
-    ``kernels.triton.rope_qk``, whatever Hk, two launches only when dtype or Dh differ), else one
-    rotation per tensor."""
-    check_rope_qk_args(q, k, cos, sin)
+    """The implementation of ``tokenpos::rope_qk`` (``neg``: ``rope_qk_backward``) on valid arguments (as
+    :func:`rotate_impl`): one kernel pass over q and k (numba: when k has q's dtype and Dh; Triton: the
+    one launch of ``kernels.triton.rope_qk``, whatever Hk, two launches only when dtype or Dh differ),
+    else one rotation per tensor."""
     path = _path(q, k)
     if path == "numba" and k.shape[3] == q.shape[3]:
         oq, ok = _rope_numba(q, k, cos, sin, interleaved, neg)
@@ -244,12 +245,14 @@ def _fake_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
 @torch.library.custom_op("tokenpos::rope", mutates_args=())
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """Rotate the first R = 2 * cos.shape[-1] dims of x (B, H, L, Dh) -> (B, H, L, Dh)."""
+    check_rope_args(x, cos, sin)
     return rotate_impl(x, cos, sin, interleaved)
 
 
 @torch.library.custom_op("tokenpos::rope_backward", mutates_args=())
 def rope_backward(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """The transpose of :func:`rope` (rotation by -angle): grad (B, H, L, Dh) -> (B, H, L, Dh)."""
+    check_rope_args(grad, cos, sin)
     return rotate_impl(grad, cos, sin, interleaved, True)
 
 
@@ -257,6 +260,7 @@ def rope_backward(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
 def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """q (B, H, L, Dh), k (B, Hk, L, Dh) -> (q', k'): one kernel pass over both."""
+    check_rope_qk_args(q, k, cos, sin)
     return rotate_qk_impl(q, k, cos, sin, interleaved)
 
 
@@ -264,6 +268,7 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 def rope_qk_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The transpose of :func:`rope_qk`: (grad_q, grad_k) -> (dq, dk), one kernel pass over both."""
+    check_rope_qk_args(grad_q, grad_k, cos, sin)
     return rotate_qk_impl(grad_q, grad_k, cos, sin, interleaved, True)
 
 
