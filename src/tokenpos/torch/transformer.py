@@ -48,23 +48,29 @@ def _arange(n: int, device: torch.device) -> torch.Tensor:
         return torch.arange(n, device=device)
 
 
+@functools.lru_cache(maxsize=64)
+def _positions(start: int, end: int, device: torch.device) -> torch.Tensor:
+    return _arange(max(1024, 1 << (end - 1).bit_length()), device)[start:end]     # a view: no kernel
+
+
 def default_positions(start: int, length: int, device: torch.device) -> torch.Tensor:
-    """``start + arange(length)`` (int64) on ``device``, as a view of one shared ``arange`` per device
-    (its length a power of two, at least 1024), so a call launches no kernel and allocates nothing,
-    decode steps included (a ``torch.arange`` per call is a kernel launch on a GPU, and 30-100 us on the
-    CPU when caches are cold). The ops never write their inputs; a caller can still reach the view
-    through a graph's ``grad_fn.saved_tensors``, and if it was written there (the shared version
-    counter moved) the arange is rebuilt, so a later call never reads changed positions. Under
+    """``start + arange(length)`` (int64) on ``device``: a view of one shared ``arange`` per device (its
+    length a power of two, at least 1024), so a call launches no kernel and allocates nothing, decode
+    steps included (a ``torch.arange`` per call is a kernel launch on a GPU, and 30-100 us on the CPU
+    when caches are cold); the views of the last 64 (start, length) are kept too (a slice costs 2 us of
+    host time). The ops never write their inputs; a caller can still reach the view through a graph's
+    ``grad_fn.saved_tensors``, and if it was written there (the version counter it shares with the
+    arange moved) both caches are dropped, so a later call never reads changed positions. Under
     ``torch.compile`` and past ``ARANGE_CAP``: a fresh ``torch.arange``."""
     end = start + length
     if torch.compiler.is_compiling() or end > ARANGE_CAP:
         return torch.arange(start, end, device=device)
-    n = max(1024, 1 << (end - 1).bit_length())
-    pos = _arange(n, device)
+    pos = _positions(start, end, device)
     if pos._version:                                    # written in place by someone: not ours any more
+        _positions.cache_clear()
         _arange.cache_clear()
-        pos = _arange(n, device)
-    return pos[start:end]
+        pos = _positions(start, end, device)
+    return pos
 
 
 def positions_from_padding(ids: torch.Tensor, padding_idx: int, start_pos: int = 0) -> torch.Tensor:
