@@ -4,9 +4,11 @@
   kernels (numba on CPU, Triton on CUDA) run where they apply, in both backends. Off, every layer and
   op runs its plain NumPy / plain torch path: the same results up to float rounding, the same
   dropout masks bit for bit. Read by the torch ops at run time (so a compiled graph follows it too).
-- ``set_device_checks(enabled)`` / ``device_checks_enabled()``: whether the torch layers read id /
-  position values on non-CPU devices to check their range (one host sync per call). CPU tensors are
-  always checked; nothing is read inside ``torch.compile`` or ``torch.func`` transforms.
+- ``set_device_checks(enabled)`` / ``device_checks_enabled()``: how the torch layers check id /
+  position values on non-CPU devices. Off (the default): one device-side assert per checked tensor,
+  no host read (a bad value fails loudly at the next sync; never a silent row). On: the values are
+  read on the host for the CPU's typed error (one host sync per check). CPU tensors are always
+  checked on the host; nothing is read inside ``torch.compile`` or ``torch.func`` transforms.
 - ``set_output_cache(max_bytes)`` / ``output_cache_bytes()``: the cache of released output blocks
   (:data:`OUTPUTS`, :mod:`tokenpos._outputs`). The kernels' CPU outputs of 1 MiB and more (the
   embedding forward, RoPE) reuse memory that earlier outputs released, so a fresh
@@ -88,13 +90,14 @@ def use_kernels(enabled: bool) -> Iterator[None]:
 
 
 def set_device_checks(enabled: bool) -> None:
-    """Opt in to value checks of ids / positions on non-CPU devices (costs a host sync per call)."""
+    """On non-CPU devices, read id / position values on the host for the typed error (one host sync
+    per check) instead of the default device-side assert."""
     global _DEVICE_CHECKS
     _DEVICE_CHECKS = _check_bool("set_device_checks", enabled)
 
 
 def device_checks_enabled() -> bool:
-    """Whether non-CPU ids / positions are value-checked (CPU ones always are)."""
+    """Whether non-CPU ids / positions are read on the host for their check (else a device-side assert)."""
     return _DEVICE_CHECKS
 
 

@@ -171,7 +171,7 @@ def test_device_checks_flag() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_checks_are_opt_in() -> None:
+def test_cuda_host_reads_are_opt_in_and_dtype_checks_always_on() -> None:
     layer = tpt.TokenEmbedding(10, 4, device="cuda", seed=0)
     tpt.set_device_checks(True)
     try:
