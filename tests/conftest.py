@@ -24,9 +24,12 @@ settings.load_profile("ci" if os.environ.get("CI") else "tokenpos")
 
 @pytest.fixture(autouse=True)
 def _parallel_forward_core(monkeypatch):
-    """Every test runs the embedding forward through the parallel core (its launch, threads, fork
-    safety), however small its arrays: by default outputs under ``PARALLEL_BYTES`` run on the
-    calling thread. ``tests/kernels/test_embedding_serial.py`` tests that serial core and the choice."""
+    """Every test runs the embedding forward and RoPE through their parallel cores (their launch,
+    threads, fork safety), however small the arrays: by default passes under ``PARALLEL_BYTES`` run
+    on the calling thread. ``tests/kernels/test_embedding_serial.py`` and
+    ``tests/kernels/test_rope_serial.py`` test those serial cores and the choice."""
     import tokenpos.kernels.embedding as E
+    import tokenpos.kernels.rope as R
 
     monkeypatch.setattr(E, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(R, "PARALLEL_BYTES", 0)

@@ -33,6 +33,7 @@ from tokenpos.tables.errors import ConfigError
 LAYOUTS = ("half", "interleaved")
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 ROPE_TASK_BYTES = 1 << 18      # bytes of rows per parallel task
+PARALLEL_BYTES = 1 << 18       # passes over fewer bytes of q and k run on the calling thread (one task at most)
 
 
 @njit(inline="always", cache=True)
@@ -60,6 +61,46 @@ def _rotate_row(x, o, r, cos, sin, c, sign, interleaved, copy_tail):  # pragma: 
             o[r, d] = x[r, d]
 
 
+@njit(inline="always", cache=True)
+def _rope_task(t, tq, q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k, rows_per_task,
+               paired, per_batch):  # pragma: no cover - compiled
+    """Task ``t`` of :func:`_rope_core`: rows ``[r0, r1)`` of q (t < tq) or of k."""
+    if t < tq:
+        x = q
+        o = out_q
+        HL = H * L
+        r0 = t * rows_per_task
+        r1 = min(q.shape[0], r0 + rows_per_task)
+    else:
+        x = k
+        o = out_k
+        HL = Hk * L
+        r0 = (t - tq) * rows_per_task
+        r1 = min(k.shape[0], r0 + rows_per_task)
+    both = paired and t < tq
+    l = r0 % L                                           # position of row r0; no division per row
+    cb = (r0 // HL) * L if per_batch else 0              # its batch's first table row
+    for r in range(r0, r1):
+        c = cb + l
+        _rotate_row(x, o, r, cos, sin, c, sign, interleaved, copy_tail)
+        if both:
+            _rotate_row(k, out_k, r, cos, sin, c, sign, interleaved, copy_tail)
+        l += 1
+        if l == L:                                       # next (batch, head) slab
+            l = 0
+            if per_batch and (r + 1) % HL == 0:
+                cb += L
+
+
+@njit(cache=True)
+def _tasks(q, k, H, Hk, L, cos, rows_per_task):  # pragma: no cover - compiled
+    """(tq, tk, paired, per_batch): q's task count, k's (0 when k's rows ride with q's), and the layout flags."""
+    paired = Hk == H and k.shape[0] == q.shape[0]
+    tq = (q.shape[0] + rows_per_task - 1) // rows_per_task
+    tk = 0 if paired else (k.shape[0] + rows_per_task - 1) // rows_per_task
+    return tq, tk, paired, cos.shape[0] > L
+
+
 @njit(parallel=True, cache=True)
 def _rope_core(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k, rows_per_task):  # pragma: no cover
     """q (B*H*L, Dh), k (B*Hk*L, Dh), cos/sin (Bc*L, R/2); parallel over tasks of consecutive rows.
@@ -71,38 +112,21 @@ def _rope_core(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, ou
     streams: 10-20 % faster than separate tasks, benchmarks/HISTORY.md); else q's and k's rows are separate
     tasks.
     """
-    Rq = q.shape[0]
-    Rk = k.shape[0]
-    per_batch = cos.shape[0] > L
-    paired = Hk == H and Rk == Rq
-    tq = (Rq + rows_per_task - 1) // rows_per_task
-    tk = 0 if paired else (Rk + rows_per_task - 1) // rows_per_task
+    tq, tk, paired, per_batch = _tasks(q, k, H, Hk, L, cos, rows_per_task)
     for t in prange(tq + tk):
-        if t < tq:
-            x = q
-            o = out_q
-            HL = H * L
-            r0 = t * rows_per_task
-            r1 = min(Rq, r0 + rows_per_task)
-        else:
-            x = k
-            o = out_k
-            HL = Hk * L
-            r0 = (t - tq) * rows_per_task
-            r1 = min(Rk, r0 + rows_per_task)
-        both = paired and t < tq
-        l = r0 % L                                           # position of row r0; no division per row
-        cb = (r0 // HL) * L if per_batch else 0              # its batch's first table row
-        for r in range(r0, r1):
-            c = cb + l
-            _rotate_row(x, o, r, cos, sin, c, sign, interleaved, copy_tail)
-            if both:
-                _rotate_row(k, out_k, r, cos, sin, c, sign, interleaved, copy_tail)
-            l += 1
-            if l == L:                                       # next (batch, head) slab
-                l = 0
-                if per_batch and (r + 1) % HL == 0:
-                    cb += L
+        _rope_task(t, tq, q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k, rows_per_task,
+                   paired, per_batch)
+
+
+@njit(cache=True)
+def _rope_core_serial(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k,
+                      rows_per_task):  # pragma: no cover - compiled
+    """:func:`_rope_core` on the calling thread, for passes under :data:`PARALLEL_BYTES` (a decode step):
+    the same tasks in order, the same bits."""
+    tq, tk, paired, per_batch = _tasks(q, k, H, Hk, L, cos, rows_per_task)
+    for t in range(tq + tk):
+        _rope_task(t, tq, q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k, rows_per_task,
+                   paired, per_batch)
 
 
 def _as_heads(name: str, x: Any) -> np.ndarray:
@@ -162,11 +186,14 @@ def run_rope(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, int
     _, H, L, Dh = q.shape
     per_task = max(1, ROPE_TASK_BYTES // max(1, Dh * q.itemsize))
     rows = cos.size // cos.shape[-1] if cos.shape[-1] else math.prod(cos.shape[:-1])   # (no reshape(-1, 0))
+    args = (q.reshape(-1, Dh), k.reshape(-1, Dh), H, k.shape[1], L, cos.reshape(rows, cos.shape[-1]),
+            sin.reshape(rows, sin.shape[-1]), q.dtype.type(sign) if cos.dtype == q.dtype else float(sign),
+            interleaved, copy_tail, out_q.reshape(-1, Dh), out_k.reshape(-1, Dh), per_task)
+    if q.nbytes + k.nbytes < PARALLEL_BYTES:   # a parallel launch costs more than it gives
+        _rope_core_serial(*args)
+        return
     with parallel_guard():                     # TBB balances the tasks (no chunk size: benchmarks/HISTORY.md)
-        _rope_core(q.reshape(-1, Dh), k.reshape(-1, Dh), H, k.shape[1], L,
-                   cos.reshape(rows, cos.shape[-1]), sin.reshape(rows, sin.shape[-1]),
-                   q.dtype.type(sign) if cos.dtype == q.dtype else float(sign),
-                   interleaved, copy_tail, out_q.reshape(-1, Dh), out_k.reshape(-1, Dh), per_task)
+        _rope_core(*args)
 
 
 def rope_apply(q: Any, k: Any, cos: Any, sin: Any, *, layout: str = "half", out_q: np.ndarray | None = None,
