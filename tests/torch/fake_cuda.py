@@ -105,6 +105,11 @@ class FakeCuda(torch.Tensor):
     def get_device(self) -> int:  # type: ignore[override]
         return 0
 
+    def data_ptr(self) -> int:  # type: ignore[override]
+        """The CPU data's address (a wrapper has no storage of its own: torch would say 0 for every
+        fake tensor, so code comparing addresses, "is the output the input?", would be misled)."""
+        return self.elem.data_ptr()
+
     # copies to the host, seen here (the C++ device is the CPU, so torch would make them no-ops)
     def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
         return _to_host(self, ".cpu()")

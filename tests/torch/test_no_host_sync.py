@@ -554,3 +554,38 @@ def test_transformer_embedding_eval_call_launches_no_factory_kernel(start_pos: i
     made = [n for n in names if n.split(".")[0] in FACTORY_OPS]
     assert not made, f"factory kernels per call: {made} (all ops: {names})"
     assert names[:5] == ["ge", "lt", "bitwise_and", "all", "_assert_async"], names   # the id check
+
+
+# --------------------------------------------------------------------------------- every op, directly
+
+OP_SAMPLES = list(tpt.ops.samples())
+
+
+def _fake_arg(a: Any) -> Any:
+    if not isinstance(a, torch.Tensor):
+        return a
+    return to_fake_cuda(a.detach()).requires_grad_(a.requires_grad)
+
+
+@pytest.mark.parametrize("i", range(len(OP_SAMPLES)), ids=lambda i: f"{OP_SAMPLES[i][0]._name}-{i}")
+def test_every_op_sample_runs_on_cuda_without_a_host_sync(i: int) -> None:
+    """Each ``ops.samples()`` entry (every op, strided and expanded inputs included), called through
+    ``torch.ops.tokenpos.*`` on fake CUDA: forward, and backward where a float input requires grad,
+    without a host sync and with the CPU's results."""
+    op, args, kwargs = OP_SAMPLES[i]
+
+    def run(inputs: tuple[Any, ...]) -> list[torch.Tensor]:
+        outs = op(*inputs, **kwargs)
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        leaves = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad]
+        diff = [o for o in outs if o.requires_grad]
+        if not leaves or not diff:
+            return outs
+        grads = torch.autograd.grad(sum((o.float() * o.float()).sum() for o in diff), leaves, allow_unused=True)
+        return outs + [g for g in grads if g is not None]
+
+    cpu_args = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
+    want = run(cpu_args)
+    with no_host_sync():
+        got = run(tuple(_fake_arg(a) for a in args))
+    assert_same([host(g) for g in got], [w.detach() for w in want])
