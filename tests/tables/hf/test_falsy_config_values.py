@@ -213,17 +213,24 @@ def test_a_falsy_value_is_honoured_or_refused(reader: str, key: str, value: Any)
     if value is None and (reader, key) in NONE_MEANS:        # a documented HF meaning of None
         assert NONE_MEANS[reader, key](got), f"{key}=None gave {got!r}"
         return
-    if value is None:                                        # None is "not given": as if missing, or refused
+    check = HONOURED.get((reader, key), {}).get(repr(value))
+    _judge(got, absent, key, value, check)
+    if value is not None and check is None:
+        assert key.split(".")[-1] in str(got) or repr(value) in str(got), f"the message must name the key: {got}"
+
+
+def _judge(got: Any, absent: Any, key: str, value: Any, check: Callable[[Any, Any], bool] | None) -> None:
+    """None is "not given": as if missing, or refused; a listed valid value is honoured as ``check`` says;
+    any other falsy value is refused (ConfigError)."""
+    if value is None:
         assert _same(got, absent) or isinstance(got, ConfigError), \
             f"{key}=None gave {got!r}, the missing key gives {absent!r}"
         return
-    check = HONOURED.get((reader, key), {}).get(repr(value))
     if check is not None:
         assert not isinstance(got, ConfigError), f"{key}={value!r} is valid, got {got}"
         assert check(got, absent), f"{key}={value!r} was not honoured: {got!r}"
         return
     assert isinstance(got, ConfigError), f"{key}={value!r} must be refused, got {got!r} (missing key: {absent!r})"
-    assert key.split(".")[-1] in str(got) or repr(value) in str(got), f"the message must name the key: {got}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,15 +282,7 @@ def test_a_falsy_scaling_value_is_honoured_or_refused(rope_type: str, key: str, 
     if value is None and key == "factor" and rope_type in ("yarn", "longrope"):   # HF: None = the length ratio
         assert not isinstance(got, ConfigError) and got.attention_factor >= 1.0
         return
-    if value is None:
-        assert _same(got, absent) or isinstance(got, ConfigError), f"{key}=None gave {got!r}, missing: {absent!r}"
-        return
-    check = SCALING_HONOURED.get((rope_type, key), {}).get(repr(value))
-    if check is not None:
-        assert not isinstance(got, ConfigError), f"{key}={value!r} is valid, got {got}"
-        assert check(got, absent), f"{key}={value!r} was not honoured"
-        return
-    assert isinstance(got, ConfigError), f"{key}={value!r} must be refused, got {got!r}"
+    _judge(got, absent, key, value, SCALING_HONOURED.get((rope_type, key), {}).get(repr(value)))
 
 
 def test_llama4_reader_honours_the_issue_values() -> None:
