@@ -90,3 +90,19 @@ def check_restarting_positions(positions: np.ndarray) -> None:
         i = int(bad[0]) + 1
         raise PositionError(f"positions of a packed row must count up by 1 or restart at 0, got positions[{i}] = "
                             f"{int(positions[i])} after positions[{i - 1}] = {int(positions[i - 1])}")
+
+
+def check_packed_embedding_args(ids_shape: tuple[int, ...], positions: Any, start_pos: Any, position_ids: str) -> int:
+    """What ``TransformerEmbedding.forward(ids, ..., cu_seqlens=...)`` needs besides ``cu_seqlens``: ids
+    (T,) or (1, T), no positions and start_pos 0 (the positions come from cu_seqlens), default
+    position ids (RoBERTa's come from the padding). Returns T. Raises ConfigError."""
+    if len(ids_shape) == 2 and ids_shape[0] != 1:
+        raise ConfigError(packed_batch_message(ids_shape, "ids of shape (T,) or (1, T)"))
+    if positions is not None:
+        raise ConfigError(packed_positions_given_message("positions"))
+    if start_pos != 0:
+        raise ConfigError(packed_positions_given_message(f"start_pos={start_pos!r}"))
+    if position_ids != "default":
+        raise ConfigError(f"position_ids={position_ids!r} derives the positions from the ids; with cu_seqlens "
+                          f"they come from the documents: expected position_ids='default'")
+    return int(ids_shape[-1])
