@@ -106,3 +106,18 @@ def check_packed_embedding_args(ids_shape: tuple[int, ...], positions: Any, star
         raise ConfigError(f"position_ids={position_ids!r} derives the positions from the ids; with cu_seqlens "
                           f"they come from the documents: expected position_ids='default'")
     return int(ids_shape[-1])
+
+
+def check_packed_rotary_args(bhld_shape: tuple[int, ...], positions: Any, start_pos: Any, key_positions: Any) -> int:
+    """What a rotary ``apply(q, k, cu_seqlens=...)`` needs besides ``cu_seqlens``: one row (q as (1, H, T,
+    Dh) once in (B, H, L, Dh); always so with ``qk_layout="thd"``), no positions, key_positions or
+    start_pos (the positions come from cu_seqlens). Returns T. Raises ConfigError."""
+    if bhld_shape[0] != 1:
+        raise ConfigError(packed_batch_message(bhld_shape, "q of shape (T, H, Dh) (qk_layout='thd') or "
+                                                           "(1, H, T, Dh) as (B, H, L, Dh)"))
+    for name, value in (("positions", positions), ("key_positions", key_positions)):
+        if value is not None:
+            raise ConfigError(packed_positions_given_message(name))
+    if start_pos is not None and start_pos != 0:
+        raise ConfigError(packed_positions_given_message(f"start_pos={start_pos!r}"))
+    return int(bhld_shape[2])
