@@ -121,3 +121,20 @@ def check_packed_rotary_args(bhld_shape: tuple[int, ...], positions: Any, start_
     if start_pos is not None and start_pos != 0:
         raise ConfigError(packed_positions_given_message(f"start_pos={start_pos!r}"))
     return int(bhld_shape[2])
+
+
+def check_packed_attention_args(q_shape: tuple[int, ...], k_shape: tuple[int, ...], positions: Any, start_pos: Any,
+                                key_positions: Any) -> int:
+    """What ``scaled_dot_product_attention(q, k, v, cu_seqlens=...)`` needs besides ``cu_seqlens``: q, k
+    as (1, H, T, Dh) (one packed row, queries and keys the same T tokens: no KV cache), no positions,
+    key_positions or start_pos (they come from cu_seqlens). Returns T. Raises ConfigError."""
+    if q_shape[0] != 1 or q_shape[2] != k_shape[2]:
+        raise ConfigError(f"with cu_seqlens q, k and v are one packed row of the same T tokens, (T, H, Dh) or "
+                          f"(1, H, T, Dh); got q {tuple(int(s) for s in q_shape)} and k "
+                          f"{tuple(int(s) for s in k_shape)} as (B, H, L, Dh)")
+    for name, value in (("positions", positions), ("key_positions", key_positions)):
+        if value is not None:
+            raise ConfigError(packed_positions_given_message(name))
+    if start_pos is not None and start_pos != 0:
+        raise ConfigError(packed_positions_given_message(f"start_pos={start_pos!r}"))
+    return int(q_shape[2])
