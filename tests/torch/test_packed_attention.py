@@ -35,6 +35,9 @@ SCHEMES = {
                                                              dtype=F64 if be is tpt else np.float64),
     "fire": lambda be: be.FIRE(H, width=4, init_L=3.0, seed=3, dtype=F64 if be is tpt else np.float64),
     "kerple": lambda be: be.KERPLE(H, seed=3, dtype=F64 if be is tpt else np.float64),
+    # rotary layers without a packed path of their own rotate at the in-document positions too
+    "xpos": lambda be: be.XPosRotaryEmbedding(DH),
+    "mrope": lambda be: be.MRotaryEmbedding(DH, mrope_section=[2, 1, 1]),
 }
 
 
@@ -62,8 +65,9 @@ def test_packed_equals_padded_outputs_and_gradients(name: str, causal: bool) -> 
     g = data(seed=1)[0]
     packed, pad = SCHEMES[name](tpt), SCHEMES[name](tpt)
     out = tpt.scaled_dot_product_attention(*qkv, positional=packed, causal=causal, cu_seqlens=CU)
+    at = {"positions": torch.arange(L)} if name == "xpos" else {}                 # xPos needs them given
     ref = tpt.scaled_dot_product_attention(*qkv_pad, positional=pad, causal=causal,
-                                           attn_mask=MASK[:, None, None, :])
+                                           attn_mask=MASK[:, None, None, :], **at)
     assert out.shape == (T, H, DH)
     tol = TOL["forward.float64"]
     torch.testing.assert_close(out, real(ref), **tol)

@@ -83,6 +83,33 @@ def test_packed_equals_padded_with_equal_gradients(name: str, kernels: bool) -> 
     torch.testing.assert_close(k.grad, unpadded(kp.grad), **TOL["forward.float64"])
 
 
+@pytest.mark.parametrize("name", ["default", "linear", "yarn", "llama3"])
+def test_static_scalings_read_the_cached_rows_so_packed_equals_padded_bit_for_bit(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flash-attn's rotary cache: a packed call indexes the cached cos / sin rows by position (the
+    per-token formula is never computed), and each token gets the very numbers of the padded call."""
+    q, k = qk()
+    rope = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd")
+
+    def no_formula(*args: Any) -> None:
+        raise AssertionError("the packed call computed cos / sin per token")
+    monkeypatch.setattr(rope, "_formula", no_formula)
+    oq, ok = rope.apply(q, k, cu_seqlens=CU)
+    rq, rk = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name]).apply(padded(q), padded(k))
+    torch.testing.assert_close(oq, unpadded(rq), **TOL["exact"])
+    torch.testing.assert_close(ok, unpadded(rk), **TOL["exact"])
+
+
+def test_llama4_style_interleaved_rope_packs_like_padding() -> None:
+    """Llama 4 text: interleaved pairs with a llama3 scaling (the RotaryEmbedding settings from_hf builds)."""
+    q, k = qk(torch.float64)
+    kw = dict(max_seq_len=MAX, scaling=SCALINGS["llama3"], interleaved=True)
+    oq, ok = tpt.RotaryEmbedding(DH, qk_layout="thd", **kw).apply(q, k, cu_seqlens=CU)
+    rq, rk = tpt.RotaryEmbedding(DH, **kw).apply(padded(q), padded(k))
+    torch.testing.assert_close(oq, unpadded(rq), **TOL["forward.float64"])
+    torch.testing.assert_close(ok, unpadded(rk), **TOL["forward.float64"])
+
+
 def test_one_row_in_the_declared_layouts_equals_thd() -> None:
     q, k = qk()
     want = tpt.RotaryEmbedding(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU)

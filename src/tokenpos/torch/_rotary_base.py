@@ -166,6 +166,10 @@ class RotaryBase(TokenposModule):
         ck, sk = self._op_tables(tables_k[0], k), self._op_tables(tables_k[1], k)
         return ops.rotate(q, cq, sq, interleaved), ops.rotate(k, ck, sk, interleaved)
 
+    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (1, H, T, Dh) rotated at packed positions (T,) (each in [0, T)): the per-token path."""
+        return self._rotate_bhld(q, k, pos, 0, None)
+
     def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - abstract
         """q, k (B, H, L, Dh) views (checked) -> (q', k') (B, H, L, Dh)."""
@@ -185,9 +189,10 @@ class RotaryBase(TokenposModule):
             return super().apply(q)
         q, k = self._qk(q, k)
         if cu_seqlens is not None:
-            positions = self._packed_positions(q, positions, start_pos, key_positions, cu_seqlens)
-            start_pos = 0
-        q_out, k_out = self._rotate_bhld(q, k, positions, start_pos, key_positions)
+            q_out, k_out = self._rotate_packed(q, k, self._packed_positions(q, positions, start_pos, key_positions,
+                                                                            cu_seqlens))
+        else:
+            q_out, k_out = self._rotate_bhld(q, k, positions, start_pos, key_positions)
         return self._out(q_out), self._out(k_out)
 
     forward = apply

@@ -130,11 +130,14 @@ def scaled_dot_product_attention(
     packed = None
     if cu_seqlens is not None:                                                  # positions inside each document
         n = check_packed_attention_args(tuple(q.shape), tuple(k.shape), positions, start_pos, key_positions)
-        packed = positions = packed_positions(check_cu_seqlens_tensor(cu_seqlens, n, device=q.device), n)
+        cu_seqlens = check_cu_seqlens_tensor(cu_seqlens, n, device=q.device)
+        packed = positions = packed_positions(cu_seqlens, n)
     check_start_pos_with_positions(start_pos, positions, none_ok=True)
     out_dtype = q.dtype
     compute = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))
-    if kind == "rotary":
+    if kind == "rotary" and packed is not None and rotate_keys and getattr(positional, "packs", False):
+        q, k = positional.apply(q, k, cu_seqlens=cu_seqlens)                  # its packed path: cached rows
+    elif kind == "rotary":
         q, k = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     if attn_temperature is not None:
