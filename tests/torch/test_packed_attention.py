@@ -122,3 +122,14 @@ def test_bad_shapes_and_cu_seqlens_are_refused() -> None:
         tpt.scaled_dot_product_attention(q, k, v, cu_seqlens=CU[:-1])
     with pytest.raises(ConfigError, match="cu_seqlens is on cpu, but the data is on cuda:0"):
         tpt.scaled_dot_product_attention(*(to_fake_cuda(x) for x in (q, k, v)), cu_seqlens=CU)
+
+
+def test_llama4_query_temperature_uses_the_in_document_positions() -> None:
+    q, k, v = data()
+    out = tpt.scaled_dot_product_attention(q, k, v, attn_temperature=(4, 0.1), cu_seqlens=CU)
+    ref = tpt.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_temperature=(4, 0.1),
+                                           attn_mask=MASK[:, None, None, :])
+    torch.testing.assert_close(out, real(ref), **TOL["forward.float64"])
+    theirs = tpn.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), attn_temperature=(4, 0.1),
+                                              cu_seqlens=CU.numpy())
+    np.testing.assert_allclose(out.numpy(), theirs, **TOL["forward.float64"])
