@@ -13,6 +13,8 @@ kernel (with a preallocated ``out=``, as the layers call it) and the public laye
 - bf16: the same formula on bf16 tables (limit: the bf16 gathers); the kernel widens bf16 exactly,
   computes in float32 and rounds once; eager torch rounds after every op.
 - rope: limit = copy bandwidth (q and k read and written once); eager = HF ``rotate_half``.
+- packed rows (forward and rope): the public layers on the same B * L tokens packed in one row of
+  2B documents (lengths L // 2 and L - L // 2, ``cu_seqlens``), positions restarting per document.
 - compiled: ``torch.compile`` of a small model containing TransformerEmbedding vs the same eager.
 
 Shapes: V vocab, D model dim, B batch, L length (ids (B, L), outputs (B, L, D)); RoPE q and k
@@ -72,17 +74,30 @@ def _numba_gather(w: np.ndarray, batches: list[np.ndarray], out: np.ndarray) -> 
     return run
 
 
-def _public_layer(backend: str, V: int, D: int, L: int, p: float, batches: list, tables: tuple, **kw: Any):
+PACKED = "packed documents"
+
+
+def packed_cu_seqlens(B: int, L: int) -> np.ndarray:
+    """``cu_seqlens`` (2B + 1,) int64 of B * L tokens in 2B documents of lengths L // 2 and L - L // 2."""
+    return np.concatenate([[0], np.cumsum([L // 2, L - L // 2] * B)]).astype(np.int64)
+
+
+def _public_layer(backend: str, V: int, D: int, L: int, p: float, batches: list, tables: tuple,
+                  cu_seqlens: Any = None, **kw: Any):
     """The public TransformerEmbedding reading the SAME (V, D) and (L, D) tables as the other rows
     (shared memory, no copy): with a table of its own, the layer would gather from rows the other
-    impls do not warm in the shared L3, and the comparison would measure cache luck, not code."""
+    impls do not warm in the shared L3, and the comparison would measure cache luck, not code.
+    ``cu_seqlens`` given: each (B, L) batch is called as one packed row (B * L,) of those documents."""
     def make() -> Callable[[], Any]:
         cls = public(backend, "transformer", "TransformerEmbedding")
         layer = cls(V, D, L, positional="learned", scale=True, dropout=p, seed=0, **kw)
         layer.token.weight.data, layer.position.weight.data = tables          # share, do not copy
         layer.train() if p else layer.eval()
-        it = cycle(batches)
-        return lambda: layer(next(it))
+        if cu_seqlens is None:
+            it = cycle(batches)
+            return lambda: layer(next(it))
+        flat = cycle([b.reshape(-1) for b in batches])
+        return lambda: layer(next(flat), cu_seqlens=cu_seqlens)
     return make
 
 
@@ -143,6 +158,12 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
         add_impl(impls, notes, "tokenpos numpy (public layer)", _public_layer("numpy", V, D, L, p, batches, (w, pt)))
     add_impl(impls, notes, "tokenpos torch (public layer)",
              _public_layer("torch", V, D, L, p, tbatches, (W, P), **({"dtype": torch.bfloat16} if bf16 else {})))
+    if not p and not bf16:                                       # the same tokens, packed in one row
+        cu = packed_cu_seqlens(B, L)
+        add_impl(impls, notes, f"tokenpos numpy, {PACKED} (public layer)",
+                 _public_layer("numpy", V, D, L, p, batches, (w, pt), cu_seqlens=cu))
+        add_impl(impls, notes, f"tokenpos torch, {PACKED} (public layer)",
+                 _public_layer("torch", V, D, L, p, tbatches, (W, P), cu_seqlens=torch.from_numpy(cu)))
     grad = torch.is_grad_enabled()
     torch.set_grad_enabled(bool(p))                        # inference: no autograd graph anywhere
     try:
@@ -193,8 +214,23 @@ def rope_case(cfg: dict, reps: int, compile_: bool) -> list[BenchRow]:
         rope = public("torch", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L)
         return lambda: rope.apply(q, k)
 
+    qt, kt = q.transpose(1, 2).reshape(B * L, H, Dh), k.transpose(1, 2).reshape(B * L, H, Dh)   # (T, H, Dh)
+    cu = packed_cu_seqlens(B, L)
+
+    def numpy_packed() -> Callable[[], Any]:
+        rope = public("numpy", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L, qk_layout="thd")
+        qp, kp = qt.numpy(), kt.numpy()
+        return lambda: rope.apply(qp, kp, cu_seqlens=cu)
+
+    def torch_packed() -> Callable[[], Any]:
+        rope = public("torch", "rotary", "RotaryEmbedding")(Dh, max_seq_len=L, qk_layout="thd")
+        cu_t = torch.from_numpy(cu)
+        return lambda: rope.apply(qt, kt, cu_seqlens=cu_t)
+
     add_impl(impls, notes, "tokenpos numpy (public layer)", numpy_layer)
     add_impl(impls, notes, "tokenpos torch (public layer)", torch_layer)
+    add_impl(impls, notes, f"tokenpos numpy, {PACKED} (public layer)", numpy_packed)
+    add_impl(impls, notes, f"tokenpos torch, {PACKED} (public layer)", torch_packed)
     with torch.no_grad():
         times = time_interleaved(impls, reps)
     return bench_rows("rope", times, 2 * 2 * q.numel() * 4, notes=notes) + note_rows("rope", notes)

@@ -30,6 +30,7 @@ from tokenpos.numpy.token import TokenEmbedding
 from tokenpos.numpy.transformer import EmbeddingLayer, TransformerEmbedding
 from tokenpos.numpy.xpos import XPosRotaryEmbedding
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, StateDictError, TokenIdError
+from tokenpos.tables.formulas.packing import cu_seqlens_from_positions, positions_from_cu_seqlens
 
 __all__ = [
     "FIRE",
@@ -61,6 +62,8 @@ __all__ = [
     "TokenEmbedding",
     "TokenIdError",
     "TransformerEmbedding",
+    "cu_seqlens_from_positions",
+    "positions_from_cu_seqlens",
     "functional",
     "optim",
 ]

@@ -1,7 +1,13 @@
 """The rotation protocol shared by the NumPy RoPE-family layers (RoPE, M-RoPE, xPos, 2-D RoPE).
 
-Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim. q, k: (B, H, L, Dh)
-(or (B, L, H, Dh) with ``qk_layout="blhd"``).
+Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim, T packed tokens.
+q, k: (B, H, L, Dh) (or (B, L, H, Dh) with ``qk_layout="blhd"``, or one packed row (T, H, Dh) with
+``qk_layout="thd"``, rotated as (1, H, T, Dh)).
+
+Packed documents: ``cu_seqlens`` (N + 1,) gives positions restarting at 0 in every document
+(``tables.formulas.packing.positions_from_cu_seqlens``), which then take the per-token positions
+path of the layer; a layer whose positions are not one index per token (``packs = False``) refuses
+it with ConfigError.
 
 A layer defines ``_rotate_bhld(q, k, positions, start_pos, key_positions) -> (q', k', cache)`` on
 (B, H, L, Dh) views, already checked by :meth:`RotaryBase._qk` (the same protocol as the torch
@@ -24,8 +30,15 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module
-from tokenpos.tables.checks.rope import check_heads, rope_dtype_message, rope_layout_shape_message
+from tokenpos.tables.checks.packing import check_packed_rotary_args
+from tokenpos.tables.checks.rope import (
+    check_heads,
+    rope_dtype_message,
+    rope_layout_shape_message,
+    rotary_packed_message,
+)
 from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.formulas.packing import positions_from_cu_seqlens
 
 
 def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> np.ndarray:
@@ -34,11 +47,18 @@ def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | N
     A (B, H, L, Dh) result goes back with the same transpose (it is its own inverse).
     """
     x = np.asarray(x)
-    if x.ndim != 4 or x.shape[-1] != head_dim:
+    if x.ndim != (3 if qk_layout == "thd" else 4) or x.shape[-1] != head_dim:
         raise ConfigError(rope_layout_shape_message(name, x.shape, head_dim, qk_layout))
     if not np.issubdtype(x.dtype, np.floating):
         raise ConfigError(rope_dtype_message(name, x.dtype))
     check_heads(name, x.shape, qk_layout, num_heads)
+    return _bhld(x, qk_layout)
+
+
+def _bhld(x: np.ndarray, qk_layout: str) -> np.ndarray:
+    """The declared layout -> a (B, H, L, Dh) view (``thd``: (T, H, Dh) -> (1, H, T, Dh))."""
+    if qk_layout == "thd":
+        return x.transpose(1, 0, 2)[None]
     return x.transpose(0, 2, 1, 3) if qk_layout == "blhd" else x
 
 
@@ -62,6 +82,7 @@ class RotaryBase(Module):
     qk_layout: str
     num_heads: int | None
     _last: Any
+    packs = False                    # positions one index per token: cu_seqlens accepted (RotaryEmbedding)
 
     def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
         """Nothing to reset (no parameters, no cache)."""
@@ -73,8 +94,18 @@ class RotaryBase(Module):
                 to_bhld("k", k, self.head_dim, self.qk_layout, self.num_heads))
 
     def _out(self, x: np.ndarray) -> np.ndarray:
-        """(B, H, L, Dh) <-> the declared layout (the transpose is its own inverse)."""
+        """(B, H, L, Dh) -> the declared layout (``thd``: (1, H, T, Dh) -> (T, H, Dh))."""
+        if self.qk_layout == "thd":
+            return x[0].transpose(1, 0, 2)
         return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
+
+    def _packed_positions(self, q: np.ndarray, positions: Any, start_pos: Any, key_positions: Any,
+                          cu_seqlens: Any) -> np.ndarray:
+        """Positions (T,) restarting per document for q (1, H, T, Dh); every other argument checked."""
+        if not self.packs:
+            raise ConfigError(rotary_packed_message(type(self).__name__))
+        total = check_packed_rotary_args(q.shape, positions, start_pos, key_positions)
+        return positions_from_cu_seqlens(cu_seqlens, total)
 
     # -- rotation ----------------------------------------------------------------------------------
     @staticmethod
@@ -98,16 +129,20 @@ class RotaryBase(Module):
         raise NotImplementedError(f"{type(self).__name__} defines _rotate_bhld")
 
     def apply_forward(self, q: Any, k: Any, positions: Any = None, *, start_pos: Any = 0,
-                      key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
-        """The functional forward: ``(q', k', cache)`` for :meth:`apply_backward`; no state kept."""
+                      key_positions: Any = None, cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """The functional forward: ``(q', k', cache)`` for :meth:`apply_backward`; no state kept.
+        ``cu_seqlens`` (N + 1,): q, k one packed row, positions restarting per document."""
         q, k = self._qk(q, k)
+        if cu_seqlens is not None:
+            positions = self._packed_positions(q, positions, start_pos, key_positions, cu_seqlens)
+            start_pos = 0
         q_out, k_out, cache = self._rotate_bhld(q, k, positions, start_pos, key_positions)
         return self._out(q_out), self._out(k_out), cache
 
     def apply_backward(self, grad_q: Any, grad_k: Any, cache: RotaryCache) -> tuple[np.ndarray, np.ndarray]:
         """Gradients (dq, dk) w.r.t. q and k from those w.r.t. q' and k' (declared layout): the transpose
         of the forward map (the rotation by -angle, scaled as the forward was)."""
-        gq, gk = self._out(np.asarray(grad_q)), self._out(np.asarray(grad_k))
+        gq, gk = _bhld(np.asarray(grad_q), self.qk_layout), _bhld(np.asarray(grad_k), self.qk_layout)
         if cache.k is None:
             dq, dk = F.rope_qk_backward(gq, gk, cache.q)
         else:
@@ -116,14 +151,16 @@ class RotaryBase(Module):
 
     # -- stateful pair -----------------------------------------------------------------------------
     def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
-              key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
+              key_positions: Any = None, cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Rotate q and k (B, H, L, Dh) at ``positions`` (see the layer; given positions need start_pos=0);
-        keeps what :meth:`backward` needs (nothing changes when an input is refused).
+        keeps what :meth:`backward` needs (nothing changes when an input is refused). With
+        ``cu_seqlens`` (N + 1,): q (T, H, Dh) and k (T, Hk, Dh) (``qk_layout="thd"``; or one row of the
+        declared layout), positions restarting at 0 in every document.
 
         Returns (q', k') with the input shapes and dtypes.
         """
         q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos,
-                                                      key_positions=key_positions)
+                                                      key_positions=key_positions, cu_seqlens=cu_seqlens)
         return q_out, k_out
 
     forward = apply

@@ -20,6 +20,14 @@ would be ignored; add the offset to the positions instead). The KV cache holds
 keys **before** rotation (all Lk keys are rotated on every call); pass ``rotate_keys=False`` if
 your cache holds already-rotated keys (then only q is rotated).
 
+Packed documents (``cu_seqlens`` (N + 1,), flash-attn's varlen convention): q, k, v are one row of T
+tokens, (T, H, Dh) (the output too) or (1, H, T, Dh). Attention is block-diagonal over the documents
+(causal inside each one when ``causal``), and every scheme measures positions inside its document:
+rotary layers rotate at positions restarting at 0 (``positions_from_cu_seqlens``), bias schemes add
+``bias(T, T)`` read at those positions (``bias[:, pos_i, pos_j]``: the bias of the same pair in a
+document of its own, whatever the scheme), so every token gets the output and gradients of the same
+documents padded in (N, L). Positions, key_positions or a start_pos with cu_seqlens: ConfigError.
+
 Softmax runs in float32 at least (float64 for float64 inputs). Fully masked rows give zeros.
 """
 
@@ -38,10 +46,12 @@ from tokenpos.tables.checks.attention import (
     check_scheme,
     key_start_message,
 )
+from tokenpos.tables.checks.packing import check_packed_attention_args
 from tokenpos.tables.checks.validation import check_float_array, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.formulas.attention import causal_keep_mask, resolve_query_start
 from tokenpos.tables.formulas.llama4 import query_temperature
+from tokenpos.tables.formulas.packing import positions_from_cu_seqlens
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,8 @@ class AttentionCache:
     rotate_keys: bool
     dtypes: tuple[np.dtype, np.dtype, np.dtype]
     temperature: np.ndarray | None = None      # (B|1, 1, Lq, 1) Llama 4 query temperature
+    packed: np.ndarray | None = None           # (T,) positions inside each document (cu_seqlens), else None
+    thd: bool = False                          # q, k, v and the output were (T, H, Dh)
 
 
 def _kind(positional: Any) -> str:
@@ -69,6 +81,24 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         and k.shape[2] == v.shape[2] and q.shape[3] == k.shape[3] and q.shape[2] <= k.shape[2]
     if not ok:
         raise ConfigError(attention_shape_message(q.shape, k.shape, v.shape))
+
+
+def _bhld(x: np.ndarray) -> np.ndarray:
+    """A packed (T, H, Dh) -> (1, H, T, Dh) view; 4-D arrays as they are."""
+    return x.transpose(1, 0, 2)[None] if x.ndim == 3 else x
+
+
+def _thd(x: np.ndarray) -> np.ndarray:
+    """(1, H, T, Dh) -> (T, H, Dh), the inverse of :func:`_bhld`."""
+    return x[0].transpose(1, 0, 2)
+
+
+def packed_keep_mask(pos: np.ndarray, causal: bool) -> np.ndarray:
+    """(T, T) bool: query i sees key j inside its own document (and j <= i when causal). ``pos`` (T,)
+    restarts at 0 in every document, so a running count of the zeros names each token's document."""
+    doc = np.cumsum(pos == 0)
+    keep = doc[:, None] == doc[None, :]
+    return keep & causal_keep_mask(pos.size, pos.size) if causal else keep
 
 
 def _own(x: np.ndarray, dtype: np.dtype, inputs: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -100,7 +130,8 @@ def _rotate(positional: Any, q: np.ndarray, k: np.ndarray, positions: Any, start
 def scaled_dot_product_attention_forward(
         q: Any, k: Any, v: Any, *, positional: Any = None, causal: bool = True, positions: Any = None,
         start_pos: int | None = None, key_positions: Any = None, attn_mask: Any = None, scale: float | None = None,
-        rotate_keys: bool = True, attn_temperature: Any = None) -> tuple[np.ndarray, AttentionCache]:
+        rotate_keys: bool = True, attn_temperature: Any = None, cu_seqlens: Any = None
+) -> tuple[np.ndarray, AttentionCache]:
     """Attention forward: ``(out (B, H, Lq, Dh), cache)``.
 
     Args:
@@ -114,13 +145,22 @@ def scaled_dot_product_attention_forward(
         attn_temperature: Llama 4's NoPE-layer temperature ``(floor_scale, attn_scale)``: each query is
             multiplied by ``tables.formulas.llama4.llama4_attn_scales`` of its position (``positions``, else
             start_pos + arange(Lq)) after any rotation; None = off.
+        cu_seqlens: (N + 1,) int32 / int64, packed documents (module docstring): q, k, v (T, H, Dh) ->
+            out (T, H, Dh), or (1, H, T, Dh) -> (1, H, T, Dh).
     """
     q, k, v = check_float_array("q", q), check_float_array("k", k), check_float_array("v", v)
     inputs = (q, k, v)
+    thd = cu_seqlens is not None and q.ndim == 3
+    if cu_seqlens is not None:                                                # packed: (T, H, Dh) -> (1, H, T, Dh)
+        q, k, v = _bhld(q), _bhld(k), _bhld(v)
     _check_shapes(q, k, v)
     kind = check_scheme(positional)
     if attn_mask is not None:
         check_mask_shape(np.shape(attn_mask), (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+    packed = None
+    if cu_seqlens is not None:                                                # positions inside each document
+        n = check_packed_attention_args(q.shape, k.shape, positions, start_pos, key_positions)
+        packed = positions = positions_from_cu_seqlens(cu_seqlens, n)
     check_start_pos_with_positions(start_pos, positions, none_ok=True)
     dtypes = (q.dtype, k.dtype, v.dtype)
     compute = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
@@ -138,9 +178,13 @@ def scaled_dot_product_attention_forward(
     if kind == "bias":
         bias = np.asarray(positional.bias(lq, lk))                           # (H, Lq, Lk)
         check_bias_shape(bias.shape, q.shape[1], lq, lk)
+        if packed is not None:                                                 # each pair at its in-document positions
+            bias = bias[:, packed[:, None], packed[None, :]]
         logits = logits + bias.astype(compute)[None]
     keep = np.ones((lq, lk), dtype=bool)
-    if causal:
+    if packed is not None:
+        keep = packed_keep_mask(packed, causal)                                # (T, T) block-diagonal
+    elif causal:
         keep = causal_keep_mask(lq, lk)                                        # (Lq, Lk)
     if attn_mask is not None:
         mask = np.asarray(attn_mask)
@@ -155,8 +199,10 @@ def scaled_dot_product_attention_forward(
     total = e.sum(axis=-1, keepdims=True)
     probs = e / np.where(total > 0, total, 1.0)                                # (B, H, Lq, Lk)
     out = probs @ v                                                            # (B, H, Lq, Dh)
-    cache = AttentionCache(q, k, v, probs, scale, positional, rotary_cache, rotate_keys, dtypes, temperature)
-    return out.astype(dtypes[0], copy=False), cache
+    cache = AttentionCache(q, k, v, probs, scale, positional, rotary_cache, rotate_keys, dtypes, temperature,
+                           packed, thd)
+    out = out.astype(dtypes[0], copy=False)
+    return (_thd(out) if thd else out), cache
 
 
 def scaled_dot_product_attention_backward(dout: Any, cache: AttentionCache) -> tuple[np.ndarray, np.ndarray,
@@ -167,12 +213,21 @@ def scaled_dot_product_attention_backward(dout: Any, cache: AttentionCache) -> t
     """
     c = cache
     dout = np.asarray(dout).astype(c.v.dtype, copy=False)                     # (B, H, Lq, Dh)
+    if c.thd:
+        dout = _bhld(dout)
     dv = np.swapaxes(c.probs, -1, -2) @ dout                                  # (B, H, Lk, Dh)
     dprobs = dout @ np.swapaxes(c.v, -1, -2)                                  # (B, H, Lq, Lk)
     dlogits = c.probs * (dprobs - (dprobs * c.probs).sum(axis=-1, keepdims=True))
     kind = _kind(c.positional)
     if kind == "bias" and hasattr(c.positional, "backward"):
-        c.positional.backward(dlogits.sum(axis=0))                            # (H, Lq, Lk)
+        grad_bias = dlogits.sum(axis=0)                                       # (H, Lq, Lk)
+        if c.packed is not None:                                              # back to the (H, T, T) bias read
+            h, t = grad_bias.shape[0], c.packed.size
+            at = (c.packed[:, None] * t + c.packed[None, :]).ravel()          # (T*T,) the entry each pair read
+            full = np.zeros((t * t, h), grad_bias.dtype)
+            np.add.at(full, at, grad_bias.reshape(h, t * t).T)
+            grad_bias = full.T.reshape(h, t, t)
+        c.positional.backward(grad_bias)
     dq = (dlogits @ c.k) * c.scale                                            # (B, H, Lq, Dh)
     dk = (np.swapaxes(dlogits, -1, -2) @ c.q) * c.scale                       # (B, H, Lk, Dh)
     if c.temperature is not None:
@@ -182,8 +237,9 @@ def scaled_dot_product_attention_backward(dout: Any, cache: AttentionCache) -> t
             dq, dk = c.positional.apply_backward(dq, dk, c.rotary_cache)
         else:
             dq, _ = c.positional.apply_backward(dq, dq, c.rotary_cache)
-    return dq.astype(c.dtypes[0], copy=False), dk.astype(c.dtypes[1], copy=False), dv.astype(c.dtypes[2],
-                                                                                              copy=False)
+    dq, dk, dv = dq.astype(c.dtypes[0], copy=False), dk.astype(c.dtypes[1], copy=False), dv.astype(c.dtypes[2],
+                                                                                                copy=False)
+    return (_thd(dq), _thd(dk), _thd(dv)) if c.thd else (dq, dk, dv)
 
 
 def scaled_dot_product_attention(q: Any, k: Any, v: Any, **kwargs: Any) -> np.ndarray:

@@ -71,15 +71,17 @@ class RotaryEmbedding2D(RotaryBase):
         return self._rotate_pair(q, k, (cos.astype(q.dtype), sin.astype(q.dtype)), tables_k, False)
 
     def apply_forward(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
-                      key_positions: Any = None) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
-        """``(q', k', cache)`` (see :meth:`_rotate_bhld`; ``start_pos``: None or 0)."""
-        return super().apply_forward(q, k, positions, start_pos=start_pos, key_positions=key_positions)
+                      key_positions: Any = None, cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """``(q', k', cache)`` (see :meth:`_rotate_bhld`; ``start_pos``: None or 0; ``cu_seqlens``: refused)."""
+        return super().apply_forward(q, k, positions, start_pos=start_pos, key_positions=key_positions,
+                                     cu_seqlens=cu_seqlens)
 
     def apply(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
-              key_positions: Any = None) -> tuple[np.ndarray, np.ndarray]:
+              key_positions: Any = None, cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray]:
         """Rotate q and k at (row, col) positions (``start_pos``: None or 0, as :meth:`apply_forward`);
         keeps what :meth:`backward` needs."""
-        return super().apply(q, k, positions, start_pos=start_pos, key_positions=key_positions)
+        return super().apply(q, k, positions, start_pos=start_pos, key_positions=key_positions,
+                             cu_seqlens=cu_seqlens)
 
     forward = apply  # type: ignore[assignment]
 

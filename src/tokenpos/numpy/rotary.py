@@ -57,7 +57,9 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         interleaved: False = half-split pairs (HF / GPT-NeoX), True = adjacent pairs (Meta / GPT-J).
         rotary_dim: R, the first R features of each head rotate (partial rotary); None = Dh.
         qk_layout: "bhld" = q, k are (B, H, L, Dh) (HF's unsqueeze_dim=1); "blhd" = (B, L, H, Dh)
-            (unsqueeze_dim=2, flash-attention).
+            (unsqueeze_dim=2, flash-attention); "thd" = one packed row (T, H, Dh) (flash-attention's
+            varlen layout): ``apply(q, k, cu_seqlens=cu)`` restarts the positions at 0 in every
+            document (``positions_from_cu_seqlens``), then takes the per-token positions path.
         num_heads: H of q when known: q's head axis must equal it and k's must divide it, so a
             tensor in the other layout is refused instead of silently rotated along heads.
         seed, rng: accepted for the common scheme signature; RoPE has no random state.
@@ -73,6 +75,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
 
     kind = "rotary"
     name = "rope"
+    packs = True
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, max_seq_len: int = 2048, scaling: Any = None,
                  interleaved: bool = False, rotary_dim: int | None = None, qk_layout: str = "bhld",

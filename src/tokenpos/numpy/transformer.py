@@ -24,6 +24,7 @@ from tokenpos.numpy.norm import build_norm
 from tokenpos.numpy.schemes import build_shortcut
 from tokenpos.numpy.token import TokenEmbedding
 from tokenpos.tables.checks.embedding import check_embedding_args
+from tokenpos.tables.checks.packing import check_packed_embedding_args
 from tokenpos.tables.checks.validation import (
     check_positions,
     check_positions_at,
@@ -33,6 +34,7 @@ from tokenpos.tables.checks.validation import (
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.dropout import draw_seed
 from tokenpos.tables.formulas.init import resolve_rng
+from tokenpos.tables.formulas.packing import positions_from_cu_seqlens
 from tokenpos.tables.formulas.positions import positions_from_padding, shared_default_positions
 from tokenpos.tables.plan import Batch, plan_embedding, table_limit
 
@@ -75,9 +77,14 @@ class TransformerEmbedding(Module):
         dtype, seed, rng: parameter dtype and the explicit random source (init and dropout).
 
     Shape:
-        forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids) -> (..., D);
+        forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids,
+        cu_seqlens=None) -> (..., D);
         positions default to start_pos + arange(L); given positions are used as they are, so start_pos
         must then be 0 (anything else: ConfigError; add the offset to the positions instead).
+        Packed documents: ids (T,) or (1, T) and ``cu_seqlens`` (N + 1,) (0, the cumulative lengths, T):
+        the positions restart at 0 in every document (``positions_from_cu_seqlens``), so each token
+        gets the output it would get in the same documents padded in (N, max length); positions,
+        start_pos != 0 or position_ids="padding" together with cu_seqlens: ConfigError.
     """
 
     def __init__(self, vocab_size: int, d_model: int, max_seq_len: int = 512, *,
@@ -129,7 +136,7 @@ class TransformerEmbedding(Module):
 
     # -- the one boundary: every input checked here, before anything changes ---------------------
     def _batch(self, token: TokenEmbedding, position: Any, ids: Any, positions: Any, start_pos: int,
-               token_type_ids: Any) -> Batch[np.ndarray]:
+               token_type_ids: Any, cu_seqlens: Any = None) -> Batch[np.ndarray]:
         """Every input of :meth:`forward`, checked (ids first, so a bad id is reported before any other
         bad input, as in torch), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) int64 in [0, V);
         the positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a scheme
@@ -139,6 +146,9 @@ class TransformerEmbedding(Module):
         ids = check_token_ids(ids, token.vocab_size)
         if ids.ndim not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
+        if cu_seqlens is not None:                                  # packed: positions restart per document
+            total = check_packed_embedding_args(ids.shape, positions, start_pos, self.position_ids)
+            positions = positions_from_cu_seqlens(cu_seqlens, total)
         L = ids.shape[-1]
         limit = table_limit(position)
         if positions is not None:                                   # given: used as they are
@@ -174,11 +184,11 @@ class TransformerEmbedding(Module):
 
     # -- the model ---------------------------------------------------------------------------------
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
-                token_type_ids: Any = None) -> np.ndarray:
+                token_type_ids: Any = None, cu_seqlens: Any = None) -> np.ndarray:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked first (:meth:`_batch`); the
         dropout seed is drawn after that, so a call that raises changes nothing."""
         token, position = self.token, self.position
-        batch = self._batch(token, position, ids, positions, start_pos, token_type_ids)
+        batch = self._batch(token, position, ids, positions, start_pos, token_type_ids, cu_seqlens)
         p = self.dropout if self.training else 0.0
         plan = plan_embedding(position, pos_end=batch.pos_end, token_types=self.token_type is not None,
                               norm=self.norm is not None, sparse=False, dropout=p > 0.0)

@@ -18,6 +18,7 @@ from tokenpos.tables.formulas.alibi import alibi_bias, alibi_distances, alibi_sl
 from tokenpos.tables.formulas.attention import causal_keep_mask
 from tokenpos.tables.formulas.dropout import dropout_keep_mask
 from tokenpos.tables.formulas.init import INIT_SCHEMES, init_weight, resolve_rng
+from tokenpos.tables.formulas.packing import cu_seqlens_from_positions, positions_from_cu_seqlens
 from tokenpos.tables.formulas.rope import (
     permute_qk_weight,
     qk_permutation,
@@ -48,8 +49,10 @@ __all__ = [
     "alibi_distances",
     "alibi_slopes",
     "causal_keep_mask",
+    "cu_seqlens_from_positions",
     "normalize_rope_scaling",
     "permute_qk_weight",
+    "positions_from_cu_seqlens",
     "qk_permutation",
     "rope_angles",
     "rope_cos_sin",

@@ -25,6 +25,7 @@ from tokenpos.torch.kerple import KERPLE
 from tokenpos.torch.learned import LearnedPositionalEmbedding, PositionalEmbedding
 from tokenpos.torch.mrope import MRotaryEmbedding
 from tokenpos.torch.norm import LayerNorm, RMSNorm
+from tokenpos.torch.packing import cu_seqlens_from_positions, positions_from_cu_seqlens
 from tokenpos.torch.rope2d import RotaryEmbedding2D, SinCos2DPositionalEncoding
 from tokenpos.torch.rotary import RotaryEmbedding
 from tokenpos.torch.schemes import NoPositionalEncoding
@@ -59,10 +60,12 @@ __all__ = [
     "TokenIdError",
     "TokenposModule",
     "TransformerEmbedding",
+    "cu_seqlens_from_positions",
     "device_checks_enabled",
     "dropout_keep_mask_torch",
     "from_hf",
     "ops",
+    "positions_from_cu_seqlens",
     "scaled_dot_product_attention",
     "set_device_checks",
 ]

@@ -1,7 +1,13 @@
 """The rotation protocol shared by the torch RoPE-family layers (RoPE, M-RoPE, xPos, 2-D RoPE).
 
-Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim, F rotated pairs.
-q, k: (B, H, L, Dh) (or (B, L, H, Dh) with ``qk_layout="blhd"``).
+Shapes: B batch, H heads (q and k may differ, e.g. GQA), L length, Dh head dim, F rotated pairs,
+T packed tokens. q, k: (B, H, L, Dh) (or (B, L, H, Dh) with ``qk_layout="blhd"``, or one packed row
+(T, H, Dh) with ``qk_layout="thd"``, rotated as (1, H, T, Dh)).
+
+Packed documents: ``cu_seqlens`` (N + 1,) on q's device gives positions restarting at 0 in every
+document (``tokenpos.torch.packing``: tensor ops, no host sync), which then take the per-token
+positions path of the layer; a layer whose positions are not one index per token (``packs = False``)
+refuses it with ConfigError.
 
 A layer defines ``_rotate_bhld(q, k, positions, start_pos, key_positions) -> (q', k')`` on
 (B, H, L, Dh) views, already checked by :meth:`RotaryBase._qk` (the same protocol as the NumPy
@@ -22,16 +28,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from tokenpos.tables.checks.packing import check_packed_rotary_args
 from tokenpos.tables.checks.rope import (
     check_heads,
     check_same_key_positions,
     rope_dtype_message,
     rope_layout_shape_message,
+    rotary_packed_message,
 )
 from tokenpos.tables.errors import ConfigError
 from tokenpos.torch import ops
 from tokenpos.torch._checks import calc_dtype, check_position_tensor
 from tokenpos.torch._module import TokenposModule
+from tokenpos.torch.packing import check_cu_seqlens_tensor, packed_positions
 
 
 def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> torch.Tensor:
@@ -39,12 +48,14 @@ def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | N
 
     A (B, H, L, Dh) result goes back with the same transpose (it is its own inverse).
     """
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-1] != head_dim:
+    if not isinstance(x, torch.Tensor) or x.dim() != (3 if qk_layout == "thd" else 4) or x.shape[-1] != head_dim:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(np.shape(x))
         raise ConfigError(rope_layout_shape_message(name, shape, head_dim, qk_layout))
     if not x.is_floating_point():
         raise ConfigError(rope_dtype_message(name, str(x.dtype).replace("torch.", "")))
     check_heads(name, tuple(x.shape), qk_layout, num_heads)
+    if qk_layout == "thd":
+        return x.transpose(0, 1)[None]                          # (T, H, Dh) -> (1, H, T, Dh)
     return x.transpose(1, 2) if qk_layout == "blhd" else x
 
 
@@ -59,6 +70,7 @@ class RotaryBase(TokenposModule):
     qk_layout: str
     num_heads: int | None
     inv_freq: torch.Tensor
+    packs = False                    # positions one index per token: cu_seqlens accepted (RotaryEmbedding)
 
     # -- buffers -----------------------------------------------------------------------------------
     def _register_empty(self, device: Any, **buffers: tuple[tuple[int, ...], torch.dtype | None]) -> None:
@@ -103,8 +115,19 @@ class RotaryBase(TokenposModule):
         return self._check("q", q), self._check("k", k)
 
     def _out(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, Dh) <-> the declared layout (the transpose is its own inverse)."""
+        """(B, H, L, Dh) -> the declared layout (``thd``: (1, H, T, Dh) -> (T, H, Dh))."""
+        if self.qk_layout == "thd":
+            return x[0].transpose(0, 1)
         return x.transpose(1, 2) if self.qk_layout == "blhd" else x
+
+    def _packed_positions(self, q: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any,
+                          cu_seqlens: Any) -> torch.Tensor:
+        """Positions (T,) restarting per document for q (1, H, T, Dh), on q's device (no host sync);
+        every other argument checked."""
+        if not self.packs:
+            raise ConfigError(rotary_packed_message(type(self).__name__))
+        total = check_packed_rotary_args(tuple(q.shape), positions, start_pos, key_positions)
+        return packed_positions(check_cu_seqlens_tensor(cu_seqlens, total, device=q.device), total)
 
     @staticmethod
     def _same_key_positions(scheme: str, pos: torch.Tensor, key_positions: Any) -> None:
@@ -143,15 +166,20 @@ class RotaryBase(TokenposModule):
         ck, sk = self._op_tables(tables_k[0], k), self._op_tables(tables_k[1], k)
         return ops.rotate(q, cq, sq, interleaved), ops.rotate(k, ck, sk, interleaved)
 
+    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (1, H, T, Dh) rotated at packed positions (T,) (each in [0, T)): the per-token path."""
+        return self._rotate_bhld(q, k, pos, 0, None)
+
     def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - abstract
         """q, k (B, H, L, Dh) views (checked) -> (q', k') (B, H, L, Dh)."""
         raise NotImplementedError(f"{type(self).__name__} defines _rotate_bhld")
 
     def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,  # type: ignore[override]
-              key_positions: Any = None) -> Any:
+              key_positions: Any = None, cu_seqlens: Any = None) -> Any:
         """Rotate q and k at ``positions`` (see the layer; given positions need start_pos=0); returns (q', k')
-        with the input shapes and dtypes.
+        with the input shapes and dtypes. With ``cu_seqlens`` (N + 1,): q (T, H, Dh) and k (T, Hk, Dh)
+        (``qk_layout="thd"``; or one row of the declared layout), positions restarting at 0 in every document.
 
         ``apply(fn)`` with a single callable is ``nn.Module.apply`` (``model.apply(init_fn)`` recurses
         through every child, this one included), so that idiom keeps working.
@@ -160,7 +188,11 @@ class RotaryBase(TokenposModule):
         if k is None and callable(q) and not isinstance(q, torch.Tensor):
             return super().apply(q)
         q, k = self._qk(q, k)
-        q_out, k_out = self._rotate_bhld(q, k, positions, start_pos, key_positions)
+        if cu_seqlens is not None:
+            q_out, k_out = self._rotate_packed(q, k, self._packed_positions(q, positions, start_pos, key_positions,
+                                                                            cu_seqlens))
+        else:
+            q_out, k_out = self._rotate_bhld(q, k, positions, start_pos, key_positions)
         return self._out(q_out), self._out(k_out)
 
     forward = apply

@@ -11,6 +11,10 @@ keys). Rotary positions: queries at ``positions`` or ``start_pos + arange(Lq)`` 
 means ``Lk - Lq``), keys at ``key_positions`` or ending where the queries end; with ``positions``
 given, ``start_pos`` must be None or 0 (else ConfigError: it would be ignored).
 
+Packed documents (``cu_seqlens`` (N + 1,) on q's device): q, k, v one row of T tokens, (T, H, Dh) or
+(1, H, T, Dh); block-diagonal attention, rotary positions restarting per document, bias schemes read at
+the in-document positions (see the NumPy twin); no host sync (``tokenpos.torch.packing``).
+
 The logits, softmax and weighted sum run in float32 at least (float64 for float64 inputs); the
 output is cast to q's dtype. Fully masked rows give zeros. With ``positions=None`` every shape
 decision uses Python ints, so the function runs under ``torch.compile(fullgraph=True)``.
@@ -31,11 +35,18 @@ from tokenpos.tables.checks.attention import (
     check_temperature,
     key_start_message,
 )
+from tokenpos.tables.checks.packing import check_packed_attention_args
 from tokenpos.tables.checks.validation import check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.formulas.attention import resolve_query_start
 from tokenpos.tables.formulas.llama4 import query_temperature
 from tokenpos.torch._checks import calc_dtype, check_float_tensor, check_position_tensor
+from tokenpos.torch.packing import check_cu_seqlens_tensor, packed_positions
+
+
+def _bhld(x: Any) -> Any:
+    """A packed (T, H, Dh) -> (1, H, T, Dh) view; anything else as it is (checked next)."""
+    return x.transpose(0, 1)[None] if isinstance(x, torch.Tensor) and x.dim() == 3 else x
 
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -93,7 +104,7 @@ def scaled_dot_product_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, positional: Any = None, causal: bool = True,
         positions: Any = None, start_pos: int | None = None, key_positions: Any = None,
         attn_mask: torch.Tensor | None = None, scale: float | None = None, rotate_keys: bool = True,
-        attn_temperature: Any = None) -> torch.Tensor:
+        attn_temperature: Any = None, cu_seqlens: Any = None) -> torch.Tensor:
     """Attention with any positional scheme: out (B, H, Lq, Dh), q's dtype.
 
     Args:
@@ -106,15 +117,27 @@ def scaled_dot_product_attention(
         scale: logit scale, default 1 / sqrt(Dh).
         attn_temperature: Llama 4's NoPE-layer temperature ``(floor_scale, attn_scale)`` (see the NumPy
             twin); None = off.
+        cu_seqlens: (N + 1,) int32 / int64 on q's device, packed documents (module docstring): q, k, v
+            (T, H, Dh) -> out (T, H, Dh), or (1, H, T, Dh) -> (1, H, T, Dh).
     """
+    thd = cu_seqlens is not None and isinstance(q, torch.Tensor) and q.dim() == 3
+    if cu_seqlens is not None:                                                  # (T, H, Dh) -> (1, H, T, Dh)
+        q, k, v = _bhld(q), _bhld(k), _bhld(v)
     _check_shapes(q, k, v)
     kind = check_scheme(positional)
     if attn_mask is not None:
         check_mask_shape(tuple(attn_mask.shape), (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+    packed = None
+    if cu_seqlens is not None:                                                  # positions inside each document
+        n = check_packed_attention_args(tuple(q.shape), tuple(k.shape), positions, start_pos, key_positions)
+        cu_seqlens = check_cu_seqlens_tensor(cu_seqlens, n, device=q.device)
+        packed = positions = packed_positions(cu_seqlens, n)
     check_start_pos_with_positions(start_pos, positions, none_ok=True)
     out_dtype = q.dtype
     compute = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))
-    if kind == "rotary":
+    if kind == "rotary" and packed is not None and rotate_keys and getattr(positional, "packs", False):
+        q, k = positional.apply(q, k, cu_seqlens=cu_seqlens)                  # its packed path: cached rows
+    elif kind == "rotary":
         q, k = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     if attn_temperature is not None:
@@ -125,9 +148,16 @@ def scaled_dot_product_attention(
     if kind == "bias":
         bias = positional.bias(lq, lk)                                        # (H, Lq, Lk)
         check_bias_shape(tuple(bias.shape), q.shape[1], lq, lk)
+        if packed is not None:                                                # each pair at its in-document positions
+            bias = bias[:, packed[:, None], packed[None, :]]
         logits = logits + bias.to(compute)[None]
     keep = None
-    if causal:
+    if packed is not None:                                                    # (T, T) block-diagonal
+        doc = torch.cumsum(packed == 0, 0)
+        keep = doc[:, None] == doc[None, :]
+        if causal:
+            keep = keep & (packed[None, :] <= packed[:, None])
+    elif causal:
         key_idx = torch.arange(lk, device=q.device)
         keep = key_idx[None, :] <= (lk - lq + torch.arange(lq, device=q.device))[:, None]   # (Lq, Lk)
     if attn_mask is not None:
@@ -142,4 +172,5 @@ def scaled_dot_product_attention(
     e = torch.exp(logits - row_max)
     total = e.sum(dim=-1, keepdim=True)
     probs = e / torch.where(total > 0, total, torch.ones_like(total))            # (B, H, Lq, Lk)
-    return torch.matmul(probs, v).to(out_dtype)                                 # (B, H, Lq, Dh)
+    out = torch.matmul(probs, v).to(out_dtype)                                  # (B, H, Lq, Dh)
+    return out[0].transpose(0, 1) if thd else out

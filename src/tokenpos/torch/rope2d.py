@@ -64,10 +64,11 @@ class RotaryEmbedding2D(RotaryBase):
         return self.apply(x, x, positions, start_pos=start_pos)[0]  # type: ignore[no-any-return]
 
     def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: Any = None,  # type: ignore[override]
-              key_positions: Any = None) -> Any:
+              key_positions: Any = None, cu_seqlens: Any = None) -> Any:
         """Rotate q and k at (row, col) positions (explicit, so ``start_pos`` must be None or 0, else
         ConfigError: it would be ignored; ``key_positions`` must equal them); ``apply(fn)`` is nn.Module's."""
-        return super().apply(q, k, positions, start_pos=start_pos, key_positions=key_positions)
+        return super().apply(q, k, positions, start_pos=start_pos, key_positions=key_positions,
+                             cu_seqlens=cu_seqlens)
 
     forward = apply
 

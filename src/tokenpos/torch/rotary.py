@@ -53,7 +53,7 @@ from tokenpos.tables.formulas.rope_state import rope_cache_rows, rope_variant, r
 from tokenpos.tables.hf.rope import RopeFromHFConfig
 from tokenpos.torch import ops
 from tokenpos.torch._checks import calc_dtype as _calc_dtype
-from tokenpos.torch._checks import check_position_tensor, is_compiling
+from tokenpos.torch._checks import check_position_tensor, is_compiling, values_readable
 from tokenpos.torch._rotary_base import RotaryBase
 from tokenpos.torch._rotary_base import to_bhld as to_bhld
 
@@ -69,7 +69,9 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         interleaved: False = half-split pairs (HF / GPT-NeoX), True = adjacent pairs (Meta / GPT-J).
         rotary_dim: R (partial rotary); None = Dh.
         qk_layout: "bhld" = q, k are (B, H, L, Dh) (HF's unsqueeze_dim=1); "blhd" = (B, L, H, Dh)
-            (unsqueeze_dim=2, flash-attention).
+            (unsqueeze_dim=2, flash-attention); "thd" = one packed row (T, H, Dh) (flash-attention's
+            varlen layout): ``apply(q, k, cu_seqlens=cu)`` restarts the positions at 0 in every
+            document (``positions_from_cu_seqlens``), then takes the per-token positions path.
         num_heads: H of q when known: q's head axis must equal it and k's must divide it.
         seed, rng: accepted for the common scheme signature; RoPE has no random state.
         device: where the cache lives. dtype: accepted for a uniform signature; outputs follow the
@@ -85,6 +87,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
 
     kind = "rotary"
     name = "rope"
+    packs = True
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, max_seq_len: int = 2048, scaling: Any = None,
                  interleaved: bool = False, rotary_dim: int | None = None, qk_layout: str = "bhld",
@@ -326,6 +329,26 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         x = self._check("x", x)
         cos, sin = self._pairs_of(x, positions, start_pos, seq_len)
         return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), self.interleaved))
+
+    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (1, H, T, Dh) at packed positions (T,): the cached cos / sin rows indexed by position
+        (flash-attn's rotary cache), when one static frequency variant serves every position and the
+        cache holds them all: rows up to ``max(pos) + 1`` on the CPU (read), up to T elsewhere (a
+        bound known without reading the device). Otherwise (dynamic NTK, longrope, positions past
+        the cache, q and k of two dtypes) the per-token formula path of :meth:`_rotate_bhld`."""
+        if self.freqs.length_dependent or q.dtype != k.dtype:
+            return self._rotate_bhld(q, k, pos, 0, None)
+        need = q.shape[2]
+        if pos.is_cpu and values_readable(pos):
+            need = int(pos.max()) + 1 if pos.numel() else 0
+        tables = None
+        with self._guard():
+            if need <= self.cos_cached.shape[0] and self._cover(need) is None:
+                cos, sin = self._cached_as(torch.float64 if q.dtype == torch.float64 else torch.float32)
+                tables = cos.index_select(0, pos), sin.index_select(0, pos)            # (T, F)
+        if tables is None:
+            return self._rotate_bhld(q, k, pos, 0, None)
+        return self._rotate_pair(q, k, tables, None, self.interleaved)
 
     def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from tokenpos.tables.checks.embedding import check_embedding_args, check_padding_start
+from tokenpos.tables.checks.packing import check_packed_embedding_args
 from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.dropout import SEED_MASK
@@ -36,6 +37,7 @@ from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.norm import build_norm
 from tokenpos.torch.ops import embed
 from tokenpos.torch.ops.entry import no_seed
+from tokenpos.torch.packing import check_cu_seqlens_tensor, packed_positions
 from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.token import TokenEmbedding, _pad, token_rows
 
@@ -107,9 +109,14 @@ class TransformerEmbedding(TokenposModule):
     draws fresh masks.
 
     Shape:
-        forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids) -> (..., D);
+        forward(ids (B, L) or (L,), positions (L,) or (B, L) | None, start_pos=0, token_type_ids,
+        cu_seqlens=None) -> (..., D);
         positions default to start_pos + arange(L); given positions are used as they are, so start_pos
         must then be 0 (anything else: ConfigError; add the offset to the positions instead).
+        Packed documents: ids (T,) or (1, T) and ``cu_seqlens`` (N + 1,) (0, the cumulative lengths, T):
+        the positions restart at 0 in every document (``positions_from_cu_seqlens``), so each token
+        gets the output it would get in the same documents padded in (N, max length); positions,
+        start_pos != 0 or position_ids="padding" together with cu_seqlens: ConfigError.
 
     state_dict: ``token.weight``, ``position.weight`` (learned), ``token_type.weight``
     (num_token_types > 0), ``norm.weight`` and ``norm.bias`` (layernorm) / ``norm.weight`` (rmsnorm).
@@ -166,7 +173,7 @@ class TransformerEmbedding(TokenposModule):
 
     # -- the one boundary: every input checked here, before anything changes ---------------------
     def _batch(self, token: TokenEmbedding, position: Any, ids: Any, positions: Any, start_pos: int,
-               token_type_ids: Any) -> Batch[torch.Tensor]:
+               token_type_ids: Any, cu_seqlens: Any = None) -> Batch[torch.Tensor]:
         """Every input of :meth:`forward`, checked (ids first, so a bad id is reported before any other
         bad input, as in NumPy), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) in [0, V) (int32 /
         int64); the positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a
@@ -177,6 +184,9 @@ class TransformerEmbedding(TokenposModule):
         ids = check_token_id_tensor(ids, token.vocab_size, device=token.weight.device)
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
+        if cu_seqlens is not None:                                  # packed: positions restart per document
+            total = check_packed_embedding_args(tuple(ids.shape), positions, start_pos, self.position_ids)
+            positions = packed_positions(check_cu_seqlens_tensor(cu_seqlens, total, device=ids.device), total)
         shape, L = tuple(ids.shape), ids.shape[-1]
         limit = table_limit(position)
         if positions is not None:                                   # given: used as they are
@@ -215,11 +225,11 @@ class TransformerEmbedding(TokenposModule):
 
     # -- the model ---------------------------------------------------------------------------------
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
-                token_type_ids: Any = None) -> torch.Tensor:
+                token_type_ids: Any = None, cu_seqlens: Any = None) -> torch.Tensor:
         """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked first (:meth:`_batch`); the
         dropout seed is drawn after that, so a call that raises changes nothing."""
         token, position, token_type, norm = self.token, self.position, self.token_type, self.norm
-        batch = self._batch(token, position, ids, positions, start_pos, token_type_ids)
+        batch = self._batch(token, position, ids, positions, start_pos, token_type_ids, cu_seqlens)
         p = self.dropout if self.training else 0.0
         plan = plan_embedding(position, pos_end=batch.pos_end, token_types=token_type is not None,
                               norm=norm is not None, sparse=token.sparse, dropout=p > 0.0)

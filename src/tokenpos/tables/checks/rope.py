@@ -16,9 +16,11 @@ import numpy as np
 from tokenpos.tables.checks.validation import check_choice, check_int
 from tokenpos.tables.errors import ConfigError
 
-# Axis order of q / k: (B, H, L, Dh) as HF's default unsqueeze_dim=1, or (B, L, H, Dh) as unsqueeze_dim=2
-# and flash-attention.
-QK_LAYOUTS = ("bhld", "blhd")
+# Axis order of q / k: (B, H, L, Dh) as HF's default unsqueeze_dim=1, (B, L, H, Dh) as unsqueeze_dim=2
+# and flash-attention, or (T, H, Dh): one packed row of T tokens (flash-attention's varlen layout).
+QK_LAYOUTS = ("bhld", "blhd", "thd")
+# the head axis of q / k in each layout
+HEAD_AXIS = {"bhld": 1, "blhd": 2, "thd": 1}
 
 
 def rope_shape_message(name: str, shape: tuple[int, ...], head_dim: int) -> str:
@@ -30,12 +32,13 @@ def rope_layout_shape_message(name: str, shape: tuple[int, ...], head_dim: int, 
     """``q must have shape (B, L, H, 64) (qk_layout='blhd'), got (2, 8, 64)``."""
     if qk_layout == "bhld":
         return rope_shape_message(name, shape, head_dim)
-    return f"{name} must have shape (B, L, H, {head_dim}) (qk_layout='blhd'), got {tuple(int(s) for s in shape)}"
+    want = "(T, H" if qk_layout == "thd" else "(B, L, H"
+    return f"{name} must have shape {want}, {head_dim}) (qk_layout={qk_layout!r}), got {tuple(int(s) for s in shape)}"
 
 
 def rope_heads_message(name: str, shape: tuple[int, ...], qk_layout: str, num_heads: int) -> str:
     """The declared layout does not fit the known head count (q: H == num_heads; k: H divides it)."""
-    axis = 1 if qk_layout == "bhld" else 2
+    axis = HEAD_AXIS[qk_layout]
     rule = f"== num_heads={num_heads}" if name == "q" else f"dividing num_heads={num_heads}"
     return (f"{name} has shape {tuple(int(s) for s in shape)}: its head axis {axis} (qk_layout={qk_layout!r}) "
             f"is {int(shape[axis])}; expected a head count {rule}. Is the layout right?")
@@ -81,7 +84,7 @@ def check_heads(name: str, shape: tuple[int, ...], qk_layout: str, num_heads: in
     """q's head axis must be ``num_heads`` and k's must divide it (GQA), when the count is known."""
     if num_heads is None:
         return
-    heads = int(shape[1 if qk_layout == "bhld" else 2])
+    heads = int(shape[HEAD_AXIS[qk_layout]])
     if (name == "q" and heads != num_heads) or (name != "q" and (heads < 1 or num_heads % heads)):
         raise ConfigError(rope_heads_message(name, shape, qk_layout, num_heads))
 
@@ -112,3 +115,9 @@ def check_positions_shape(shape: tuple[int, ...], batch: int, length: int) -> bo
     if shape not in ((length,), (batch, length)):
         raise ConfigError(rope_positions_message(shape, batch, length))
     return False
+
+
+def rotary_packed_message(layer: str) -> str:
+    """A rotary layer whose positions are not one index per token refuses ``cu_seqlens``."""
+    return (f"{layer} does not take cu_seqlens: its positions are not one index per token restarting per "
+            f"document; pack with RotaryEmbedding, or pass this layer's own positions")

@@ -1,0 +1,94 @@
+"""Packed sequences in torch: per-token positions from ``cu_seqlens`` and back, on the data's device.
+
+Shapes: N documents, T tokens; ``cu_seqlens`` (N + 1,) int32 / int64: 0, the cumulative lengths, T.
+The formulas and messages are ``tokenpos.tables.formulas.packing`` / ``tables.checks.packing``.
+
+No host sync when ``total`` is given: the positions come from tensor ops of sizes known on the host
+(a scatter and a cumsum) and the values of ``cu_seqlens`` are checked on the CPU (a typed error) or, on
+another device, by one device-side assert (``tokenpos.set_device_checks(True)``: read, typed error).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from tokenpos._config import device_checks_enabled
+from tokenpos.tables.checks.packing import (
+    check_cu_seqlens,
+    check_restarting_positions,
+    check_total,
+    cu_seqlens_device_check_message,
+    cu_seqlens_device_message,
+    cu_seqlens_dtype_message,
+    cu_seqlens_shape_message,
+)
+from tokenpos.tables.errors import ConfigError, DtypeError
+from tokenpos.torch._checks import check_position_tensor, values_readable
+
+
+def check_cu_seqlens_tensor(cu_seqlens: Any, total: Any = None, *, device: torch.device | None = None
+                            ) -> torch.Tensor:
+    """``cu_seqlens`` checked (the rules of ``tables.checks.packing.check_cu_seqlens``) -> (N + 1,) int32 /
+    int64 on ``device`` (the data's; a tensor elsewhere is refused). Non-tensors: the NumPy check,
+    then an int64 tensor on ``device``.
+
+    Raises:
+        DtypeError, ConfigError, PositionError: as the NumPy check (values: CPU, or with device checks on).
+        ConfigError: a tensor on another device than ``device``.
+    """
+    total = check_total(total)
+    if not isinstance(cu_seqlens, torch.Tensor):
+        return torch.as_tensor(check_cu_seqlens(cu_seqlens, total), device=device)
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise DtypeError(cu_seqlens_dtype_message(cu_seqlens.dtype))
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        raise ConfigError(cu_seqlens_shape_message(tuple(cu_seqlens.shape)))
+    if device is not None and cu_seqlens.device != torch.device(device):
+        raise ConfigError(cu_seqlens_device_message(cu_seqlens.device, device))
+    if cu_seqlens.is_meta or not values_readable(cu_seqlens):
+        return cu_seqlens
+    if cu_seqlens.is_cpu or device_checks_enabled():
+        check_cu_seqlens(cu_seqlens.detach().cpu().numpy(), total)         # raises the typed error
+        return cu_seqlens
+    ok = (cu_seqlens[0] == 0) & (cu_seqlens[1:] >= cu_seqlens[:-1]).all()
+    if total is not None:
+        ok = ok & (cu_seqlens[-1] == total)
+    torch._assert_async(ok, cu_seqlens_device_check_message(total, cu_seqlens.device))
+    return cu_seqlens
+
+
+def packed_positions(cu: torch.Tensor, total: int) -> torch.Tensor:
+    """Positions (T,) int64 of checked ``cu`` (N + 1,) ending at ``total``: tensor ops of a size known on
+    the host (a scatter and a cumsum give each token its document), so no host sync."""
+    cu = cu.long()
+    inner = cu[1:-1]                                                   # where documents 2..N start
+    marks = torch.zeros(total + 1, dtype=torch.long, device=cu.device).index_add_(0, inner, torch.ones_like(inner))
+    doc = marks[:total].cumsum(0)                                      # (T,) the document of each token
+    return torch.arange(total, device=cu.device) - cu.index_select(0, doc)
+
+
+def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None) -> torch.Tensor:
+    """``cu_seqlens`` (N + 1,) -> positions (T,) int64 on its device, 0, 1, ... in every document.
+
+    Give ``total`` (T) on an accelerator: without it T is read from ``cu_seqlens[-1]`` (one host sync).
+    """
+    cu = check_cu_seqlens_tensor(cu_seqlens, total)
+    return packed_positions(cu, int(cu[-1]) if total is None else int(total))
+
+
+def cu_seqlens_from_positions(positions: Any) -> torch.Tensor:
+    """Positions (T,) or (1, T) restarting at 0 per document -> ``cu_seqlens`` (N + 1,) int32 on their
+    device (the inverse of :func:`positions_from_cu_seqlens`). N depends on the values, so this reads
+    them (a host sync on an accelerator): call it in the data pipeline, not in the model."""
+    pos = check_position_tensor(positions)
+    if pos.dim() not in (1, 2) or (pos.dim() == 2 and pos.shape[0] != 1):
+        raise ConfigError(f"positions of a packed row must have shape (T,) or (1, T), got {tuple(pos.shape)}")
+    pos = pos.reshape(-1).long()
+    if values_readable(pos):
+        check_restarting_positions(pos.detach().cpu().numpy().astype(np.int64))
+    starts = torch.nonzero(pos == 0).reshape(-1)
+    end = torch.full((1,), pos.numel(), device=pos.device, dtype=starts.dtype)
+    return torch.cat([starts, end]).to(torch.int32)

@@ -1,0 +1,162 @@
+"""torch RotaryEmbedding.apply(q, k, cu_seqlens=...) with qk_layout="thd": HF's rotation at the
+position_ids of DataCollatorWithFlattening, the same documents padded, gradients, no host sync on
+(fake) CUDA; the layers whose positions are not one index per token refuse cu_seqlens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import DataCollatorWithFlattening
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+import tokenpos
+import tokenpos.torch as tpt
+from tests.tolerances import TOL
+from tests.torch.fake_cuda import cpu_of, no_host_sync, to_fake_cuda
+from tests.torch.test_no_host_sync import fake_cuda_module
+from tests.torch.test_rotary import DH, MAX, SCALINGS, assert_hf_close, hf_rotary
+from tokenpos.tables import ConfigError
+
+HQ, HK = 4, 2
+LENGTHS = [3, 7, 1, 5]
+CU = torch.tensor([0, *np.cumsum(LENGTHS)], dtype=torch.int32)
+T, L = int(CU[-1]), max(LENGTHS)
+
+
+def qk(dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(T, HQ, DH, generator=g, dtype=dtype), torch.randn(T, HK, DH, generator=g, dtype=dtype)
+
+
+def flattening_position_ids() -> torch.Tensor:
+    """HF's own packing of the documents: (1, T) position_ids restarting per example."""
+    docs = [{"input_ids": list(range(1, n + 1))} for n in LENGTHS]
+    return DataCollatorWithFlattening(return_position_ids=True)(docs, return_tensors="pt")["position_ids"]
+
+
+def padded(x: torch.Tensor) -> torch.Tensor:
+    """(T, H, Dh) packed -> (N, H, L, Dh) padded with zeros."""
+    out = x.new_zeros(len(LENGTHS), x.shape[1], L, x.shape[2])
+    for d, (s, n) in enumerate(zip(CU[:-1].tolist(), LENGTHS, strict=True)):
+        out[d, :, :n] = x[s:s + n].transpose(0, 1)
+    return out
+
+
+def unpadded(x: torch.Tensor) -> torch.Tensor:
+    """(N, H, L, Dh) -> (T, H, Dh), the real tokens."""
+    return torch.cat([x[d, :, :n].transpose(0, 1) for d, n in enumerate(LENGTHS)])
+
+
+@pytest.mark.parametrize("name", sorted(SCALINGS))
+def test_packed_matches_hf_at_the_flattening_collators_position_ids(name: str) -> None:
+    pos = flattening_position_ids()                                            # (1, T)
+    assert pos.shape == (1, T)
+    q, k = qk()
+    hq_, hk_ = q.transpose(0, 1)[None], k.transpose(0, 1)[None]                # (1, H, T, Dh), HF's layout
+    cos, sin = hf_rotary(SCALINGS[name])(hq_, pos)
+    ref_q, ref_k = apply_rotary_pos_emb(hq_, hk_, cos, sin)
+    rope = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd")
+    oq, ok = rope.apply(q, k, cu_seqlens=CU)
+    assert oq.shape == q.shape and ok.shape == k.shape
+    assert_hf_close(oq, ref_q[0].transpose(0, 1), q, L - 1)
+    assert_hf_close(ok, ref_k[0].transpose(0, 1), k, L - 1)
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels-on", "kernels-off"])
+@pytest.mark.parametrize("name", ["default", "linear", "dynamic", "yarn", "llama3"])
+def test_packed_equals_padded_with_equal_gradients(name: str, kernels: bool) -> None:
+    q, k = (t.requires_grad_() for t in qk(torch.float64))
+    qp, kp = (padded(t.detach()).requires_grad_() for t in (q, k))
+    with tokenpos.use_kernels(kernels):
+        oq, ok = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd").apply(
+            q, k, cu_seqlens=CU)
+        rq, rk = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name]).apply(qp, kp)
+    torch.testing.assert_close(oq, unpadded(rq), **TOL["forward.float64"])
+    torch.testing.assert_close(ok, unpadded(rk), **TOL["forward.float64"])
+    gq, gk = qk(torch.float64, seed=1)
+    (oq * gq).sum().add((ok * gk).sum()).backward()
+    (rq * padded(gq)).sum().add((rk * padded(gk)).sum()).backward()
+    torch.testing.assert_close(q.grad, unpadded(qp.grad), **TOL["forward.float64"])
+    torch.testing.assert_close(k.grad, unpadded(kp.grad), **TOL["forward.float64"])
+
+
+@pytest.mark.parametrize("name", ["default", "linear", "yarn", "llama3"])
+def test_static_scalings_read_the_cached_rows_so_packed_equals_padded_bit_for_bit(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flash-attn's rotary cache: a packed call indexes the cached cos / sin rows by position (the
+    per-token formula is never computed), and each token gets the very numbers of the padded call."""
+    q, k = qk()
+    rope = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd")
+
+    def no_formula(*args: Any) -> None:
+        raise AssertionError("the packed call computed cos / sin per token")
+    monkeypatch.setattr(rope, "_formula", no_formula)
+    oq, ok = rope.apply(q, k, cu_seqlens=CU)
+    rq, rk = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name]).apply(padded(q), padded(k))
+    torch.testing.assert_close(oq, unpadded(rq), **TOL["exact"])
+    torch.testing.assert_close(ok, unpadded(rk), **TOL["exact"])
+
+
+def test_llama4_style_interleaved_rope_packs_like_padding() -> None:
+    """Llama 4 text: interleaved pairs with a llama3 scaling (the RotaryEmbedding settings from_hf builds)."""
+    q, k = qk(torch.float64)
+    kw = dict(max_seq_len=MAX, scaling=SCALINGS["llama3"], interleaved=True)
+    oq, ok = tpt.RotaryEmbedding(DH, qk_layout="thd", **kw).apply(q, k, cu_seqlens=CU)
+    rq, rk = tpt.RotaryEmbedding(DH, **kw).apply(padded(q), padded(k))
+    torch.testing.assert_close(oq, unpadded(rq), **TOL["forward.float64"])
+    torch.testing.assert_close(ok, unpadded(rk), **TOL["forward.float64"])
+
+
+def test_one_row_in_the_declared_layouts_equals_thd() -> None:
+    q, k = qk()
+    want = tpt.RotaryEmbedding(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU)
+    bhld = tpt.RotaryEmbedding(DH).apply(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cu_seqlens=CU.long())
+    blhd = tpt.RotaryEmbedding(DH, qk_layout="blhd").apply(q[None], k[None], cu_seqlens=CU)
+    for a, b, c in zip(want, bhld, blhd, strict=True):
+        torch.testing.assert_close(b[0].transpose(0, 1), a, **TOL["exact"])
+        torch.testing.assert_close(c[0], a, **TOL["exact"])
+
+
+def test_packed_call_on_cuda_makes_no_host_sync() -> None:
+    q, k = qk()
+    want = tpt.RotaryEmbedding(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU)
+    rope = fake_cuda_module(tpt.RotaryEmbedding(DH, qk_layout="thd"))
+    with no_host_sync():
+        got = rope.apply(to_fake_cuda(q), to_fake_cuda(k), cu_seqlens=to_fake_cuda(CU))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(cpu_of(a), b, **TOL["forward.float32"])
+
+
+@pytest.mark.parametrize("kwargs, text", [
+    (dict(positions=torch.arange(T)), "positions given together with cu_seqlens"),
+    (dict(key_positions=torch.arange(T)), "key_positions given together with cu_seqlens"),
+    (dict(start_pos=3), "start_pos=3 given together with cu_seqlens"),
+])
+def test_positions_with_cu_seqlens_are_refused(kwargs: dict[str, Any], text: str) -> None:
+    q, k = qk()
+    with pytest.raises(ConfigError, match=text):
+        tpt.RotaryEmbedding(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU, **kwargs)
+
+
+def test_bad_shapes_and_cu_seqlens_are_refused() -> None:
+    q, k = qk()
+    rope = tpt.RotaryEmbedding(DH, qk_layout="thd")
+    with pytest.raises(ConfigError, match=r"q must have shape \(T, H, 16\) \(qk_layout='thd'\), got \(1, 16, 4, 16\)"):
+        rope.apply(q[None], k[None], cu_seqlens=CU)
+    with pytest.raises(ConfigError, match=r"a packed batch is one row.*got shape \(2, 4, 16, 16\)"):
+        tpt.RotaryEmbedding(DH).apply(torch.randn(2, HQ, T, DH), torch.randn(2, HK, T, DH), cu_seqlens=CU)
+    with pytest.raises(tpt.PositionError, match=f"must end at the number of tokens T = {T}"):
+        rope.apply(q, k, cu_seqlens=CU[:-1])
+
+
+def test_layers_whose_positions_are_not_one_index_per_token_refuse_cu_seqlens() -> None:
+    x = torch.randn(T, 2, 8)
+    layers = [tpt.XPosRotaryEmbedding(8, qk_layout="thd"), tpt.MRotaryEmbedding(8, mrope_section=[2, 1, 1],
+                                                                                 qk_layout="thd"),
+              tpt.RotaryEmbedding2D(8, qk_layout="thd")]
+    for layer in layers:
+        with pytest.raises(ConfigError, match=f"{type(layer).__name__} does not take cu_seqlens"):
+            layer.apply(x, x, None, cu_seqlens=CU)
