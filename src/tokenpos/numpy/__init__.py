@@ -26,6 +26,7 @@ from tokenpos.numpy.rotary import RotaryEmbedding
 from tokenpos.numpy.schemes import NoPositionalEncoding
 from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.numpy.t5_bias import T5RelativePositionBias
+from tokenpos.numpy.tied_loss import tied_cross_entropy
 from tokenpos.numpy.token import TokenEmbedding
 from tokenpos.numpy.transformer import EmbeddingLayer, TransformerEmbedding
 from tokenpos.numpy.xpos import XPosRotaryEmbedding
@@ -63,4 +64,5 @@ __all__ = [
     "TransformerEmbedding",
     "functional",
     "optim",
+    "tied_cross_entropy",
 ]

@@ -1,0 +1,42 @@
+"""``tied_cross_entropy``: the checked public entry of the torch tied loss (h (..., D), weight (V, D), targets (...)).
+
+It checks the inputs once and calls the custom op ``torch.ops.tokenpos.tied_cross_entropy`` (chunked over
+tokens, never the (N, V) logits; its backward is ``tokenpos::tied_cross_entropy_backward``).
+``TokenEmbedding.loss`` calls it with the layer's table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tokenpos.tables.checks.tied_loss import check_options
+from tokenpos.torch._checks import check_float_tensor
+from tokenpos.torch.ops.tied_loss import check_target_values, check_tensors
+
+
+def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: Any, *, ignore_index: int = -100,
+                       label_smoothing: float = 0.0, reduction: str = "mean", softcap: float | None = None,
+                       chunk_size: int | None = None) -> torch.Tensor:
+    """``F.cross_entropy(cap(h @ weight.T), targets, ...)`` without the logits: h (..., D), weight (V, D),
+    targets (...) -> loss () ("mean", "sum") or (...) ("none"), in float32 (fp16 / bf16 / fp32) or float64,
+    with gradients for h and weight.
+
+    ``softcap``: logits become ``softcap * tanh(z / softcap)`` first (Gemma 2). ``chunk_size``: tokens per
+    block of logits (default: a float32 block of at most 32 MiB). "mean" averages over the non-ignored
+    targets; all ignored gives loss 0 and gradient 0 (``F.cross_entropy`` gives NaN).
+
+    Raises:
+        TokenIdError: a target outside [0, V) that is not ``ignore_index`` (CPU; a device-side assert on
+            another device), or non-integer targets.
+        DtypeError: h or weight not float, or of two dtypes. ConfigError: two devices, shapes that do not
+            fit, a bad option.
+    """
+    check_float_tensor("h", h)
+    check_float_tensor("weight", weight)
+    t = targets if isinstance(targets, torch.Tensor) else torch.as_tensor(targets, device=weight.device)
+    opts = check_options(ignore_index, label_smoothing, reduction, softcap, chunk_size)
+    check_tensors(h, weight, t, weight.shape[0], opts[0])
+    check_target_values(t, weight.shape[0], opts[0])
+    return torch.ops.tokenpos.tied_cross_entropy(h, weight, t, *opts)[0]
