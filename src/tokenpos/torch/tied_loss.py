@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from tokenpos.tables.checks.tied_loss import check_options
-from tokenpos.torch._checks import check_float_tensor
+from tokenpos.torch._checks import check_float_tensor, is_compiling
 from tokenpos.torch.ops.tied_loss import check_target_values, check_tensors
 
 
@@ -36,6 +36,9 @@ def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: Any, *, i
     check_float_tensor("h", h)
     check_float_tensor("weight", weight)
     t = targets if isinstance(targets, torch.Tensor) else torch.as_tensor(targets, device=weight.device)
+    if is_compiling():       # the constants are checked by the op's fake while tracing, the values by the op
+        return torch.ops.tokenpos.tied_cross_entropy(h, weight, t, ignore_index, label_smoothing, reduction, softcap,
+                                                     chunk_size)[0]
     opts = check_options(ignore_index, label_smoothing, reduction, softcap, chunk_size)
     check_tensors(h, weight, t, weight.shape[0], opts[0])
     check_target_values(t, weight.shape[0], opts[0])

@@ -29,6 +29,7 @@ import torch
 
 from tokenpos._config import device_checks_enabled
 from tokenpos.tables.checks.tied_loss import (
+    check_options,
     check_same_dtype,
     check_shapes,
     mismatch_message,
@@ -60,6 +61,13 @@ def check_tensors(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
     if targets.dtype not in _INT_DTYPES:
         raise TokenIdError(target_dtype_message(targets.dtype, vocab_size, ignore_index))
     check_shapes(tuple(h.shape), tuple(weight.shape), tuple(targets.shape))
+
+
+def check_op_args(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
+                  label_smoothing: float, reduction: str, softcap: float | None, chunk_size: int | None) -> None:
+    """The ops' (and fakes') one argument check: ``check_tensors`` and the options (no values read)."""
+    check_options(ignore_index, label_smoothing, reduction, softcap, chunk_size)
+    check_tensors(h, weight, targets, weight.shape[0], ignore_index)
 
 
 def check_target_values(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
@@ -197,7 +205,7 @@ def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
                        chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """h (..., D), weight (V, D), targets (...) -> (loss () or (...) for "none", lse (N,)), compute dtype."""
     V = weight.shape[0]
-    check_tensors(h, weight, targets, V, ignore_index)
+    check_op_args(h, weight, targets, ignore_index, label_smoothing, reduction, softcap, chunk_size)
     check_target_values(targets, V, ignore_index)
     h2, w, t = _flat(h, weight, targets)
     valid = t != ignore_index
@@ -217,7 +225,7 @@ def tied_cross_entropy_backward(grad: torch.Tensor, h: torch.Tensor, weight: tor
                                 softcap: float | None, chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradient of :func:`tied_cross_entropy`'s loss: grad (() or (...)) -> (dh (..., D), dweight (V, D))."""
     V = weight.shape[0]
-    check_tensors(h, weight, targets, V, ignore_index)
+    check_op_args(h, weight, targets, ignore_index, label_smoothing, reduction, softcap, chunk_size)
     h2, w, t = _flat(h, weight, targets)
     valid = t != ignore_index
     coef = token_weights(grad, valid, reduction, h2.dtype)
@@ -228,7 +236,7 @@ def tied_cross_entropy_backward(grad: torch.Tensor, h: torch.Tensor, weight: tor
 @tied_cross_entropy.register_fake
 def _fake(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, label_smoothing: float,
           reduction: str, softcap: float | None, chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    check_tensors(h, weight, targets, weight.shape[0], ignore_index)
+    check_op_args(h, weight, targets, ignore_index, label_smoothing, reduction, softcap, chunk_size)
     c = compute_dtype(h.dtype)
     return (h.new_empty(_loss_shape(targets, reduction), dtype=c), h.new_empty((targets.numel(),), dtype=c))
 
@@ -237,7 +245,7 @@ def _fake(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_i
 def _fake_backward(grad: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                    lse: torch.Tensor, ignore_index: int, label_smoothing: float, reduction: str,
                    softcap: float | None, chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    check_tensors(h, weight, targets, weight.shape[0], ignore_index)
+    check_op_args(h, weight, targets, ignore_index, label_smoothing, reduction, softcap, chunk_size)
     return (torch.empty_like(h, memory_format=torch.contiguous_format),
             torch.empty_like(weight, memory_format=torch.contiguous_format))
 
