@@ -53,13 +53,16 @@ def _inputs(V: int, shape: tuple[int, ...], D: int = 6, seed: int = 0, dtype: ty
     return h, w, t
 
 
+@pytest.mark.parametrize("with_grad", [False, True])
 @pytest.mark.parametrize("V", [1003, 50257])
 @pytest.mark.parametrize("case", CASES)
-def test_loss_and_gradients_equal_the_materialised_logits_float64(V: int, case: tuple) -> None:
+def test_loss_and_gradients_equal_the_materialised_logits_float64(V: int, case: tuple, with_grad: bool) -> None:
+    """Both routes: gradients from the forward's own blocks (with_grad) and recomputed in the backward."""
     reduction, eps, cap = case
     h, w, t = _inputs(V, (2, 3) if V > 2000 else (3, 5))
     loss, cache = F.tied_cross_entropy_forward(h, w, t, reduction=reduction, label_smoothing=eps, softcap=cap,
-                                               chunk_size=2)
+                                               chunk_size=2, with_grad=with_grad)
+    assert (cache.grads is not None) == (with_grad and reduction != "none")
     ref, dh_ref, dw_ref = materialised(h, w, t, reduction=reduction, label_smoothing=eps, softcap=cap)
     dh, dw = F.tied_cross_entropy_backward(np.ones(t.shape) if reduction == "none" else 1.0, cache)
     assert loss.shape == ref.shape and loss.dtype == np.float64
@@ -81,14 +84,16 @@ def test_float32_is_the_float64_result_to_float32_rounding(case: tuple) -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_the_layer_backward_matches_finite_differences(case: tuple) -> None:
+@pytest.mark.parametrize("training", [True, False])
+def test_the_layer_backward_matches_finite_differences(case: tuple, training: bool) -> None:
     reduction, eps, cap = case
     rng = np.random.default_rng(3)
     h = rng.standard_normal((2, 3, 5))
     t = np.array([[4, -100, 0], [6, 6, 2]])
 
     def make() -> tpn.TokenEmbedding:
-        return tpn.TokenEmbedding(7, 5, init="standard_normal", dtype=np.float64, seed=1)
+        layer = tpn.TokenEmbedding(7, 5, init="standard_normal", dtype=np.float64, seed=1)
+        return layer.train(training)
 
     check_grads(make, h, run=lambda layer, x: layer.loss(x, t, reduction=reduction, label_smoothing=eps, softcap=cap,
                                                          chunk_size=4),

@@ -129,7 +129,8 @@ def test_a_bad_target_raises_token_id_error_before_any_change(targets: object, m
     with pytest.raises(TokenIdError, match=match):
         layer.loss(h, targets)
     with pytest.raises(TokenIdError, match=match):
-        torch.ops.tokenpos.tied_cross_entropy(h, layer.weight, torch.as_tensor(targets), -100, 0.0, "mean", None, None)
+        torch.ops.tokenpos.tied_cross_entropy(h, layer.weight, torch.as_tensor(targets), -100, 0.0, "mean", None, None,
+                                              True)
     assert layer.weight.grad is None and h.grad is None
 
 
@@ -138,7 +139,9 @@ def test_mixed_dtypes_devices_and_bad_options_raise_typed_errors() -> None:
     with pytest.raises(DtypeError, match="h and weight must have the same dtype, got h float32 and weight float64"):
         tpt.tied_cross_entropy(h, w, t)
     with pytest.raises(DtypeError, match="h and weight must have the same dtype"):
-        torch.ops.tokenpos.tied_cross_entropy(h, w, t, -100, 0.0, "mean", None, None)
+        torch.ops.tokenpos.tied_cross_entropy(h, w, t, -100, 0.0, "mean", None, None, False)
+    with pytest.raises(ConfigError, match='with_grad=True needs reduction "mean" or "sum"'):
+        torch.ops.tokenpos.tied_cross_entropy(h, h, t, -100, 0.0, "none", None, None, True)
     with pytest.raises(ConfigError, match="h and weight must have the same device, got h meta and weight cpu"):
         tpt.tied_cross_entropy(h.double().to("meta"), w, t)
     with pytest.raises(ConfigError, match=r"targets must have shape \(2,\)"):
@@ -163,3 +166,21 @@ def test_torch_compile_keeps_the_op_in_the_graph() -> None:
     compiled = torch.compile(lambda h, w: tpt.tied_cross_entropy(h, w, t, softcap=2.0), fullgraph=True,
                              backend="eager")
     torch.testing.assert_close(compiled(h, w), tpt.tied_cross_entropy(h, w, t, softcap=2.0), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_gradients_from_the_forward_equal_the_recomputed_ones(reduction: str) -> None:
+    """with_grad=True (the forward's own blocks, what the public function uses when a gradient is wanted) and
+    with_grad=False (the backward op recomputes the blocks from lse) give the same gradients."""
+    h, w, t = _inputs(1003, (3, 5))
+    grads = []
+    for with_grad in (True, False):
+        a, b = h.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = torch.ops.tokenpos.tied_cross_entropy(a, b, t, -100, 0.1, reduction, 2.0, 4, with_grad)[0]
+        loss.backward(torch.tensor(0.7, dtype=torch.float64))
+        grads.append((loss.detach(), a.grad, b.grad))
+    for x, y in zip(*grads, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+    ref = _reference(h, w, t, torch.tensor(0.7, dtype=torch.float64), reduction, 0.1, 2.0)
+    for x, y in zip(grads[0], ref, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)

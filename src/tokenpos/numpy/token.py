@@ -131,12 +131,14 @@ class TokenEmbedding(Module):
         """The tied output layer's cross-entropy without the logits: h (..., D), targets (...) -> loss () or (...).
 
         ``tokenpos.numpy.tied_cross_entropy(h, self.weight.data, targets, ...)``, keeping its cache for
-        ``loss_backward``. Raises as that function does (a bad target: TokenIdError).
+        ``loss_backward``; in training mode a "mean" / "sum" loss computes its gradients from the same blocks
+        of logits (``loss_backward`` then only scales them). Raises as that function does (a bad target:
+        TokenIdError).
         """
         h, w, t, opts = check_tied_loss_args(h, self.weight.data, targets, ignore_index=ignore_index,
                                              label_smoothing=label_smoothing, reduction=reduction, softcap=softcap,
                                              chunk_size=chunk_size)
-        loss, self._loss_cache = F.tied_cross_entropy_forward(h, w, t, **opts)
+        loss, self._loss_cache = F.tied_cross_entropy_forward(h, w, t, **opts, with_grad=self.training)
         return loss
 
     def loss_backward(self, grad_loss: Any = 1.0) -> np.ndarray:

@@ -36,10 +36,12 @@ def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: Any, *, i
     check_float_tensor("h", h)
     check_float_tensor("weight", weight)
     t = targets if isinstance(targets, torch.Tensor) else torch.as_tensor(targets, device=weight.device)
+    # a scalar loss that needs gradients gets them from the forward's own blocks (no recomputed logits)
+    with_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad) and reduction != "none"
     if is_compiling():       # the constants are checked by the op's fake while tracing, the values by the op
         return torch.ops.tokenpos.tied_cross_entropy(h, weight, t, ignore_index, label_smoothing, reduction, softcap,
-                                                     chunk_size)[0]
+                                                     chunk_size, with_grad)[0]
     opts = check_options(ignore_index, label_smoothing, reduction, softcap, chunk_size)
     check_tensors(h, weight, t, weight.shape[0], opts[0])
     check_target_values(t, weight.shape[0], opts[0])
-    return torch.ops.tokenpos.tied_cross_entropy(h, weight, t, *opts)[0]
+    return torch.ops.tokenpos.tied_cross_entropy(h, weight, t, *opts, with_grad)[0]

@@ -26,18 +26,16 @@ def default_chunk_size(vocab_size: int) -> int:
     return max(1, DEFAULT_CHUNK_BYTES // (4 * max(1, int(vocab_size))))
 
 
-def soft_cap(z: np.ndarray, softcap: float | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """z (...) -> (softcap * tanh(z / softcap), tanh(z / softcap)); (z, None) when ``softcap`` is None."""
-    if softcap is None:
-        return z, None
-    t = np.tanh(z / softcap)
-    return softcap * t, t
+def soft_cap(z: np.ndarray, softcap: float, tanh_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """z (...) -> (z overwritten with softcap * tanh(z / softcap), tanh(z / softcap) written into ``tanh_out``)."""
+    th = np.tanh(np.divide(z, softcap, out=tanh_out), out=tanh_out)
+    return np.multiply(th, softcap, out=z), th
 
 
-def soft_cap_grad(g: np.ndarray, t: np.ndarray | None) -> np.ndarray:
-    """The gradient through the cap, in place: g * (1 - tanh^2); g unchanged without a cap."""
-    if t is not None:
-        g *= 1.0 - t * t
+def soft_cap_grad(g: np.ndarray, th: np.ndarray) -> np.ndarray:
+    """The gradient through the cap, in place: g * (1 - tanh^2) (``th`` is overwritten with 1 - tanh^2)."""
+    np.multiply(th, th, out=th)
+    g *= np.subtract(1.0, th, out=th)
     return g
 
 

@@ -4,7 +4,7 @@ of more than one (c, Vl) block, and without gathering them.
 Shapes: h (..., D) flattened to (N, D), the same on every rank; this rank's rows weight (Vl, D), of which
 the first ``n_real`` are real tokens (the rest padding, never a class); V the real vocab; c tokens per block.
 
-Per token, each rank reduces its own columns block by block (``ops.tied_loss.local_stats``: max m_r,
+Per token, each rank reduces its own columns block by block (``ops.tied_loss.local_pass``: max m_r,
 sum exp(z - m_r), the target's logit where it owns the target, the sum of its logits with label
 smoothing), then, as ``vocab_parallel_cross_entropy`` does, three all-reduces of (N,)-sized vectors:
 
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from tokenpos.torch.distributed._comm import all_reduce
-from tokenpos.torch.ops.tied_loss import compute_dtype, local_grads, local_stats, reduce_loss, token_weights
+from tokenpos.torch.ops.tied_loss import compute_dtype, local_grads, local_pass, reduce_loss, token_weights
 
 
 class VocabParallelTiedLoss(torch.autograd.Function):
@@ -44,7 +44,7 @@ class VocabParallelTiedLoss(torch.autograd.Function):
         here = valid & (local_t >= 0) & (local_t < n_real)
         N = t.shape[0]
         if n_real > 0:
-            m_r, s_r, zt, zsum = local_stats(h2, w, local_t, here, eps > 0.0, softcap, chunk_size)
+            m_r, s_r, zt, zsum, _, _ = local_pass(h2, w, local_t, here, eps, vocab_size, softcap, chunk_size)
         else:                                                                  # a rank of padding rows only
             m_r = torch.full((N,), float("-inf"), dtype=c, device=h.device)
             s_r, zt = torch.zeros_like(m_r), torch.zeros_like(m_r)

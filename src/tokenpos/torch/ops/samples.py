@@ -111,12 +111,14 @@ def tied_loss_samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...
             targets = targets.to(device)
             for reduction, eps, cap, chunk in (("mean", 0.0, None, None), ("sum", 0.1, 2.0, 3),
                                                ("none", 0.2, None, 4), ("mean", 0.1, 5.0, 1)):
-                yield tied_cross_entropy, (rand(B, L, D), rand(V, D), targets, -100, eps, reduction, cap, chunk), {}
+                for with_grad in (False, True) if reduction != "none" else (False,):
+                    yield tied_cross_entropy, (rand(B, L, D), rand(V, D), targets, -100, eps, reduction, cap, chunk,
+                                               with_grad), {}
             strided = rand(B, L, 2 * D).detach()[..., ::2].requires_grad_(grad)
             yield tied_cross_entropy, (strided, rand(V, D), targets.reshape(-1)[:B * L].reshape(B, L), -100, 0.0,
-                                       "sum", None, 2), {}
+                                       "sum", None, 2, grad), {}
             all_ignored = torch.full((L,), 3, device=device)
-            yield tied_cross_entropy, (rand(L, D), rand(V, D), all_ignored, 3, 0.0, "mean", None, None), {}
+            yield tied_cross_entropy, (rand(L, D), rand(V, D), all_ignored, 3, 0.0, "mean", None, None, grad), {}
             if not grad:
                 lse = torch.randn(B * L, generator=gen, dtype=dtype).to(device) + 3.0
                 for reduction, shape in (("mean", ()), ("none", (B, L))):

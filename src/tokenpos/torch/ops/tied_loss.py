@@ -96,41 +96,76 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _block(h: torch.Tensor, w: torch.Tensor, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """h (c, D), w (Vl, D) in the compute dtype -> (capped logits (c, Vl), tanh (c, Vl) or None)."""
-    z = h @ w.T
-    if softcap is None:
-        return z, None
-    th = z.div_(softcap).tanh_()
-    return th * softcap, th
+class _Blocks:
+    """The one or two (c, Vl) buffers a call's blocks are written into (``out=``), reused block after block: a
+    fresh 32 MiB tensor per block would page-fault its memory every time (as slow as the matmul on the CPU)."""
+
+    def __init__(self, h: torch.Tensor, w: torch.Tensor, step: int, softcap: float | None) -> None:
+        rows = min(step, h.shape[0])
+        self.z = torch.empty((rows, w.shape[0]), dtype=h.dtype, device=h.device)
+        self.th = torch.empty_like(self.z) if softcap is not None else None
+        self.w, self.softcap = w, softcap
+
+    def logits(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """h (c, D) -> (capped logits (c, Vl), tanh (c, Vl) or None), views of the buffers."""
+        z = torch.mm(h, self.w.T, out=self.z[:h.shape[0]])
+        if self.th is None or self.softcap is None:
+            return z, None
+        th = torch.div(z, self.softcap, out=self.th[:h.shape[0]]).tanh_()
+        return torch.mul(th, self.softcap, out=z), th
 
 
-def local_stats(h: torch.Tensor, w: torch.Tensor, local_t: torch.Tensor, here: torch.Tensor, smoothing: bool,
-                softcap: float | None, chunk_size: int | None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per token over the columns of w: (max m, sum exp(z - m), z at the target where ``here`` else 0,
-    sum of z (with smoothing) or None), each (N,) in the compute dtype.
+def local_pass(h: torch.Tensor, w: torch.Tensor, local_t: torch.Tensor, here: torch.Tensor, eps: float,
+               vocab_size: int, softcap: float | None, chunk_size: int | None, coef: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None,
+                          torch.Tensor | None, torch.Tensor | None]:
+    """One pass over the blocks of logits of h (N, D) against w (Vl, D) (compute dtype, Vl >= 1), per token:
+    (max m, sum exp(z - m), z at the target where ``here`` else 0, sum of z (eps > 0) or None), each (N,); and,
+    given each token's gradient weight ``coef`` (N,), the gradients (dh (N, D), dweight (Vl, D)) of
+    ``sum_n coef_n loss_n`` from the same blocks (w holds every column: lse is known per block), else None.
 
-    h (N, D) and w (Vl, D) in the compute dtype (Vl >= 1), local_t (N,) int64 target columns, here (N,) bool.
+    local_t (N,) int64 target columns, here (N,) bool (the target is one of w's rows).
     """
     N = h.shape[0]
     m = torch.empty(N, dtype=h.dtype, device=h.device)
-    s = torch.empty_like(m)
-    zt = torch.empty_like(m)
-    zsum = torch.empty_like(m) if smoothing else None
+    s, zt = torch.empty_like(m), torch.empty_like(m)
+    zsum = torch.empty_like(m) if eps > 0.0 else None
+    dh = torch.empty_like(h) if coef is not None else None
+    dw = torch.zeros_like(w) if coef is not None else None
     idx = torch.where(here, local_t, torch.zeros_like(local_t)).unsqueeze(1)          # (N, 1)
     step = _step(chunk_size, w)
+    blocks = _Blocks(h, w, step, softcap)
     for i in range(0, N, step):
-        z, _ = _block(h[i:i + step], w, softcap)
+        hc = h[i:i + step]
+        z, th = blocks.logits(hc)
         j = i + z.shape[0]
         zt[i:j] = z.gather(1, idx[i:j]).squeeze(1)
         if zsum is not None:
             zsum[i:j] = z.sum(dim=1)
         mc = z.amax(dim=1)
         m[i:j] = mc
-        s[i:j] = z.sub_(mc.unsqueeze(1)).exp_().sum(dim=1)
+        e = z.sub_(mc.unsqueeze(1)).exp_()
+        s[i:j] = e.sum(dim=1)
+        if coef is not None and dh is not None and dw is not None:
+            g = e.div_(s[i:j].unsqueeze(1))                                            # softmax (c, Vl)
+            _grad_block(g, th, idx[i:j], here[i:j], coef[i:j], eps, vocab_size, w, hc, dh[i:j], dw)
     zt = torch.where(here, zt, torch.zeros_like(zt))
-    return m, s, zt, zsum
+    return m, s, zt, zsum, dh, dw
+
+
+def _grad_block(g: torch.Tensor, th: torch.Tensor | None, idx: torch.Tensor, here: torch.Tensor, coef: torch.Tensor,
+                eps: float, vocab_size: int, w: torch.Tensor, hc: torch.Tensor, dh: torch.Tensor,
+                dw: torch.Tensor) -> None:
+    """softmax block g (c, Vl) -> ``coef * (g - (1 - eps) [v == t] - eps / V) * cap'`` in place; writes its dh
+    rows (c, D) and adds its dweight (Vl, D) (``addmm_``: blocks in token order, a fixed order)."""
+    g.scatter_add_(1, idx, (here.to(g.dtype) * -(1.0 - eps)).unsqueeze(1))           # one column per row
+    if eps > 0.0:
+        g.sub_(eps / vocab_size)
+    g.mul_(coef.unsqueeze(1))
+    if th is not None:
+        g.mul_(th.mul_(th).neg_().add_(1.0))                                           # 1 - tanh^2, in place
+    torch.mm(g, w, out=dh)
+    dw.addmm_(g.T, hc)
 
 
 def _step(chunk_size: int | None, w: torch.Tensor) -> int:
@@ -141,28 +176,19 @@ def _step(chunk_size: int | None, w: torch.Tensor) -> int:
 def local_grads(h: torch.Tensor, w: torch.Tensor, lse: torch.Tensor, local_t: torch.Tensor, here: torch.Tensor,
                 coef: torch.Tensor, eps: float, vocab_size: int, softcap: float | None, chunk_size: int | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dh (N, D), dweight (Vl, D)) in the compute dtype, from h (N, D), w (Vl, D), lse (N,), the target columns
-    (N,) and ``here`` (N,) (the target is one of w's rows), and each token's gradient weight ``coef`` (N,)
-    (0 for an ignored token): ``g = coef * (softmax - (1 - eps) [v == t] - eps / V) * cap'`` per block."""
-    N, D = h.shape
+    """(dh (N, D), dweight (Vl, D)) in the compute dtype, recomputing each block from lse (N,): the backward when
+    the forward could not compute them (reduction "none", a vocab-parallel shard, no gradient wanted then)."""
     dh = torch.empty_like(h)
     dw = torch.zeros_like(w)
     idx = torch.where(here, local_t, torch.zeros_like(local_t)).unsqueeze(1)          # (N, 1)
-    hit = (here.to(h.dtype) * -(1.0 - eps)).unsqueeze(1)                              # (N, 1)
     step = _step(chunk_size, w)
-    for i in range(0, N, step):
+    blocks = _Blocks(h, w, step, softcap)
+    for i in range(0, h.shape[0], step):
         hc = h[i:i + step]
-        z, th = _block(hc, w, softcap)
+        z, th = blocks.logits(hc)
         j = i + z.shape[0]
         g = z.sub_(lse[i:j].unsqueeze(1)).exp_()                                       # softmax (c, Vl)
-        g.scatter_add_(1, idx[i:j], hit[i:j])                                          # one column per row
-        if eps > 0.0:
-            g.sub_(eps / vocab_size)
-        g.mul_(coef[i:j].unsqueeze(1))
-        if th is not None:
-            g.mul_(1.0 - th * th)
-        torch.mm(g, w, out=dh[i:j])
-        dw.addmm_(g.T, hc)                                                             # block after block
+        _grad_block(g, th, idx[i:j], here[i:j], coef[i:j], eps, vocab_size, w, hc, dh[i:j], dw)
     return dh, dw
 
 
@@ -201,22 +227,45 @@ def _loss_shape(targets: torch.Tensor, reduction: str) -> tuple[int, ...]:
 
 @torch.library.custom_op("tokenpos::tied_cross_entropy", mutates_args=())
 def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
-                       label_smoothing: float, reduction: str, softcap: float | None,
-                       chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """h (..., D), weight (V, D), targets (...) -> (loss () or (...) for "none", lse (N,)), compute dtype."""
+                       label_smoothing: float, reduction: str, softcap: float | None, chunk_size: int | None,
+                       with_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h (..., D), weight (V, D), targets (...) -> (loss () or (...) for "none", lse (N,), dh, dweight).
+
+    loss and lse in the compute dtype. With ``with_grad`` (reductions "mean" and "sum" only), dh (..., D) and
+    dweight (V, D) are the gradients of the loss itself (d loss = 1), from the same blocks of logits (three
+    matmuls per block in all, none recomputed; the autograd backward scales them); otherwise both are empty (0,)
+    and the backward op recomputes the blocks from lse.
+    """
     V = weight.shape[0]
     check_op_args(h, weight, targets, ignore_index, label_smoothing, reduction, softcap, chunk_size)
+    check_with_grad(with_grad, reduction)
     check_target_values(targets, V, ignore_index)
     h2, w, t = _flat(h, weight, targets)
     valid = t != ignore_index
     eps = label_smoothing
-    m, s, zt, zsum = local_stats(h2, w, t, valid, eps > 0.0, softcap, chunk_size)
+    coef = token_weights(torch.ones((), dtype=h2.dtype, device=h2.device), valid, reduction, h2.dtype) \
+        if with_grad else None
+    m, s, zt, zsum, dh, dw = local_pass(h2, w, t, valid, eps, V, softcap, chunk_size, coef)
     lse = s.log_().add_(m)
     per = lse - zt
     if zsum is not None:
         per = (1.0 - eps) * per + eps * (lse - zsum / V)
     per = torch.where(valid, per, torch.zeros_like(per))
-    return reduce_loss(per, valid, reduction, tuple(targets.shape)), lse
+    loss = reduce_loss(per, valid, reduction, tuple(targets.shape))
+    if dh is None or dw is None:
+        return loss, lse, h.new_empty((0,)), weight.new_empty((0,))
+    return loss, lse, dh.to(h.dtype).reshape(h.shape), dw.to(weight.dtype)
+
+
+def check_with_grad(with_grad: bool, reduction: str) -> None:
+    """``with_grad`` only for a scalar loss (reduction "none" needs each token's d loss: the backward op).
+
+    Raises:
+        ConfigError: with_grad with reduction "none".
+    """
+    if with_grad and reduction == "none":
+        raise ConfigError('with_grad=True needs reduction "mean" or "sum", got "none" (its gradient depends on '
+                          "each token's d loss: the backward op computes it)")
 
 
 @torch.library.custom_op("tokenpos::tied_cross_entropy_backward", mutates_args=())
@@ -235,10 +284,16 @@ def tied_cross_entropy_backward(grad: torch.Tensor, h: torch.Tensor, weight: tor
 
 @tied_cross_entropy.register_fake
 def _fake(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, label_smoothing: float,
-          reduction: str, softcap: float | None, chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+          reduction: str, softcap: float | None, chunk_size: int | None,
+          with_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     check_op_args(h, weight, targets, ignore_index, label_smoothing, reduction, softcap, chunk_size)
+    check_with_grad(with_grad, reduction)
     c = compute_dtype(h.dtype)
-    return (h.new_empty(_loss_shape(targets, reduction), dtype=c), h.new_empty((targets.numel(),), dtype=c))
+    loss, lse = h.new_empty(_loss_shape(targets, reduction), dtype=c), h.new_empty((targets.numel(),), dtype=c)
+    if not with_grad:
+        return loss, lse, h.new_empty((0,)), weight.new_empty((0,))
+    return (loss, lse, torch.empty_like(h, memory_format=torch.contiguous_format),
+            torch.empty_like(weight, memory_format=torch.contiguous_format))
 
 
 @tied_cross_entropy_backward.register_fake
@@ -250,18 +305,24 @@ def _fake_backward(grad: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, ta
             torch.empty_like(weight, memory_format=torch.contiguous_format))
 
 
-def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
     h, weight, targets = inputs[:3]
-    ctx.save_for_backward(h, weight, targets, output[1])
-    ctx.options = inputs[3:]
-    ctx.mark_non_differentiable(output[1])
+    ctx.with_grad = inputs[-1]
+    ctx.save_for_backward(*((h, weight, targets, output[1]) if not ctx.with_grad else output[2:]))
+    ctx.options = inputs[3:-1]
+    ctx.mark_non_differentiable(*output[1:])
 
 
-def _backward(ctx: Any, grad: torch.Tensor, _grad_lse: Any) -> tuple[Any, ...]:
-    h, weight, targets, lse = ctx.saved_tensors
-    dh, dw = torch.ops.tokenpos.tied_cross_entropy_backward(grad, h, weight, targets, lse, *ctx.options)
+def _backward(ctx: Any, grad: torch.Tensor, *_rest: Any) -> tuple[Any, ...]:
+    """First order only: the saved gradients (with_grad) or the backward op, neither differentiable again."""
+    if ctx.with_grad:
+        dh, dw = ctx.saved_tensors
+        dh, dw = (dh * grad).to(dh.dtype), (dw * grad).to(dw.dtype)
+    else:
+        h, weight, targets, lse = ctx.saved_tensors
+        dh, dw = torch.ops.tokenpos.tied_cross_entropy_backward(grad, h, weight, targets, lse, *ctx.options)
     return (dh if ctx.needs_input_grad[0] else None, dw if ctx.needs_input_grad[1] else None,
-            None, None, None, None, None, None)
+            None, None, None, None, None, None, None)
 
 
 tied_cross_entropy.register_autograd(_backward, setup_context=_setup)
