@@ -40,7 +40,8 @@ def _reference(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, grad: torch.Te
     return loss.detach(), h.grad, w.grad
 
 
-def _run(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, grad: torch.Tensor, **kw: object) -> tuple[torch.Tensor, ...]:
+def _run(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, grad: torch.Tensor,
+         **kw: object) -> tuple[torch.Tensor, ...]:
     h = h.detach().clone().requires_grad_()
     w = w.detach().clone().requires_grad_()
     loss = tpt.tied_cross_entropy(h, w, t, **kw)  # type: ignore[arg-type]

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tokenpos.tables.checks.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
 from tokenpos.tables.checks.tied_loss import check_options
+from tokenpos.tables.checks.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
 from tokenpos.tables.formulas.init import INIT_SCHEMES, resolve_rng
 from tokenpos.tables.formulas.vocab_parallel import padded_vocab_size, shard_range
 from tokenpos.torch._checks import check_float_tensor, check_token_id_tensor, resolve_dtype
