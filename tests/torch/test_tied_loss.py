@@ -185,3 +185,28 @@ def test_gradients_from_the_forward_equal_the_recomputed_ones(reduction: str) ->
     ref = _reference(h, w, t, torch.tensor(0.7, dtype=torch.float64), reduction, 0.1, 2.0)
     for x, y in zip(grads[0], ref, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_on_a_device_no_host_sync_and_a_bad_target_fails_a_device_assert(reduction: str) -> None:
+    """Fake CUDA (tests/torch/fake_cuda.py): forward + backward read nothing on the host and equal the CPU; a bad
+    target fails the device-side assert (no TokenIdError: the value is never read)."""
+    from tests.torch.fake_cuda import cpu_of, no_host_sync, to_fake_cuda
+
+    h, w, t = _inputs(50, (2, 3), D=8, dtype=torch.float32)
+    h.requires_grad_()
+    w.requires_grad_()
+    grad = torch.ones(t.shape if reduction == "none" else ())
+    cpu = _run(h, w, t, grad, reduction=reduction, label_smoothing=0.1, softcap=2.0, chunk_size=4)
+    fh, fw, ft, fg = to_fake_cuda(h), to_fake_cuda(w), to_fake_cuda(t), to_fake_cuda(grad)
+    with no_host_sync():
+        loss = tpt.tied_cross_entropy(fh, fw, ft, reduction=reduction, label_smoothing=0.1, softcap=2.0,
+                                      chunk_size=4)
+        loss.backward(fg)
+    for a, b in zip((loss, fh.grad, fw.grad), cpu, strict=True):
+        assert a is not None and a.device.type == "cuda"
+        torch.testing.assert_close(cpu_of(a.detach()), b, rtol=1e-6, atol=1e-7)
+    bad = t.clone()
+    bad[0, 0] = 50
+    with no_host_sync(), pytest.raises(RuntimeError, match="targets on cuda:0 out of range"):
+        tpt.tied_cross_entropy(to_fake_cuda(h), to_fake_cuda(w), to_fake_cuda(bad), reduction=reduction)
