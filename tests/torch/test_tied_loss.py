@@ -210,3 +210,16 @@ def test_on_a_device_no_host_sync_and_a_bad_target_fails_a_device_assert(reducti
     bad[0, 0] = 50
     with no_host_sync(), pytest.raises(RuntimeError, match="targets on cuda:0 out of range"):
         tpt.tied_cross_entropy(to_fake_cuda(h), to_fake_cuda(w), to_fake_cuda(bad), reduction=reduction)
+
+
+def test_a_second_backward_through_the_same_graph_is_refused_not_wrong() -> None:
+    """The eager entry scales the forward's gradients in place (no second (V, D) table): a second backward with
+    retain_graph=True fails autograd's saved-tensor version check instead of giving grad**2."""
+    h, w, t = _inputs(50, (2, 3), D=8)
+    h.requires_grad_()
+    loss = tpt.tied_cross_entropy(h, w, t)
+    loss.backward(torch.tensor(2.0, dtype=torch.float64), retain_graph=True)
+    first = h.grad.clone()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward(retain_graph=True)
+    assert torch.equal(h.grad, first)

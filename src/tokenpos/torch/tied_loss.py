@@ -1,7 +1,9 @@
 """``tied_cross_entropy``: the checked public entry of the torch tied loss (h (..., D), weight (V, D), targets (...)).
 
-It checks the inputs once and calls the custom op ``torch.ops.tokenpos.tied_cross_entropy`` (chunked over
-tokens, never the (N, V) logits; its backward is ``tokenpos::tied_cross_entropy_backward``).
+It checks the inputs once and runs the custom op ``torch.ops.tokenpos.tied_cross_entropy`` (chunked over
+tokens, never the (N, V) logits; its backward is ``tokenpos::tied_cross_entropy_backward``): the op itself
+under ``torch.compile`` and ``torch.func``, its implementation through ``ops.tied_loss.TiedLoss`` in eager mode
+(as ``ops/entry.py`` does for the other ops; that backward scales the forward's gradients in place).
 ``TokenEmbedding.loss`` calls it with the layer's table.
 """
 
@@ -13,7 +15,8 @@ import torch
 
 from tokenpos.tables.checks.tied_loss import check_options
 from tokenpos.torch._checks import check_float_tensor, is_compiling
-from tokenpos.torch.ops.tied_loss import check_target_values, check_tensors
+from tokenpos.torch.ops._dispatch import transforms_active
+from tokenpos.torch.ops.tied_loss import TiedLoss, check_target_values, check_tensors
 
 
 def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: Any, *, ignore_index: int = -100,
@@ -44,4 +47,6 @@ def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: Any, *, i
     opts = check_options(ignore_index, label_smoothing, reduction, softcap, chunk_size)
     check_tensors(h, weight, t, weight.shape[0], opts[0])
     check_target_values(t, weight.shape[0], opts[0])
-    return torch.ops.tokenpos.tied_cross_entropy(h, weight, t, *opts, with_grad)[0]
+    if transforms_active():  # torch.func: the op and its registered autograd
+        return torch.ops.tokenpos.tied_cross_entropy(h, weight, t, *opts, with_grad)[0]
+    return TiedLoss.apply(h, weight, t, *opts, with_grad)         # eager: the op's implementation, no dispatcher

@@ -236,13 +236,19 @@ def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
     matmuls per block in all, none recomputed; the autograd backward scales them); otherwise both are empty (0,)
     and the backward op recomputes the blocks from lse.
     """
-    V = weight.shape[0]
     check_op_args(h, weight, targets, ignore_index, label_smoothing, reduction, softcap, chunk_size)
     check_with_grad(with_grad, reduction)
-    check_target_values(targets, V, ignore_index)
+    check_target_values(targets, weight.shape[0], ignore_index)
+    return forward_impl(h, weight, targets, ignore_index, label_smoothing, reduction, softcap, chunk_size, with_grad)
+
+
+def forward_impl(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int, eps: float,
+                 reduction: str, softcap: float | None, chunk_size: int | None,
+                 with_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`tied_cross_entropy`'s computation on checked arguments (the op and the eager entry call it)."""
+    V = weight.shape[0]
     h2, w, t = _flat(h, weight, targets)
     valid = t != ignore_index
-    eps = label_smoothing
     coef = token_weights(torch.ones((), dtype=h2.dtype, device=h2.device), valid, reduction, h2.dtype) \
         if with_grad else None
     m, s, zt, zsum, dh, dw = local_pass(h2, w, t, valid, eps, V, softcap, chunk_size, coef)
@@ -273,8 +279,15 @@ def tied_cross_entropy_backward(grad: torch.Tensor, h: torch.Tensor, weight: tor
                                 lse: torch.Tensor, ignore_index: int, label_smoothing: float, reduction: str,
                                 softcap: float | None, chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradient of :func:`tied_cross_entropy`'s loss: grad (() or (...)) -> (dh (..., D), dweight (V, D))."""
-    V = weight.shape[0]
     check_op_args(h, weight, targets, ignore_index, label_smoothing, reduction, softcap, chunk_size)
+    return backward_impl(grad, h, weight, targets, lse, ignore_index, label_smoothing, reduction, softcap, chunk_size)
+
+
+def backward_impl(grad: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+                  ignore_index: int, label_smoothing: float, reduction: str, softcap: float | None,
+                  chunk_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`tied_cross_entropy_backward`'s computation on checked arguments (recomputes the blocks from lse)."""
+    V = weight.shape[0]
     h2, w, t = _flat(h, weight, targets)
     valid = t != ignore_index
     coef = token_weights(grad, valid, reduction, h2.dtype)
@@ -326,3 +339,32 @@ def _backward(ctx: Any, grad: torch.Tensor, *_rest: Any) -> tuple[Any, ...]:
 
 
 tied_cross_entropy.register_autograd(_backward, setup_context=_setup)
+
+
+class TiedLoss(torch.autograd.Function):
+    """The eager entry (``tokenpos.torch.tied_cross_entropy`` outside ``torch.compile`` and ``torch.func``): the
+    op's implementations without the dispatcher, returning the loss only. With ``with_grad`` its backward scales
+    the forward's gradients in place (no second (V, D) table, which an op's traced backward must make); a
+    second backward through the same graph (retain_graph) is refused by autograd's saved-tensor version check."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
+                eps: float, reduction: str, softcap: float | None, chunk_size: int | None,
+                with_grad: bool) -> torch.Tensor:
+        loss, lse, dh, dw = forward_impl(h, weight, targets, ignore_index, eps, reduction, softcap, chunk_size,
+                                         with_grad)
+        ctx.with_grad = with_grad
+        ctx.save_for_backward(*((dh, dw) if with_grad else (h, weight, targets, lse)))
+        ctx.options = (ignore_index, eps, reduction, softcap, chunk_size)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        if ctx.with_grad:
+            dh, dw = ctx.saved_tensors
+            dh, dw = dh.mul_(grad.to(dh.dtype)), dw.mul_(grad.to(dw.dtype))
+        else:
+            h, weight, targets, lse = ctx.saved_tensors
+            dh, dw = backward_impl(grad, h, weight, targets, lse, *ctx.options)
+        return (dh if ctx.needs_input_grad[0] else None, dw if ctx.needs_input_grad[1] else None,
+                None, None, None, None, None, None, None)
