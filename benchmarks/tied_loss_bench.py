@@ -12,15 +12,14 @@ GPT-2's output layer by default: V = 50,257, D = 768, N = 8,192 tokens, float32,
 Time: interleaved rounds (fused, eager, fused, eager, ...), best and median of each, the ratio eager / fused
 (> 1: the fused loss is faster). Peak extra memory (above the inputs, outputs included: dh and dW count for
 both): numpy with ``tracemalloc`` (NumPy reports its buffers to it) in this process; torch as the peak RSS
-(``resource.getrusage``, ru_maxrss) of a fresh child process per path minus its RSS before the step, since
-torch's CPU allocator keeps no peak statistics.
+of a fresh child process per path (Linux: VmHWM, reset through /proc/self/clear_refs just before the step)
+minus its RSS then, since torch's CPU allocator keeps no peak statistics.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
-import resource
 import statistics
 import time
 import tracemalloc
@@ -59,9 +58,9 @@ def _torch_step(path: str, h: Any, w: Any, t: Any) -> Callable[[], Any]:
     return run
 
 
-def _rss_kib() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() // 1024
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 
 
 def _torch_memory_child(path: str, n: int, v: int, d: int, out: Any) -> None:
@@ -71,10 +70,11 @@ def _torch_memory_child(path: str, n: int, v: int, d: int, out: Any) -> None:
     _torch_step(path, *small)()                                                # load the kernels: not counted
     h, w, t = (torch.from_numpy(x) for x in _inputs(n, v, d))
     run = _torch_step(path, h, w, t)
-    before = _rss_kib()
+    with open("/proc/self/clear_refs", "w") as f:                             # reset the peak RSS (VmHWM)
+        f.write("5")
+    before = _status_kib("VmRSS")
     result = run()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss                  # KiB on Linux
-    out.put((max(peak - before, 0) * 1024, float(result[0])))
+    out.put((max(_status_kib("VmHWM") - before, 0) * 1024, float(result[0])))
 
 
 def torch_memory(path: str, n: int, v: int, d: int) -> tuple[int, float]:
