@@ -223,3 +223,9 @@ def test_a_second_backward_through_the_same_graph_is_refused_not_wrong() -> None
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward(retain_graph=True)
     assert torch.equal(h.grad, first)
+
+
+def test_torch_func_transforms_are_refused_with_a_typed_error() -> None:
+    h, w, t = _inputs(50, (2, 3), D=8)
+    with pytest.raises(ConfigError, match="does not run under torch.func transforms"):
+        torch.func.grad(lambda x: tpt.tied_cross_entropy(x, w, t))(h)

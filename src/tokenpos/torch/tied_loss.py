@@ -4,6 +4,7 @@ It checks the inputs once and runs the custom op ``torch.ops.tokenpos.tied_cross
 tokens, never the (N, V) logits; its backward is ``tokenpos::tied_cross_entropy_backward``): the op itself
 under ``torch.compile`` and ``torch.func``, its implementation through ``ops.tied_loss.TiedLoss`` in eager mode
 (as ``ops/entry.py`` does for the other ops; that backward scales the forward's gradients in place).
+``torch.func`` transforms are refused (a ConfigError): the blocks are written with ``out=``.
 ``TokenEmbedding.loss`` calls it with the layer's table.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from tokenpos.tables.checks.tied_loss import check_options
+from tokenpos.tables.errors import ConfigError
 from tokenpos.torch._checks import check_float_tensor, is_compiling
 from tokenpos.torch.ops._dispatch import transforms_active
 from tokenpos.torch.ops.tied_loss import TiedLoss, check_target_values, check_tensors
@@ -47,6 +49,7 @@ def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: Any, *, i
     opts = check_options(ignore_index, label_smoothing, reduction, softcap, chunk_size)
     check_tensors(h, weight, t, weight.shape[0], opts[0])
     check_target_values(t, weight.shape[0], opts[0])
-    if transforms_active():  # torch.func: the op and its registered autograd
-        return torch.ops.tokenpos.tied_cross_entropy(h, weight, t, *opts, with_grad)[0]
+    if transforms_active():  # its blocks are written with out= (no autograd through them) and it has no vmap rule
+        raise ConfigError("tied_cross_entropy does not run under torch.func transforms (grad, vmap, ...); call it "
+                          "outside the transform, or use F.cross_entropy(h @ weight.T, targets) there")
     return TiedLoss.apply(h, weight, t, *opts, with_grad)         # eager: the op's implementation, no dispatcher
