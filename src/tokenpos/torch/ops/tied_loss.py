@@ -147,7 +147,7 @@ def local_pass(h: torch.Tensor, w: torch.Tensor, local_t: torch.Tensor, here: to
         e = z.sub_(mc.unsqueeze(1)).exp_()
         s[i:j] = e.sum(dim=1)
         if coef is not None and dh is not None and dw is not None:
-            g = e.div_(s[i:j].unsqueeze(1))                                            # softmax (c, Vl)
+            g = e.mul_((coef[i:j] / s[i:j]).unsqueeze(1))                              # coef * softmax (c, Vl)
             _grad_block(g, th, idx[i:j], here[i:j], coef[i:j], eps, vocab_size, w, hc, dh[i:j], dw)
     zt = torch.where(here, zt, torch.zeros_like(zt))
     return m, s, zt, zsum, dh, dw
@@ -156,12 +156,11 @@ def local_pass(h: torch.Tensor, w: torch.Tensor, local_t: torch.Tensor, here: to
 def _grad_block(g: torch.Tensor, th: torch.Tensor | None, idx: torch.Tensor, here: torch.Tensor, coef: torch.Tensor,
                 eps: float, vocab_size: int, w: torch.Tensor, hc: torch.Tensor, dh: torch.Tensor,
                 dw: torch.Tensor) -> None:
-    """softmax block g (c, Vl) -> ``coef * (g - (1 - eps) [v == t] - eps / V) * cap'`` in place; writes its dh
-    rows (c, D) and adds its dweight (Vl, D) (``addmm_``: blocks in token order, a fixed order)."""
-    g.scatter_add_(1, idx, (here.to(g.dtype) * -(1.0 - eps)).unsqueeze(1))           # one column per row
+    """block g = coef * softmax (c, Vl) -> ``coef * (softmax - (1 - eps) [v == t] - eps / V) * cap'`` in place;
+    writes its dh rows (c, D) and adds its dweight (Vl, D) (``addmm_``: blocks in token order, a fixed order)."""
+    g.scatter_add_(1, idx, (here.to(g.dtype) * coef * -(1.0 - eps)).unsqueeze(1))    # one column per row
     if eps > 0.0:
-        g.sub_(eps / vocab_size)
-    g.mul_(coef.unsqueeze(1))
+        g.sub_((coef * (eps / vocab_size)).unsqueeze(1))
     if th is not None:
         g.mul_(th.mul_(th).neg_().add_(1.0))                                           # 1 - tanh^2, in place
     torch.mm(g, w, out=dh)
@@ -187,7 +186,7 @@ def local_grads(h: torch.Tensor, w: torch.Tensor, lse: torch.Tensor, local_t: to
         hc = h[i:i + step]
         z, th = blocks.logits(hc)
         j = i + z.shape[0]
-        g = z.sub_(lse[i:j].unsqueeze(1)).exp_()                                       # softmax (c, Vl)
+        g = z.sub_(lse[i:j].unsqueeze(1)).exp_().mul_(coef[i:j].unsqueeze(1))         # coef * softmax (c, Vl)
         _grad_block(g, th, idx[i:j], here[i:j], coef[i:j], eps, vocab_size, w, hc, dh[i:j], dw)
     return dh, dw
 
