@@ -135,6 +135,15 @@ def _attend(refill: bool) -> list[np.ndarray]:
     return _grads(F.attend_backward(_floats(*out.shape), cache))
 
 
+def _tied_loss(refill: bool) -> list[np.ndarray]:
+    """The recomputing route (the forward keeps h and the targets; with_grad=False)."""
+    h, w, t = _floats(2, 3, 6), _floats(10, 6), np.array([[1, 4, 9], [0, 2, 7]])
+    loss, cache = F.tied_cross_entropy_forward(h, w, t, reduction="none", label_smoothing=0.1, chunk_size=2)
+    if refill:
+        _refill([h, t])
+    return _grads(F.tied_cross_entropy_backward(_floats(*loss.shape), cache))
+
+
 def _attention(positional: Callable[[], Any] | None, *, positions: bool = True, mask: bool = True,
                temperature: bool = False, rotate_keys: bool = True) -> Callable[[bool], list[np.ndarray]]:
     def run(refill: bool) -> list[np.ndarray]:
@@ -167,6 +176,7 @@ FUNCTIONAL_CASES: dict[str, Callable[[bool], list[np.ndarray]]] = {
     "functional.rmsnorm_forward": _rmsnorm,
     "functional.dropout_forward": _dropout,
     "functional.attend_forward": _attend,
+    "functional.tied_cross_entropy_forward": _tied_loss,
     "scaled_dot_product_attention_forward": _attention(None),
     "scaled_dot_product_attention_forward[rope]": _attention(lambda: tpn.RotaryEmbedding(8)),
     "scaled_dot_product_attention_forward[rope, rotate_keys=False]": _attention(lambda: tpn.RotaryEmbedding(8),

@@ -360,6 +360,8 @@ def test_real_output_strides_equal_the_fake_ones(i: int, path: str) -> None:
     if path == "transform":                          # the layers' route there: the implementation, plain torch
         if op._name == "embedding_backward":         # (never reached under a transform: the formula is differentiated)
             return
+        if op._name.startswith("tied_cross_entropy"):   # no torch.func route: refused with a ConfigError
+            return
         impl = TRANSFORM_IMPLS[op._name]
         seen: list[tuple[int, ...]] = []
 

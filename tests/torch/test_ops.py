@@ -29,7 +29,8 @@ def _outputs(x: object) -> tuple[torch.Tensor, ...]:
 
 def test_samples_cover_every_op() -> None:
     names = {op._name for op, _, _ in SAMPLES}
-    assert names == {"embedding", "embedding_backward", "rope", "rope_qk", "rope_backward", "rope_qk_backward"}
+    assert names == {"embedding", "embedding_backward", "rope", "rope_qk", "rope_backward", "rope_qk_backward",
+                     "tied_cross_entropy", "tied_cross_entropy_backward"}
     dtypes = {a.dtype for _, args, _ in SAMPLES for a in args[:1]}
     assert dtypes == {torch.float32, torch.float64}
     assert {args[0].requires_grad for _, args, _ in SAMPLES} == {False, True}

@@ -26,6 +26,7 @@ from tokenpos.numpy.rotary import RotaryEmbedding
 from tokenpos.numpy.schemes import NoPositionalEncoding
 from tokenpos.numpy.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.numpy.t5_bias import T5RelativePositionBias
+from tokenpos.numpy.tied_loss import tied_cross_entropy
 from tokenpos.numpy.token import TokenEmbedding
 from tokenpos.numpy.transformer import EmbeddingLayer, TransformerEmbedding
 from tokenpos.numpy.xpos import XPosRotaryEmbedding
@@ -66,4 +67,5 @@ __all__ = [
     "positions_from_cu_seqlens",
     "functional",
     "optim",
+    "tied_cross_entropy",
 ]

@@ -12,6 +12,7 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
+from tokenpos.numpy.tied_loss import check_tied_loss_args
 from tokenpos.tables.checks.validation import (
     check_bool,
     check_choice,
@@ -57,6 +58,7 @@ class TokenEmbedding(Module):
         self.reset_parameters(rng=resolve_rng(seed, rng))
         self._cache: F.EmbeddingCache | None = None
         self._attend_cache: F.AttendCache | None = None
+        self._loss_cache: F.TiedLossCache | None = None
 
     @property
     def multiplier(self) -> float:
@@ -124,6 +126,33 @@ class TokenEmbedding(Module):
         self.weight.accumulate(dweight)
         return dh
 
+    def loss(self, h: Any, targets: Any, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+             reduction: str = "mean", softcap: float | None = None, chunk_size: int | None = None) -> np.ndarray:
+        """The tied output layer's cross-entropy without the logits: h (..., D), targets (...) -> loss () or (...).
+
+        ``tokenpos.numpy.tied_cross_entropy(h, self.weight.data, targets, ...)``, keeping its cache for
+        ``loss_backward``; in training mode a "mean" / "sum" loss computes its gradients from the same blocks
+        of logits (``loss_backward`` then only scales them). Raises as that function does (a bad target:
+        TokenIdError).
+        """
+        h, w, t, opts = check_tied_loss_args(h, self.weight.data, targets, ignore_index=ignore_index,
+                                             label_smoothing=label_smoothing, reduction=reduction, softcap=softcap,
+                                             chunk_size=chunk_size)
+        loss, self._loss_cache = F.tied_cross_entropy_forward(h, w, t, **opts, with_grad=self.training)
+        return loss
+
+    def loss_backward(self, grad_loss: Any = 1.0) -> np.ndarray:
+        """grad of the loss (() or the (...) of reduction "none"; default 1) -> grad_h (..., D); adds the
+        dense (V, D) weight gradient (every row receives gradient, as in ``attend_backward``)."""
+        cache = self._cached(self._loss_cache, "loss_backward")
+        g = np.asarray(grad_loss, dtype=np.float64)
+        expected = cache.shape[:-1] if cache.reduction == "none" else ()
+        if g.shape != expected:
+            raise ValueError(f"grad_loss must have shape {expected}, got {g.shape}")
+        dh, dweight = F.tied_cross_entropy_backward(g, cache)
+        self.weight.accumulate(dweight)
+        return dh
+
     # -- resizing ----------------------------------------------------------------------------
     def resize(self, new_vocab_size: int, *, pad_to_multiple_of: int | None = None, init: str = "mean",
                allow_shrink: bool = False, seed: int | None = None,
@@ -157,6 +186,7 @@ class TokenEmbedding(Module):
         self.weight.zero_grad()
         self.vocab_size = new_v
         self._cache = self._attend_cache = None
+        self._loss_cache = None
         return self
 
     def extra_repr(self) -> str:

@@ -31,6 +31,7 @@ from tokenpos.torch.rotary import RotaryEmbedding
 from tokenpos.torch.schemes import NoPositionalEncoding
 from tokenpos.torch.sinusoidal import SinusoidalPositionalEncoding
 from tokenpos.torch.t5_bias import T5RelativePositionBias
+from tokenpos.torch.tied_loss import tied_cross_entropy
 from tokenpos.torch.token import TokenEmbedding
 from tokenpos.torch.transformer import EmbeddingLayer, TransformerEmbedding
 from tokenpos.torch.xpos import XPosRotaryEmbedding
@@ -68,4 +69,5 @@ __all__ = [
     "positions_from_cu_seqlens",
     "scaled_dot_product_attention",
     "set_device_checks",
+    "tied_cross_entropy",
 ]

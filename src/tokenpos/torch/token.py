@@ -26,6 +26,7 @@ from tokenpos.torch._checks import check_float_tensor, check_token_id_tensor, re
 from tokenpos.torch._init import empty_table, fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.ops import embed
+from tokenpos.torch.tied_loss import tied_cross_entropy
 
 
 def token_rows(token: TokenEmbedding, ids: torch.Tensor) -> torch.Tensor:
@@ -118,6 +119,19 @@ class TokenEmbedding(TokenposModule):
         check_float_tensor("h", h)
         check_feature_dim("h", tuple(h.shape), self.d_model)
         return F.linear(h, self.weight)
+
+    def loss(self, h: torch.Tensor, targets: Any, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+             reduction: str = "mean", softcap: float | None = None, chunk_size: int | None = None) -> torch.Tensor:
+        """The tied output layer's cross-entropy without the logits: h (..., D), targets (...) -> loss () or (...).
+
+        ``tokenpos.torch.tied_cross_entropy(h, self.weight, targets, ...)``: gradients reach h and the whole
+        table (every row, the padding row included, as in ``attend``). Raises as that function does.
+        """
+        check_float_tensor("h", h)
+        check_feature_dim("h", tuple(h.shape), self.d_model)
+        return tied_cross_entropy(h, self.weight, targets, ignore_index=ignore_index,
+                                  label_smoothing=label_smoothing, reduction=reduction, softcap=softcap,
+                                  chunk_size=chunk_size)
 
     # -- resizing ----------------------------------------------------------------------------
     @torch.no_grad()

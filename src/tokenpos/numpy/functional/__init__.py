@@ -21,6 +21,11 @@ from tokenpos.numpy.functional.norm import (
     rmsnorm_forward,
 )
 from tokenpos.numpy.functional.rope import RopeCache, rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
+from tokenpos.numpy.functional.tied_loss import (
+    TiedLossCache,
+    tied_cross_entropy_backward,
+    tied_cross_entropy_forward,
+)
 
 __all__ = [
     "AttendCache",
@@ -45,4 +50,7 @@ __all__ = [
     "rope_qk_backward",
     "rope_qk_forward",
     "use_kernel",
+    "TiedLossCache",
+    "tied_cross_entropy_backward",
+    "tied_cross_entropy_forward",
 ]

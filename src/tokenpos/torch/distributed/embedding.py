@@ -23,10 +23,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tokenpos.tables.checks.tied_loss import check_options
 from tokenpos.tables.checks.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
 from tokenpos.tables.formulas.init import INIT_SCHEMES, resolve_rng
 from tokenpos.tables.formulas.vocab_parallel import padded_vocab_size, shard_range
-from tokenpos.torch._checks import check_token_id_tensor, resolve_dtype
+from tokenpos.torch._checks import check_float_tensor, check_token_id_tensor, resolve_dtype
 from tokenpos.torch._init import torch_seed
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.distributed import checkpoint
@@ -39,6 +40,8 @@ from tokenpos.torch.distributed._comm import (
 )
 from tokenpos.torch.distributed._lookup import local_lookup
 from tokenpos.torch.distributed._shard_init import shard_init
+from tokenpos.torch.distributed.tied_loss import VocabParallelTiedLoss
+from tokenpos.torch.ops.tied_loss import check_target_values, check_tensors
 
 
 class VocabParallelEmbedding(TokenposModule):
@@ -150,6 +153,30 @@ class VocabParallelEmbedding(TokenposModule):
             pad = torch.arange(self.num_local_rows, device=logits.device) >= self.num_real_rows   # (Vl,)
             logits = logits.masked_fill(pad, float("-inf"))
         return logits
+
+    def loss(self, h: torch.Tensor, targets: Any, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+             reduction: str = "mean", softcap: float | None = None, chunk_size: int | None = None) -> torch.Tensor:
+        """The tied loss of the whole vocab from this rank's rows, never gathering logits: h (..., D) and targets
+        (...) the same on every rank -> the one-process ``TokenEmbedding.loss`` on every rank.
+
+        Three all-reduces of (N,) vectors in forward, one (h's gradient) in backward; padded rows never count
+        (the layer knows its real ``vocab_size``). Options as ``tokenpos.torch.tied_cross_entropy``.
+
+        Raises:
+            TokenIdError: a target outside [0, vocab_size) that is not ``ignore_index`` (CPU; a device-side
+                assert elsewhere), on every rank, before any collective.
+            DtypeError / ConfigError: as ``tokenpos.torch.tied_cross_entropy``.
+        """
+        check_float_tensor("h", h)
+        check_feature_dim("h", tuple(h.shape), self.d_model)
+        t = targets if isinstance(targets, torch.Tensor) else torch.as_tensor(targets, device=self.weight.device)
+        ignore_index, eps, reduction, cap, chunk = check_options(ignore_index, label_smoothing, reduction, softcap,
+                                                                 chunk_size)
+        check_tensors(h, self.weight, t, self.vocab_size, ignore_index)
+        check_target_values(t, self.vocab_size, ignore_index)
+        return VocabParallelTiedLoss.apply(copy_to_group(h, self.group, self.world_size), self.weight, t, self.group,
+                                           self.world_size, self.vocab_start, self.num_real_rows, self.vocab_size,
+                                           ignore_index, eps, reduction, cap, chunk)
 
     # -- whole-table state -------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -3,6 +3,8 @@
 - ``tokenpos::embedding`` / ``tokenpos::embedding_backward`` (:mod:`.embedding`)
 - ``tokenpos::rope`` / ``tokenpos::rope_qk`` and their transposes ``tokenpos::rope_backward`` /
   ``tokenpos::rope_qk_backward`` (:mod:`.rope`)
+- ``tokenpos::tied_cross_entropy`` / ``tokenpos::tied_cross_entropy_backward`` (:mod:`.tied_loss`): the tied
+  output projection and its cross-entropy, chunked torch matmuls on every device (no numba or Triton kernel)
 
 Each has a CPU implementation (the numba kernel for float32 / float64), a plain-torch one for every
 other device and dtype, a fake (meta) implementation, registered autograd (double backward
@@ -20,5 +22,7 @@ from tokenpos.torch.ops.embedding import embedding, embedding_backward
 from tokenpos.torch.ops.entry import embed, rotate, rotate_qk
 from tokenpos.torch.ops.rope import rope, rope_qk
 from tokenpos.torch.ops.samples import samples
+from tokenpos.torch.ops.tied_loss import tied_cross_entropy, tied_cross_entropy_backward
 
-__all__ = ["embed", "embedding", "embedding_backward", "rope", "rope_qk", "rotate", "rotate_qk", "samples"]
+__all__ = ["embed", "embedding", "embedding_backward", "rope", "rope_qk", "rotate", "rotate_qk", "samples",
+           "tied_cross_entropy", "tied_cross_entropy_backward"]

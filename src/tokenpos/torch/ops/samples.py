@@ -15,6 +15,7 @@ import torch
 
 from tokenpos.torch.ops.embedding import embedding, embedding_backward
 from tokenpos.torch.ops.rope import rope, rope_backward, rope_qk, rope_qk_backward
+from tokenpos.torch.ops.tied_loss import tied_cross_entropy, tied_cross_entropy_backward
 
 
 def _rope_tables(batch: int | None, L: int, F: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +44,11 @@ STRIDES = ("hf", "blhd", "expanded", "fused", "strided")
 
 def samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     """Yield ``(op, args, kwargs)`` for every op, on ``device``, from a fixed seed."""
+    yield from _samples(device)
+    yield from tied_loss_samples(device)
+
+
+def _samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     gen = torch.Generator().manual_seed(0)
     V, D, P, B, L = 11, 6, 9, 2, 5
     for dtype in (torch.float32, torch.float64):
@@ -88,3 +94,33 @@ def samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[st
                     k = _strided_heads(kind, B, 2, L, 8, rand)
                     yield rope, (q, cos, sin, interleaved), {}
                     yield rope_qk, (q, k, cos, sin, interleaved), {}
+
+
+def tied_loss_samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """The tied loss ops: float32 / float64, with and without grad, every reduction, ignored targets,
+    label smoothing, soft-capping, several chunks and one, (B, L) and (N,) tokens, a strided h."""
+    gen = torch.Generator().manual_seed(1)
+    V, D, B, L = 13, 6, 2, 5
+    for dtype in (torch.float32, torch.float64):
+        for grad in (False, True):
+            def rand(*shape: int, g: bool = grad, dt: torch.dtype = dtype) -> torch.Tensor:
+                return torch.randn(shape, generator=gen, dtype=dt).to(device).requires_grad_(g)
+
+            targets = torch.randint(0, V, (B, L), generator=gen)
+            targets[0, 1] = -100
+            targets = targets.to(device)
+            for reduction, eps, cap, chunk in (("mean", 0.0, None, None), ("sum", 0.1, 2.0, 3),
+                                               ("none", 0.2, None, 4), ("mean", 0.1, 5.0, 1)):
+                for with_grad in (False, True) if reduction != "none" else (False,):
+                    yield tied_cross_entropy, (rand(B, L, D), rand(V, D), targets, -100, eps, reduction, cap, chunk,
+                                               with_grad), {}
+            strided = rand(B, L, 2 * D).detach()[..., ::2].requires_grad_(grad)
+            yield tied_cross_entropy, (strided, rand(V, D), targets.reshape(-1)[:B * L].reshape(B, L), -100, 0.0,
+                                       "sum", None, 2, grad), {}
+            all_ignored = torch.full((L,), 3, device=device)
+            yield tied_cross_entropy, (rand(L, D), rand(V, D), all_ignored, 3, 0.0, "mean", None, None, grad), {}
+            if not grad:
+                lse = torch.randn(B * L, generator=gen, dtype=dtype).to(device) + 3.0
+                for reduction, shape in (("mean", ()), ("none", (B, L))):
+                    yield tied_cross_entropy_backward, (rand(*shape), rand(B, L, D), rand(V, D), targets, lse, -100,
+                                                        0.1, reduction, 2.0, 3), {}

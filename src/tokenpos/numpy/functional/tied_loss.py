@@ -1,0 +1,169 @@
+"""The tied output projection and its cross-entropy as one forward/backward pair, chunked over tokens.
+
+Shapes: h (..., D) flattened to (N, D), weight (V, D), targets (...) flattened to (N,), c = chunk_size tokens.
+
+    loss = F.cross_entropy(cap(h @ weight.T), targets, ignore_index=..., label_smoothing=..., reduction=...)
+
+without ever holding the (N, V) logits: one (c, V) block of logits at a time, written into one reused
+buffer, reduced to each token's log-sum-exp (N,). Each block's gradient (``tables.formulas.tied_loss``)
+adds ``block_grad @ weight`` to dh and ``block_grad.T @ h_block`` to dweight, block after block in token
+order (a fixed order: the same inputs give bit-identical results).
+
+- ``with_grad=True`` (reductions "mean" and "sum"; ``TokenEmbedding.loss`` in training mode): the forward
+  computes the gradients of the loss from the same blocks (three matmuls per block in all) and the
+  backward scales them by ``dloss``.
+- otherwise the forward keeps lse, and the backward recomputes each block from it (reduction "none",
+  whose gradient needs each token's ``dloss``, or a forward that did not ask for gradients).
+
+Arithmetic runs in float32 (float16 inputs) or the input dtype; the loss is returned in that compute dtype,
+the gradients in the inputs' dtype. "mean" averages over the non-ignored tokens; with every target
+ignored the loss is 0 and the gradients are 0 (``F.cross_entropy`` gives NaN). The pair takes checked
+inputs (the public ``tokenpos.numpy.tied_cross_entropy`` and ``TokenEmbedding.loss`` check them once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenpos.numpy.functional._dispatch import compute_dtype, kept
+from tokenpos.tables.formulas.tied_loss import (
+    default_chunk_size,
+    reduce_weights,
+    smoothed_loss,
+    soft_cap,
+    soft_cap_grad,
+)
+
+#: Rows of dweight updated per matmul (its temporary stays (_ROWS, D), never a second (V, D)).
+_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class TiedLossCache:
+    """h (N, D) (a private copy), weight (V, D), targets (N,) int64 (a copy), lse (N,), the settings, and the
+    gradients of the loss (dh (..., D), dweight (V, D)) when the forward computed them (``with_grad``)."""
+
+    h: np.ndarray
+    weight: np.ndarray
+    targets: np.ndarray
+    lse: np.ndarray
+    shape: tuple[int, ...]
+    ignore_index: int
+    label_smoothing: float
+    reduction: str
+    softcap: float | None
+    chunk_size: int
+    grads: tuple[np.ndarray, np.ndarray] | None = None
+
+
+class _Blocks:
+    """The reused (c, V) buffers of one call (and the dweight temporary), so no block allocates fresh memory."""
+
+    def __init__(self, n: int, weight: np.ndarray, dt: np.dtype, c: int, softcap: float | None) -> None:
+        V, D = weight.shape
+        self.w = weight.astype(dt, copy=False)
+        self.z = np.empty((min(c, n), V), dt)
+        self.th = np.empty_like(self.z) if softcap is not None else None
+        self.tmp = np.empty((min(_ROWS, V), D), dt)
+        self.softcap = softcap
+
+    def logits(self, hc: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """hc (c, D) -> (capped logits (c, V), tanh (c, V) or None), views of the buffers."""
+        z = np.matmul(hc, self.w.T, out=self.z[:hc.shape[0]])
+        if self.th is None or self.softcap is None:
+            return z, None
+        return soft_cap(z, self.softcap, self.th[:hc.shape[0]])
+
+    def grad(self, g: np.ndarray, th: np.ndarray | None, safe: np.ndarray, coef: np.ndarray, eps: float,
+             hc: np.ndarray, dh: np.ndarray, dweight: np.ndarray) -> None:
+        """softmax block g (c, V) -> its gradient in place; writes its dh rows, adds its dweight (fixed order)."""
+        V = g.shape[1]
+        g[np.arange(g.shape[0]), safe] -= 1.0 - eps
+        if eps > 0.0:
+            g -= eps / V
+        g *= coef[:, None]
+        if th is not None:
+            soft_cap_grad(g, th)
+        dh[...] = (self.w.T @ g.T).T         # = g @ w; OpenBLAS runs this layout ~3x faster for short blocks
+        for v in range(0, V, _ROWS):                                           # dweight += g.T @ hc, by row
+            part = self.tmp[:min(_ROWS, V - v)]                                # block
+            np.matmul(g[:, v:v + _ROWS].T, hc, out=part)
+            dweight[v:v + _ROWS] += part
+
+
+def tied_cross_entropy_forward(h: np.ndarray, weight: np.ndarray, targets: np.ndarray, *, ignore_index: int = -100,
+                               label_smoothing: float = 0.0, reduction: str = "mean", softcap: float | None = None,
+                               chunk_size: int | None = None, with_grad: bool = False
+                               ) -> tuple[np.ndarray, TiedLossCache]:
+    """h (..., D), weight (V, D), targets (...) int -> (loss () or (...) for "none", cache).
+
+    ``with_grad``: also compute the gradients now, from the same blocks (ignored for reduction "none").
+    """
+    V, D = weight.shape
+    dt = compute_dtype(h.dtype)
+    h2 = kept(h).reshape(-1, D)                                               # (N, D)
+    t = np.array(targets, dtype=np.int64).reshape(-1)                         # (N,) a copy
+    N = t.shape[0]
+    c = default_chunk_size(V) if chunk_size is None else int(chunk_size)
+    eps = float(label_smoothing)
+    valid = t != ignore_index
+    safe = np.where(valid, t, 0)
+    lse = np.empty(N, dt)
+    per = np.zeros(N, dt)
+    grads = with_grad and reduction != "none"
+    coef = reduce_weights(valid, reduction, np.asarray(1.0)).astype(dt) if grads else None
+    dh = np.empty((N, D), dt) if grads else None
+    dweight = np.zeros((V, D), dt) if grads else None
+    blocks = _Blocks(N, weight, dt, c, softcap)
+    for i in range(0, N, c):
+        hc = h2[i:i + c].astype(dt, copy=False)
+        z, th = blocks.logits(hc)
+        j = i + z.shape[0]
+        z_t = z[np.arange(j - i), safe[i:j]]
+        z_sum = z.sum(axis=1) if eps > 0.0 else None
+        m = z.max(axis=1)
+        e = np.exp(np.subtract(z, m[:, None], out=z), out=z)
+        s = e.sum(axis=1)
+        lse[i:j] = m + np.log(s)
+        per[i:j] = smoothed_loss(lse[i:j], z_t, z_sum, eps, V)
+        if coef is not None and dh is not None and dweight is not None:
+            e /= s[:, None]                                                    # softmax
+            blocks.grad(e, th, safe[i:j], coef[i:j], eps, hc, dh[i:j], dweight)
+    per = np.where(valid, per, 0.0).astype(dt, copy=False)
+    if reduction == "none":
+        loss = per.reshape(np.shape(targets))
+    elif reduction == "sum":
+        loss = np.asarray(per.sum(), dt)
+    else:
+        loss = np.asarray(per.sum() / max(int(valid.sum()), 1), dt)
+    kept_grads = None if dh is None or dweight is None else (dh.reshape(h.shape), dweight)
+    cache = TiedLossCache(h2, weight, t, lse, tuple(h.shape), int(ignore_index), eps, reduction, softcap, c,
+                          kept_grads)
+    return loss, cache
+
+
+def tied_cross_entropy_backward(dloss: np.ndarray | float, cache: TiedLossCache) -> tuple[np.ndarray, np.ndarray]:
+    """dloss (() or (...) for "none") -> (dh (..., D) in h's dtype, dweight (V, D) in weight's dtype)."""
+    h2, weight, t, c = cache.h, cache.weight, cache.targets, cache.chunk_size
+    if cache.grads is not None:                                                # computed by the forward
+        scale = np.asarray(dloss, dtype=cache.grads[0].dtype)
+        return ((cache.grads[0] * scale).astype(h2.dtype, copy=False),
+                (cache.grads[1] * scale).astype(weight.dtype, copy=False))
+    V, D = weight.shape
+    dt = compute_dtype(h2.dtype)
+    valid = t != cache.ignore_index
+    safe = np.where(valid, t, 0)
+    coef = reduce_weights(valid, cache.reduction, np.asarray(dloss).reshape(-1)
+                          if cache.reduction == "none" else np.asarray(dloss)).astype(dt)   # (N,)
+    dh = np.empty((t.shape[0], D), dt)
+    dweight = np.zeros((V, D), dt)
+    blocks = _Blocks(t.shape[0], weight, dt, c, cache.softcap)
+    for i in range(0, t.shape[0], c):
+        hc = h2[i:i + c].astype(dt, copy=False)
+        z, th = blocks.logits(hc)
+        j = i + z.shape[0]
+        g = np.exp(np.subtract(z, cache.lse[i:j, None], out=z), out=z)         # softmax, in place
+        blocks.grad(g, th, safe[i:j], coef[i:j], cache.label_smoothing, hc, dh[i:j], dweight)
+    return dh.reshape(cache.shape).astype(h2.dtype, copy=False), dweight.astype(weight.dtype, copy=False)

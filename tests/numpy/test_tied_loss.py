@@ -1,0 +1,197 @@
+"""The NumPy tied cross-entropy (issue 33): the loss of ``h @ W.T`` without the logits, its gradients, its memory."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import tokenpos.numpy as tpn
+from tests.numpy.gradcheck import check_grads
+from tests.tolerances import TOL
+from tokenpos.numpy import functional as F
+from tokenpos.tables.errors import ConfigError, DtypeError, TokenIdError
+
+CASES = [  # (reduction, label_smoothing, softcap)
+    ("mean", 0.0, None), ("sum", 0.0, None), ("none", 0.0, None),
+    ("mean", 0.1, None), ("sum", 0.2, 3.0), ("none", 0.1, 2.0), ("mean", 0.0, 1.5),
+]
+
+
+def materialised(h: np.ndarray, w: np.ndarray, t: np.ndarray, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+                 reduction: str = "mean", softcap: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The eager path, float64: (loss, dh, dW) with d loss = 1 ("none": d loss_n = 1), from the whole (N, V) logits."""
+    D, V = h.shape[-1], w.shape[0]
+    h2, t2 = h.reshape(-1, D).astype(np.float64), t.reshape(-1)
+    z0 = h2 @ w.astype(np.float64).T
+    z = z0 if softcap is None else softcap * np.tanh(z0 / softcap)
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    valid = t2 != ignore_index
+    safe = np.where(valid, t2, 0)
+    eps = label_smoothing
+    per = (1 - eps) * (lse - z[np.arange(len(t2)), safe]) + eps * (lse - z.mean(1))
+    per = np.where(valid, per, 0.0)
+    count = max(valid.sum(), 1)
+    loss = {"none": per.reshape(t.shape), "sum": per.sum(), "mean": per.sum() / count}[reduction]
+    dz = np.exp(z - lse[:, None])
+    dz[np.arange(len(t2)), safe] -= 1 - eps
+    dz -= eps / V
+    dz *= valid[:, None] / (count if reduction == "mean" else 1)
+    if softcap is not None:
+        dz *= 1 - np.tanh(z0 / softcap) ** 2
+    return np.asarray(loss), (dz @ w).reshape(h.shape), dz.T @ h2
+
+
+def _inputs(V: int, shape: tuple[int, ...], D: int = 6, seed: int = 0, dtype: type = np.float64
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    h = rng.standard_normal((*shape, D)).astype(dtype)
+    w = (0.5 * rng.standard_normal((V, D))).astype(dtype)
+    t = rng.integers(0, V, shape)
+    t.reshape(-1)[1] = -100
+    return h, w, t
+
+
+@pytest.mark.parametrize("with_grad", [False, True])
+@pytest.mark.parametrize("V", [1003, 50257])
+@pytest.mark.parametrize("case", CASES)
+def test_loss_and_gradients_equal_the_materialised_logits_float64(V: int, case: tuple, with_grad: bool) -> None:
+    """Both routes: gradients from the forward's own blocks (with_grad) and recomputed in the backward."""
+    reduction, eps, cap = case
+    h, w, t = _inputs(V, (2, 3) if V > 2000 else (3, 5))
+    loss, cache = F.tied_cross_entropy_forward(h, w, t, reduction=reduction, label_smoothing=eps, softcap=cap,
+                                               chunk_size=2, with_grad=with_grad)
+    assert (cache.grads is not None) == (with_grad and reduction != "none")
+    ref, dh_ref, dw_ref = materialised(h, w, t, reduction=reduction, label_smoothing=eps, softcap=cap)
+    dh, dw = F.tied_cross_entropy_backward(np.ones(t.shape) if reduction == "none" else 1.0, cache)
+    assert loss.shape == ref.shape and loss.dtype == np.float64
+    for got, want in ((loss, ref), (dh, dh_ref), (dw, dw_ref)):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_float32_is_the_float64_result_to_float32_rounding(case: tuple) -> None:
+    reduction, eps, cap = case
+    h, w, t = _inputs(1003, (4, 5), D=16, dtype=np.float32)
+    loss, cache = F.tied_cross_entropy_forward(h, w, t, reduction=reduction, label_smoothing=eps, softcap=cap)
+    dh, dw = F.tied_cross_entropy_backward(np.ones(t.shape) if reduction == "none" else 1.0, cache)
+    assert loss.dtype == dh.dtype == dw.dtype == np.float32
+    scale = TOL["parity.f32"]["scale"]
+    for got, want in zip((loss, dh, dw), materialised(h, w, t, reduction=reduction, label_smoothing=eps, softcap=cap),
+                         strict=True):
+        assert np.abs(got - want).max() <= scale * np.abs(want).max()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("training", [True, False])
+def test_the_layer_backward_matches_finite_differences(case: tuple, training: bool) -> None:
+    reduction, eps, cap = case
+    rng = np.random.default_rng(3)
+    h = rng.standard_normal((2, 3, 5))
+    t = np.array([[4, -100, 0], [6, 6, 2]])
+
+    def make() -> tpn.TokenEmbedding:
+        layer = tpn.TokenEmbedding(7, 5, init="standard_normal", dtype=np.float64, seed=1)
+        return layer.train(training)
+
+    check_grads(make, h, run=lambda layer, x: layer.loss(x, t, reduction=reduction, label_smoothing=eps, softcap=cap,
+                                                         chunk_size=4),
+                backward=lambda layer, g: layer.loss_backward(g), x_is_float=True, tol="fd.nonlinear")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_an_all_ignored_batch_has_loss_zero_and_gradient_zero(reduction: str) -> None:
+    h, w, _ = _inputs(1003, (3, 4))
+    t = np.full((3, 4), -100)
+    loss, cache = F.tied_cross_entropy_forward(h, w, t, reduction=reduction, label_smoothing=0.1, softcap=2.0)
+    dh, dw = F.tied_cross_entropy_backward(np.ones(t.shape) if reduction == "none" else 1.0, cache)
+    assert not loss.any() and np.isfinite(loss).all()
+    assert not dh.any() and not dw.any()
+
+
+def test_every_chunk_size_gives_the_same_result_and_a_repeat_is_bit_identical() -> None:
+    h, w, t = _inputs(1003, (5, 7))
+    base = None
+    for chunk in (1, 3, 35, None):
+        loss, cache = F.tied_cross_entropy_forward(h, w, t, label_smoothing=0.1, softcap=4.0, chunk_size=chunk)
+        grads = F.tied_cross_entropy_backward(1.0, cache)
+        again = F.tied_cross_entropy_forward(h, w, t, label_smoothing=0.1, softcap=4.0, chunk_size=chunk)
+        regrads = F.tied_cross_entropy_backward(1.0, again[1])
+        assert np.array_equal(loss, again[0])                             # deterministic: bit for bit
+        assert all(np.array_equal(a, b) for a, b in zip(grads, regrads, strict=True))
+        if base is None:
+            base = (loss, *grads)
+        for a, b in zip((loss, *grads), base, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_forward_and_backward_never_hold_the_logits() -> None:
+    """tracemalloc: the peak of forward + backward stays far below the (N, V) logits (one chunk is 16 x V)."""
+    N, D, V = 1024, 32, 50257
+    h, w, t = _inputs(V, (N,), D=D, dtype=np.float32)
+    tracemalloc.start()
+    loss, cache = F.tied_cross_entropy_forward(h, w, t, chunk_size=16)
+    dh, dw = F.tied_cross_entropy_backward(1.0, cache)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    logits = N * V * 4
+    outputs = dw.nbytes + dh.nbytes
+    assert peak - outputs < 8 * 16 * V * 4 + 4096 * D * 4 + 2 * h.nbytes
+    assert peak < logits / 5
+
+
+def test_the_layer_keeps_the_cache_and_accumulates_the_weight_gradient() -> None:
+    layer = tpn.TokenEmbedding(50, 8, dtype=np.float64, seed=0, padding_idx=0)
+    h, _, t = _inputs(50, (2, 3), D=8)
+    loss = layer.loss(h, t, label_smoothing=0.1)
+    ref, dh_ref, dw_ref = materialised(h, layer.weight.data, t, label_smoothing=0.1)
+    np.testing.assert_allclose(loss, ref, rtol=1e-12)
+    np.testing.assert_allclose(layer.loss_backward(), dh_ref, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(layer.weight.grad, dw_ref, rtol=1e-10, atol=1e-12)
+    assert layer.weight.grad[0].any()                                     # dense, like attend: the padding row too
+    np.testing.assert_allclose(tpn.tied_cross_entropy(h, layer.weight.data, t, label_smoothing=0.1), ref, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"grad_loss must have shape \(\)"):
+        layer.loss_backward(np.ones(3))
+
+
+def test_loss_backward_before_loss_raises() -> None:
+    with pytest.raises(RuntimeError, match="loss_backward"):
+        tpn.TokenEmbedding(5, 3).loss_backward()
+
+
+@pytest.mark.parametrize(("targets", "match"), [
+    ([[1, 5]], r"target 5 at index \(0, 1\) is out of range \[0, 5\) and is not ignore_index=-100"),
+    ([[-1, 0]], r"target -1 at index \(0, 0\) is out of range"),
+    (np.array([[0, 2**63 + 5]], dtype=np.uint64), r"target 9223372036854775813 at index \(0, 1\)"),
+    (np.array([[0.0, 1.0]]), "targets must be integers, got dtype float64"),
+])
+def test_a_bad_target_raises_token_id_error_and_changes_nothing(targets: object, match: str) -> None:
+    layer = tpn.TokenEmbedding(5, 3, dtype=np.float64, seed=0)
+    layer.loss(np.ones((1, 2, 3)), [[1, 2]])
+    cache = layer._loss_cache
+    with pytest.raises(TokenIdError, match=match):
+        layer.loss(np.ones((1, 2, 3)), targets)
+    assert layer._loss_cache is cache
+    with pytest.raises(TokenIdError, match=match):
+        tpn.tied_cross_entropy(np.ones((1, 2, 3)), np.ones((5, 3)), targets)
+
+
+def test_bad_shapes_dtypes_and_options_raise_typed_errors() -> None:
+    h, w, t = np.ones((2, 4)), np.ones((7, 4)), np.array([1, 2])
+    with pytest.raises(DtypeError, match="h and weight must have the same dtype, got h float32 and weight float64"):
+        tpn.tied_cross_entropy(h.astype(np.float32), w, t)
+    with pytest.raises(DtypeError, match="h must be"):
+        tpn.tied_cross_entropy(h.astype(np.int64), w, t)
+    with pytest.raises(ConfigError, match=r"h must have shape \(\.\.\., 4\)"):
+        tpn.tied_cross_entropy(np.ones((2, 3)), w, t)
+    with pytest.raises(ConfigError, match=r"targets must have shape \(2,\)"):
+        tpn.tied_cross_entropy(h, w, np.array([1, 2, 3]))
+    with pytest.raises(ConfigError, match="reduction"):
+        tpn.tied_cross_entropy(h, w, t, reduction="avg")
+    with pytest.raises(ConfigError, match="softcap must be > 0"):
+        tpn.tied_cross_entropy(h, w, t, softcap=0.0)
+    with pytest.raises(ConfigError, match="label_smoothing"):
+        tpn.tied_cross_entropy(h, w, t, label_smoothing=1.5)
+    with pytest.raises(ConfigError, match="chunk_size"):
+        tpn.tied_cross_entropy(h, w, t, chunk_size=0)
