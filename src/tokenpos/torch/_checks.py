@@ -33,6 +33,7 @@ import torch
 
 from tokenpos._config import device_checks_enabled
 from tokenpos.tables.checks.device import device_range_message
+from tokenpos.tables.checks.tied_loss import target_device_message, target_range_message
 from tokenpos.tables.checks.validation import (
     INT64_MAX,
     check_positions_at,
@@ -215,3 +216,19 @@ def check_seq_len(seq_len: int, max_seq_len: int | None) -> int:
 
 def is_seq_len(arg: Any) -> bool:
     return isinstance(arg, numbers.Integral) and not isinstance(arg, bool)
+
+
+def check_target_values(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
+    """Each target in [0, V) or ``ignore_index``: read on the CPU (a TokenIdError naming the first bad one),
+    one device-side assert elsewhere (no host sync; ``tokenpos.set_device_checks(True)`` reads them instead)."""
+    if targets.numel() == 0 or targets.is_meta:
+        return
+    t = targets if targets.dtype in (torch.int32, torch.int64) else targets.long()
+    bad = (t != ignore_index) & ((t < 0) | (t >= vocab_size))
+    if not targets.is_cpu and not (device_checks_enabled() and values_readable(targets)):
+        if not is_wrapped(targets):
+            torch._assert_async(~bad.any(), target_device_message(vocab_size, ignore_index, targets.device))
+        return
+    if values_readable(targets) and bool(bad.any()):
+        index = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise TokenIdError(target_range_message(int(targets[index]), index, vocab_size, ignore_index))

@@ -16,9 +16,9 @@ import torch
 
 from tokenpos.tables.checks.tied_loss import check_options
 from tokenpos.tables.errors import ConfigError
-from tokenpos.torch._checks import check_float_tensor, is_compiling
+from tokenpos.torch._checks import check_float_tensor, check_target_values, is_compiling
 from tokenpos.torch.ops._dispatch import transforms_active
-from tokenpos.torch.ops.tied_loss import TiedLoss, check_target_values, check_tensors
+from tokenpos.torch.ops.tied_loss import TiedLoss, check_tensors
 
 
 def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: Any, *, ignore_index: int = -100,

@@ -23,20 +23,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tokenpos._config import device_checks_enabled
+from tokenpos.tables.checks.tied_loss import target_dtype_message
 from tokenpos.tables.checks.validation import check_choice, check_float, check_int, dtype_name
 from tokenpos.tables.errors import ConfigError, TokenIdError
-from tokenpos.torch._checks import _INT_DTYPES, is_wrapped, values_readable
+from tokenpos.torch._checks import _INT_DTYPES, check_target_values
 from tokenpos.torch.distributed._comm import all_reduce, resolve_group
 
 REDUCTIONS = ("mean", "sum", "none")
-
-
-def target_range_message(value: int, index: tuple[int, ...], vocab_size: int, ignore_index: int) -> str:
-    """``target 1003 at index (1, 4) is out of range [0, 1003) and is not ignore_index=-100``."""
-    where = "(" + ", ".join(str(int(i)) for i in index) + ("," if len(index) == 1 else "") + ")"
-    return (f"target {int(value)} at index {where} is out of range [0, {int(vocab_size)}) "
-            f"and is not ignore_index={int(ignore_index)}")
 
 
 def check_targets(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
@@ -51,28 +44,8 @@ def check_targets(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> 
         TokenIdError: a non-integer dtype, or a value out of range that is not ``ignore_index`` (CPU).
     """
     if targets.dtype not in _INT_DTYPES:
-        raise TokenIdError(f"targets must be integers, got dtype {dtype_name(targets.dtype)}; expected an "
-                           f"integer tensor with values in [0, {vocab_size}) or ignore_index={ignore_index}")
-    if targets.numel() == 0 or targets.is_meta:
-        return
-    t = targets if targets.dtype in (torch.int32, torch.int64) else targets.long()
-    bad = (t != ignore_index) & ((t < 0) | (t >= vocab_size))
-    if not targets.is_cpu and not (device_checks_enabled() and values_readable(targets)):
-        if not is_wrapped(targets):
-            torch._assert_async(~bad.any(), target_device_message(vocab_size, ignore_index, targets.device))
-        return
-    if not values_readable(targets):
-        return
-    if bool(bad.any()):
-        index = tuple(int(i) for i in torch.nonzero(bad)[0])
-        raise TokenIdError(target_range_message(int(targets[index]), index, vocab_size, ignore_index))
-
-
-def target_device_message(vocab_size: int, ignore_index: int, device: Any) -> str:
-    """The device-side assert's text for a target out of range (no index or value: nothing is read)."""
-    return (f"targets on {device} out of range: expected every target in [0, {int(vocab_size)}) or "
-            f"ignore_index={int(ignore_index)} (a device-side check; call tokenpos.set_device_checks(True) for "
-            "a typed error with the index and the value, at one host sync per call)")
+        raise TokenIdError(target_dtype_message(targets.dtype, vocab_size, ignore_index))
+    check_target_values(targets, vocab_size, ignore_index)
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -27,7 +27,7 @@ from tokenpos.tables.checks.tied_loss import check_options
 from tokenpos.tables.checks.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
 from tokenpos.tables.formulas.init import INIT_SCHEMES, resolve_rng
 from tokenpos.tables.formulas.vocab_parallel import padded_vocab_size, shard_range
-from tokenpos.torch._checks import check_float_tensor, check_token_id_tensor, resolve_dtype
+from tokenpos.torch._checks import check_float_tensor, check_target_values, check_token_id_tensor, resolve_dtype
 from tokenpos.torch._init import torch_seed
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.distributed import checkpoint
@@ -41,7 +41,7 @@ from tokenpos.torch.distributed._comm import (
 from tokenpos.torch.distributed._lookup import local_lookup
 from tokenpos.torch.distributed._shard_init import shard_init
 from tokenpos.torch.distributed.tied_loss import VocabParallelTiedLoss
-from tokenpos.torch.ops.tied_loss import check_target_values, check_tensors
+from tokenpos.torch.ops.tied_loss import check_tensors
 
 
 class VocabParallelEmbedding(TokenposModule):

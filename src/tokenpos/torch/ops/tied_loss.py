@@ -27,19 +27,16 @@ from typing import Any
 
 import torch
 
-from tokenpos._config import device_checks_enabled
 from tokenpos.tables.checks.tied_loss import (
     check_options,
     check_same_dtype,
     check_shapes,
     mismatch_message,
-    target_device_message,
     target_dtype_message,
-    target_range_message,
 )
 from tokenpos.tables.errors import ConfigError, TokenIdError
 from tokenpos.tables.formulas.tied_loss import default_chunk_size
-from tokenpos.torch._checks import _INT_DTYPES, is_wrapped, values_readable
+from tokenpos.torch._checks import _INT_DTYPES, check_target_values
 
 # ----------------------------------------------------------------------------------------------
 # checks
@@ -68,22 +65,6 @@ def check_op_args(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
     """The ops' (and fakes') one argument check: ``check_tensors`` and the options (no values read)."""
     check_options(ignore_index, label_smoothing, reduction, softcap, chunk_size)
     check_tensors(h, weight, targets, weight.shape[0], ignore_index)
-
-
-def check_target_values(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
-    """Each target in [0, V) or ``ignore_index``: read on the CPU (a TokenIdError naming the first bad one),
-    one device-side assert elsewhere (no host sync; ``tokenpos.set_device_checks(True)`` reads them instead)."""
-    if targets.numel() == 0 or targets.is_meta:
-        return
-    t = targets if targets.dtype in (torch.int32, torch.int64) else targets.long()
-    bad = (t != ignore_index) & ((t < 0) | (t >= vocab_size))
-    if not targets.is_cpu and not (device_checks_enabled() and values_readable(targets)):
-        if not is_wrapped(targets):
-            torch._assert_async(~bad.any(), target_device_message(vocab_size, ignore_index, targets.device))
-        return
-    if values_readable(targets) and bool(bad.any()):
-        index = tuple(int(i) for i in torch.nonzero(bad)[0])
-        raise TokenIdError(target_range_message(int(targets[index]), index, vocab_size, ignore_index))
 
 
 # ----------------------------------------------------------------------------------------------
