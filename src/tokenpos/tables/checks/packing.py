@@ -108,6 +108,15 @@ def check_packed_embedding_args(ids_shape: tuple[int, ...], positions: Any, star
     return int(ids_shape[-1])
 
 
+def _check_no_positions(positions: Any, start_pos: Any, key_positions: Any) -> None:
+    """With cu_seqlens the positions come from it: none given, no key_positions, start_pos 0 or None."""
+    for name, value in (("positions", positions), ("key_positions", key_positions)):
+        if value is not None:
+            raise ConfigError(packed_positions_given_message(name))
+    if start_pos is not None and start_pos != 0:
+        raise ConfigError(packed_positions_given_message(f"start_pos={start_pos!r}"))
+
+
 def check_packed_rotary_args(bhld_shape: tuple[int, ...], positions: Any, start_pos: Any, key_positions: Any) -> int:
     """What a rotary ``apply(q, k, cu_seqlens=...)`` needs besides ``cu_seqlens``: one row (q as (1, H, T,
     Dh) once in (B, H, L, Dh); always so with ``qk_layout="thd"``), no positions, key_positions or
@@ -115,11 +124,7 @@ def check_packed_rotary_args(bhld_shape: tuple[int, ...], positions: Any, start_
     if bhld_shape[0] != 1:
         raise ConfigError(packed_batch_message(bhld_shape, "q of shape (T, H, Dh) (qk_layout='thd') or "
                                                            "(1, H, T, Dh) as (B, H, L, Dh)"))
-    for name, value in (("positions", positions), ("key_positions", key_positions)):
-        if value is not None:
-            raise ConfigError(packed_positions_given_message(name))
-    if start_pos is not None and start_pos != 0:
-        raise ConfigError(packed_positions_given_message(f"start_pos={start_pos!r}"))
+    _check_no_positions(positions, start_pos, key_positions)
     return int(bhld_shape[2])
 
 
@@ -132,9 +137,5 @@ def check_packed_attention_args(q_shape: tuple[int, ...], k_shape: tuple[int, ..
         raise ConfigError(f"with cu_seqlens q, k and v are one packed row of the same T tokens, (T, H, Dh) or "
                           f"(1, H, T, Dh); got q {tuple(int(s) for s in q_shape)} and k "
                           f"{tuple(int(s) for s in k_shape)} as (B, H, L, Dh)")
-    for name, value in (("positions", positions), ("key_positions", key_positions)):
-        if value is not None:
-            raise ConfigError(packed_positions_given_message(name))
-    if start_pos is not None and start_pos != 0:
-        raise ConfigError(packed_positions_given_message(f"start_pos={start_pos!r}"))
+    _check_no_positions(positions, start_pos, key_positions)
     return int(q_shape[2])
