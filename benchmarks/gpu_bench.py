@@ -15,8 +15,8 @@ Rows, each timed in the same process, round-robin (every round runs every impl o
 Effective GB/s = bytes that must move (inputs read once + outputs written once) / time. Ratios are
 against copy and against the named reference measured in the same run; the targets (issue 34) are
 for the layers: RoPE layer >= 0.85x copy and >= 1.2x Liger's RoPE; the embedding layer (train, p=0.1)
->= 0.8x copy and >= 1.2x torch.compile. A "rope decode" row (one token, a KV-cache step) shows what the
-host's time per call costs when the GPU's work is small.
+>= 0.8x copy and >= 1.2x torch.compile. The "rope decode" and "embedding decode" rows (one token per
+sequence, a KV-cache step) show what the host's time per call costs when the GPU's work is small.
 
 Workloads: RoPE q (4, 32, 4096, 128), k (4, 8, 4096, 128) bf16, half layout, fp32 cos/sin (L, 64);
 embedding V=50257, D=4096, ids (4, 2048), learned positions (2048, 4096), bf16, scale sqrt(D), p=0.1.
@@ -265,7 +265,25 @@ def embedding_case(args, device, dtype) -> list[dict]:
         step["torch.compile"] = torch.compile(eager_step)
     rows += _rows("embedding train step", side_by_side(step, args.rounds, device), 2 * out_bytes + moved, args,
                   device, err)
-    return rows + vocab_parallel_case(args, device, w, ids, err)
+    return rows + embedding_decode_case(args, device, w, table, evaluation) + vocab_parallel_case(args, device, w, ids,
+                                                                                                err)
+
+
+def embedding_decode_case(args, device, w, table, evaluation) -> list[dict]:
+    """One new token per sequence at position P - 1 (a decode step, ids (B, 1)), no dropout: a few KB
+    of work, so the time per call is the host's (checks, launches); reduce-overhead removes it."""
+    B, P = (2 if args.smoke else 4), table.shape[0]
+    g = torch.Generator(device="cpu").manual_seed(2)
+    ids = torch.randint(0, w.shape[0], (B, 1), generator=g).to(device)
+    pos = torch.full((1,), P - 1, device=device)
+    scale = math.sqrt(w.shape[1])
+    impls = {"tokenpos layer": lambda: evaluation(ids, start_pos=P - 1),
+             "eager": lambda: eager_embedding(w, ids, table, pos, scale, 0.0)}
+    _compiled(impls, eager_embedding, (w, ids, table, pos, scale, 0.0), args)
+    want = (w.float()[ids] * scale + table.float()[pos]).to(w.dtype)
+    err = (evaluation(ids, start_pos=P - 1).float() - want.float()).abs().max().item()
+    moved = 2 * B * w.shape[1] * w.element_size()
+    return _rows("embedding decode", side_by_side(impls, args.rounds, device), moved, args, device, err)
 
 
 def _embedding_layer(w, table, scale: bool, p: float, device, dtype):
@@ -371,17 +389,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_bench: --json {args.json}: not a file in an existing directory; nothing was measured.",
               file=sys.stderr)
         return 2
-    rows = rope_case(args, device, torch.bfloat16) + embedding_case(args, device, torch.bfloat16)
+    if not args.smoke:
+        header = (f"device: {torch.cuda.get_device_name(device)}; torch {torch.__version__}; triton "
+                  f"{triton.__version__}; {args.rounds} rounds, median; {'quick' if args.quick else 'full'} workload")
+        print(header, flush=True)
+    rows = []
+    for case in (rope_case, embedding_case):
+        got = case(args, device, torch.bfloat16)
+        if not args.smoke:                                                    # as it goes: a cut-off run keeps them
+            print("\n".join(report(got).splitlines()[1:len(got) + 1]), flush=True)
+        rows += got
     if args.smoke:
         report(rows)                                                          # formatting runs, output dropped
         worst = max(r["max|tokenpos - fp32 formula|"] for r in rows if "x copy" in r)
         print(f"gpu_bench smoke: {len(rows)} rows ran on the CPU interpreter; max |tokenpos - fp32 formula| = "
               f"{worst:.3g} (timings not meaningful, not printed)")
         return 0 if worst < 0.1 else 1
-    name = torch.cuda.get_device_name(device)
-    header = (f"device: {name}; torch {torch.__version__}; triton {triton.__version__}; "
-              f"{args.rounds} rounds, median; {'quick' if args.quick else 'full'} workload")
-    print(header)
     print(report(rows))
     if json_path is not None:
         json_path.write_text(json.dumps({"header": header, "rows": rows}, indent=2))

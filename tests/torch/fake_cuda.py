@@ -49,11 +49,14 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch
 from torch._library import custom_ops
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_map
+
+from tests.triton_mode import ON_CUDA
 
 CUDA = torch.device("cuda", 0)
 aten = torch.ops.aten
@@ -141,8 +144,17 @@ class FakeCuda(torch.Tensor):
         return _run(func, args, dict(kwargs or {}))
 
 
+def _needs_the_interpreter() -> None:
+    """Skip the calling test where Triton compiles for a real GPU (tests/triton_mode.py): the fake
+    tensors' CPU data needs the interpreter there; ``TOKENPOS_TRITON_DEVICE=cpu`` runs them."""
+    if ON_CUDA:
+        pytest.skip("fake CUDA tensors need Triton's interpreter, which is off on this GPU machine "
+                    "(the real-CUDA tests run instead; TOKENPOS_TRITON_DEVICE=cpu runs these)")
+
+
 def to_fake_cuda(t: torch.Tensor) -> FakeCuda:
     """A CPU tensor -> the same values "on cuda:0" (a leaf; requires_grad as ``t``)."""
+    _needs_the_interpreter()
     return FakeCuda(t.detach().clone(), requires_grad=t.requires_grad)
 
 
@@ -290,6 +302,7 @@ class HostToDevice(TorchFunctionMode):
 @contextlib.contextmanager
 def no_host_sync() -> Iterator[SyncDetector]:
     """``with no_host_sync() as mode:`` fake-CUDA tensors run; any host sync raises :class:`HostSync`."""
+    _needs_the_interpreter()
     with _triton_launch_on_cpu(), _no_cuda_init(), HostToDevice(), SyncDetector() as mode:
         yield mode
 
@@ -298,5 +311,6 @@ def no_host_sync() -> Iterator[SyncDetector]:
 def fake_cuda() -> Iterator[SyncDetector]:
     """Fake CUDA tensors run (factories naming "cuda" make them), and nothing is refused: for code
     that may sync (a constructor) but must put its tensors on the device."""
+    _needs_the_interpreter()
     with _triton_launch_on_cpu(), _no_cuda_init(), SyncDetector(strict=False) as mode:
         yield mode

@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 import tokenpos.torch as tpt
 from tests.torch.distributed.harness import free_port
 from tests.torch.fake_cuda import FakeCuda, HostSync, cpu_of, no_host_sync, to_fake_cuda
+from tests.triton_mode import ON_CUDA as TRITON_COMPILED
 from tokenpos.tables.errors import ConfigError
 from tokenpos.torch.distributed import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
@@ -237,12 +238,15 @@ CASES: dict[str, Case] = {
 
 @pytest.fixture(scope="module", autouse=True)
 def _world_of_one() -> Any:
-    """A gloo group of one process (the vocab-parallel cases), torn down after the module."""
+    """A group of one process (the vocab-parallel cases), torn down after the module: NCCL where the
+    real-CUDA cases run (gloo would copy CUDA tensors through the host), else gloo."""
     if dist.is_initialized():
         yield
         return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
+    backend = "nccl" if TRITON_COMPILED else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60),
+                            device_id=torch.device("cuda", 0) if backend == "nccl" else None)
     try:
         yield
     finally:

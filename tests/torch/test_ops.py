@@ -44,6 +44,16 @@ def test_opcheck(i: int, kernels: bool) -> None:
         opcheck(op, args, kwargs)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the Triton / CUDA paths of every op")
+@pytest.mark.parametrize("i", range(len(SAMPLES)))
+def test_opcheck_on_cuda(i: int) -> None:  # pragma: no cover - GPU only
+    """The same samples on the GPU (strided, transposed and expanded ones included): opcheck compares
+    the real outputs' strides with the fake implementation's, and the eager, compiled and autograd
+    results with each other."""
+    op, args, kwargs = list(ops.samples("cuda"))[i]
+    opcheck(op, args, kwargs)
+
+
 @pytest.mark.parametrize("i", range(len(SAMPLES)))
 def test_kernel_forward_equals_plain_path_bit_for_bit(i: int) -> None:
     """Same values without dropout, the same dropout masks with it (kernels vs plain torch)."""

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 34's GPU checks, in one call on a machine with an NVIDIA GPU (the device machine of a session
+# runs it from the repository's root, with $OUT for what comes back; elsewhere $OUT defaults to a
+# temporary folder). Each stage has its own time limit, so one that hangs still leaves the others'
+# results; every stage's log goes to $OUT and a summary line per stage to $OUT/summary.txt.
+#
+#   bash benchmarks/gpu_check.sh
+#
+# Stages:
+#   bench   benchmarks/gpu_bench.py: the layers beside the kernel API, eager torch, torch.compile
+#           (default and reduce-overhead) and Liger-Kernel's RoPE (installed from .whl/ when there:
+#           `pip download liger-kernel --no-deps -d .whl`).
+#   tests   the suite's GPU tests: every layer under torch.cuda.set_sync_debug_mode("error") (the
+#           vocab-parallel cases on a one-rank NCCL group), a training step captured in a CUDA graph
+#           and under torch.compile(mode="reduce-overhead") with fresh dropout masks per replay, opcheck
+#           on every op sample on the GPU (real vs fake strides), the Triton kernel tests compiled.
+#   assert  a bad token id on CUDA fails a device-side assert (a child process: the assert poisons
+#           the CUDA context), never a silent zero row.
+#   nccl    the vocab-parallel demo on NCCL (world of one), checked against the one-process model.
+set -u
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=src:/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+fi
+{ nvidia-smi -L; python3 -c "import torch, triton, numba, numpy; print('torch', torch.__version__, 'triton',
+triton.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())"; } \
+    >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+stage() {                                   # stage NAME SECONDS COMMAND...
+    local name=$1 limit=$2 start rc
+    shift 2
+    start=$(date +%s)
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    echo "stage $name: exit $rc after $(( $(date +%s) - start )) s (limit $limit s)" | tee -a "$OUT/summary.txt"
+}
+
+stage bench 260 python3 benchmarks/gpu_bench.py --rounds 15 --json "$OUT/gpu_bench.json"
+stage tests 200 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 150 \
+    tests/torch/test_no_host_sync.py tests/torch/test_errors.py tests/kernels/triton \
+    tests/torch/test_ops.py -k "cuda or triton or reduce_overhead"
+stage assert 60 python3 -c '
+import torch, tokenpos.torch as tpt
+layer = tpt.TokenEmbedding(10, 4, device="cuda", seed=0)
+y = layer(torch.tensor([1, 10], device="cuda"))          # queued; the assert fires on the device
+try:
+    torch.cuda.synchronize()
+except RuntimeError as exc:
+    print("bad id on CUDA: RuntimeError at the next sync:", str(exc).splitlines()[0])
+else:
+    raise SystemExit("bad id on CUDA: no error, output " + str(y.cpu()))'
+stage nccl 90 python3 -m torch.distributed.run --nproc-per-node 1 -m tokenpos.examples.vocab_parallel_lm --device cuda --steps 30 --check
+
+for f in bench tests assert nccl; do echo "=== $f"; tail -n 40 "$OUT/$f.log"; done
+cat "$OUT/summary.txt"
