@@ -11,7 +11,11 @@ Rows, each timed in the same process, round-robin (every round runs every impl o
 - tokenpos Triton (out of place, and in place for RoPE): the kernel API;
 - tokenpos layers, as a user calls them (``RotaryEmbedding.apply``, ``TransformerEmbedding`` in train
   and eval, ``VocabParallelEmbedding`` on a one-rank group): their rows carry the host's Python too;
-- ``torch.compile(mode="reduce-overhead")`` of the eager code (CUDA graphs, so no launch overhead).
+- ``torch.compile(mode="reduce-overhead")`` of the eager code (CUDA graphs, so no launch overhead; its
+  inputs marked static, as a model's weights are, so a replay copies nothing in);
+- ", graph" rows: the kernel API, the layer, eager and Liger each captured in a CUDA graph and replayed,
+  so the row is the GPU's time alone (the plain rows run 10 calls back to back, and where the host's
+  Python and launches take longer than the GPU's work, they time the host).
 Effective GB/s = bytes that must move (inputs read once + outputs written once) / time. Ratios are
 against copy and against the named reference measured in the same run; the targets (issue 34) are
 for the layers: RoPE layer >= 0.85x copy and >= 1.2x Liger's RoPE; the embedding layer (train, p=0.1)
@@ -65,12 +69,42 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
     return run
 
 
-def side_by_side(impls: dict[str, Callable[[], object]], rounds: int, device: torch.device) -> dict[str, float]:
-    """Median ms per impl over ``rounds`` round-robin rounds (each impl warmed twice first).
+GRAPHED = ("tokenpos", "tokenpos layer", "eager", "liger")   # also timed as a CUDA-graph replay (", graph" rows)
 
-    An optional third-party impl that raises while warming is reported on stderr and left out.
+
+def graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` captured once in a CUDA graph (after three warm-up calls on a side stream, as
+    torch.cuda.graphs asks), returned as its replay: the GPU's time of exactly what ``fn`` launches,
+    without the host's Python and launch time (a layer inside a model runs ahead of the GPU, or
+    inside a captured graph, so its GPU time is what it costs there)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def side_by_side(impls: dict[str, Callable[[], object]], rounds: int, device: torch.device,
+                 graphs: bool = True) -> dict[str, float]:
+    """Median ms per impl over ``rounds`` round-robin rounds (each impl warmed twice first). On CUDA
+    (``graphs``), the impls named in GRAPHED are also timed as CUDA-graph replays ("<name>, graph").
+
+    An optional third-party impl that raises while warming (or capturing) is reported on stderr and
+    left out.
     """
     timer = _timer(device)
+    if graphs and device.type == "cuda":
+        for name in [n for n in impls if n in GRAPHED]:
+            try:
+                impls[f"{name}, graph"] = graphed(impls[name])
+            except Exception as exc:                                          # reported, then dropped
+                print(f"gpu_bench: {name} could not be captured in a CUDA graph: {type(exc).__name__}: {exc}",
+                      file=sys.stderr)
     for name, fn in list(impls.items()):
         try:
             fn()
@@ -181,6 +215,9 @@ def _compiled(impls: dict, fn, inputs: tuple, args) -> None:
     """Add torch.compile of ``fn`` (default mode) and, on CUDA, mode="reduce-overhead" (CUDA graphs)."""
     if args.smoke:
         return
+    for t in inputs:                 # the same tensors every call: reduce-overhead's graphs need not copy them in
+        if isinstance(t, torch.Tensor):
+            torch._dynamo.mark_static_address(t)
     default, graphs = torch.compile(fn), torch.compile(fn, mode="reduce-overhead")
     impls["torch.compile"] = lambda: default(*inputs)
     impls["compile reduce-overhead"] = lambda: graphs(*inputs)
@@ -315,7 +352,8 @@ def vocab_parallel_case(args, device, w, ids, err: float) -> list[dict]:
         impls = {"tokenpos layer": lambda: layer(ids), "eager": lambda: torch.nn.functional.embedding(ids, w)}
         err = max(err, (layer(ids).float() - w.float()[ids]).abs().max().item())
         moved = 2 * ids.numel() * w.shape[1] * w.element_size()
-        return _rows("vocab-parallel fwd", side_by_side(impls, args.rounds, device), moved, args, device, err)
+        return _rows("vocab-parallel fwd", side_by_side(impls, args.rounds, device, graphs=False), moved, args,
+                     device, err)
     finally:
         if started:
             dist.destroy_process_group()
@@ -329,7 +367,7 @@ def vocab_parallel_case(args, device, w, ids, err: float) -> list[dict]:
 def _rows(case: str, ms: dict[str, float], moved: int, args, device, err: float) -> list[dict]:
     src = torch.empty(moved // 2, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    copy_ms = side_by_side({"copy": lambda: dst.copy_(src)}, args.rounds, device)["copy"]
+    copy_ms = side_by_side({"copy": lambda: dst.copy_(src)}, args.rounds, device, graphs=False)["copy"]
     rows = [{"case": case, "impl": "copy", "ms": copy_ms, "GB/s": moved / copy_ms / 1e6}]
     for name, t in ms.items():
         rows.append({"case": case, "impl": name, "ms": t, "GB/s": moved / t / 1e6, "x copy": copy_ms / t,
@@ -337,15 +375,21 @@ def _rows(case: str, ms: dict[str, float], moved: int, args, device, err: float)
     return rows
 
 
-TARGETS = [("rope fwd", "tokenpos layer", "copy", 0.85), ("rope fwd", "tokenpos layer", "liger", 1.2),
-           ("embedding fwd", "tokenpos layer", "copy", 0.8), ("embedding fwd", "tokenpos layer", "torch.compile", 1.2),
-           ("rope fwd", "tokenpos", "copy", 0.85), ("embedding fwd", "tokenpos", "torch.compile", 1.2)]
+TARGETS = [(case, impl + kind, ref, target)
+           for kind in ("", ", graph")
+           for case, impl, ref, target in (("rope fwd", "tokenpos layer", "copy", 0.85),
+                                           ("rope fwd", "tokenpos layer", "liger" + kind, 1.2),
+                                           ("embedding fwd", "tokenpos layer", "copy", 0.8),
+                                           ("embedding fwd", "tokenpos layer", "torch.compile", 1.2),
+                                           ("embedding fwd", "tokenpos layer", "compile reduce-overhead", 1.2),
+                                           ("rope fwd", "tokenpos", "copy", 0.85),
+                                           ("embedding fwd", "tokenpos", "torch.compile", 1.2))]
 
 
 def report(rows: list[dict]) -> str:
-    lines = [f"{'case':<21} {'impl':<24} {'ms':>9} {'GB/s':>8} {'x copy':>7} {'x eager':>8}"]
+    lines = [f"{'case':<21} {'impl':<28} {'ms':>9} {'GB/s':>8} {'x copy':>7} {'x eager':>8}"]
     for r in rows:
-        lines.append(f"{r['case']:<21} {r['impl']:<24} {r['ms']:9.4f} {r['GB/s']:8.1f} "
+        lines.append(f"{r['case']:<21} {r['impl']:<28} {r['ms']:9.4f} {r['GB/s']:8.1f} "
                      f"{r.get('x copy', 1.0):7.2f} {r.get('x eager', float('nan')):8.2f}")
     by = {(r["case"], r["impl"]): r["ms"] for r in rows}
     lines.append("")

@@ -17,6 +17,9 @@
 #   assert  a bad token id on CUDA fails a device-side assert (a child process: the assert poisons
 #           the CUDA context), never a silent zero row.
 #   nccl    the vocab-parallel demo on NCCL (world of one), checked against the one-process model.
+#   tiles   (experiment, not by default) tile sizes of the Triton embedding and RoPE kernels.
+#   host    (experiment, not by default) host time per call of each piece of a layer call, and a profile.
+# STAGES="bench tiles" runs only those (default: bench tests assert nccl).
 set -u
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
@@ -38,21 +41,26 @@ stage() {                                   # stage NAME SECONDS COMMAND...
     echo "stage $name: exit $rc after $(( $(date +%s) - start )) s (limit $limit s)" | tee -a "$OUT/summary.txt"
 }
 
-stage bench 260 python3 benchmarks/gpu_bench.py --rounds 15 --json "$OUT/gpu_bench.json"
-stage tests 200 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 150 \
+want() { [[ " ${STAGES:-bench tests assert nccl} " == *" $1 "* ]]; }   # STAGES="bench tiles" picks stages
+
+want bench && stage bench 260 python3 benchmarks/gpu_bench.py --rounds 15 --json "$OUT/gpu_bench.json"
+want tests && stage tests 200 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 150 \
     tests/torch/test_no_host_sync.py tests/torch/test_errors.py tests/kernels/triton \
     tests/torch/test_ops.py -k "cuda or triton or reduce_overhead"
-stage assert 60 python3 -c '
+want assert && stage assert 60 python3 -c '
 import torch, tokenpos.torch as tpt
 layer = tpt.TokenEmbedding(10, 4, device="cuda", seed=0)
-y = layer(torch.tensor([1, 10], device="cuda"))          # queued; the assert fires on the device
 try:
-    torch.cuda.synchronize()
+    y = layer(torch.tensor([1, 10], device="cuda"))      # queued; the assert fires on the device, and
+    torch.cuda.synchronize()                             # torch raises at the next CUDA call or sync
 except RuntimeError as exc:
-    print("bad id on CUDA: RuntimeError at the next sync:", str(exc).splitlines()[0])
+    print("bad id on CUDA: RuntimeError at the next CUDA call:", str(exc).splitlines()[0])
 else:
     raise SystemExit("bad id on CUDA: no error, output " + str(y.cpu()))'
-stage nccl 90 python3 -m torch.distributed.run --nproc-per-node 1 -m tokenpos.examples.vocab_parallel_lm --device cuda --steps 30 --check
+want nccl && stage nccl 90 python3 -m torch.distributed.run --nproc-per-node 1 -m tokenpos.examples.vocab_parallel_lm --device cuda --steps 30 --check
 
-for f in bench tests assert nccl; do echo "=== $f"; tail -n 40 "$OUT/$f.log"; done
+want tiles && stage tiles 200 python3 benchmarks/experiments/exp_gpu_tiles.py
+want host && stage host 90 python3 benchmarks/experiments/exp_gpu_host.py --profile "$OUT/host_profile.txt"
+
+for f in bench tests assert nccl tiles host; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; tail -n 60 "$OUT/$f.log"; }; done
 cat "$OUT/summary.txt"

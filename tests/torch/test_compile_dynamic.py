@@ -138,3 +138,19 @@ def test_layer_compiles_whole_with_dynamic_shapes(name: str, positions: bool) ->
             assert compiled(*args) is None and call(eager_layer, *args) is None
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-12 if w.dtype == torch.float64 else 1e-6, atol=1e-7)
+
+
+def test_the_value_checks_trace_under_fullgraph_compile() -> None:
+    """The boundary's helpers that decide whether values can be read (and, off the CPU, put a
+    device-side assert instead) trace under ``torch.compile(fullgraph=True)``: a torch._C query
+    that dynamo cannot trace (``is_functorch_wrapped_tensor``, seen on an H200 in a compiled CUDA
+    training step) is never reached while compiling."""
+    from tokenpos.torch import _checks
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        _checks._assert_on_device(t, 10, "token ids")
+        return t + int(_checks.is_wrapped(t)) + int(_checks.values_readable(t))
+
+    torch._dynamo.reset()
+    ids = torch.tensor([1, 2, 9])
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(ids), ids)

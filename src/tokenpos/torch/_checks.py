@@ -65,8 +65,9 @@ def is_compiling() -> bool:
 
 
 def is_wrapped(t: torch.Tensor) -> bool:
-    """A tensor wrapped by a ``torch.func`` transform (vmap, grad): its values cannot be read here."""
-    return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
+    """A tensor wrapped by a ``torch.func`` transform (vmap, grad): its values cannot be read here.
+    Never under torch.compile, whose tracer cannot call the query (and traces transforms its own way)."""
+    return not is_compiling() and bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
 
 
 def values_readable(t: torch.Tensor) -> bool:
