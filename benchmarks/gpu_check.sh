@@ -19,7 +19,8 @@
 #   nccl    the vocab-parallel demo on NCCL (world of one), checked against the one-process model.
 #   tiles   (experiment, not by default) tile sizes of the Triton embedding and RoPE kernels.
 #   host    (experiment, not by default) host time per call of each piece of a layer call, and a profile.
-# STAGES="bench tiles" runs only those (default: bench tests assert nccl).
+# STAGES="bench tiles" runs only those (default: bench tests assert nccl); TESTS="files" narrows the
+# tests stage; BENCH_LIMIT / TESTS_LIMIT change those stages' limits (seconds).
 set -u
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
@@ -43,10 +44,11 @@ stage() {                                   # stage NAME SECONDS COMMAND...
 
 want() { [[ " ${STAGES:-bench tests assert nccl} " == *" $1 "* ]]; }   # STAGES="bench tiles" picks stages
 
-want bench && stage bench 260 python3 benchmarks/gpu_bench.py --rounds 15 --json "$OUT/gpu_bench.json"
-want tests && stage tests 200 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 150 \
-    tests/torch/test_no_host_sync.py tests/torch/test_errors.py tests/kernels/triton \
-    tests/torch/test_ops.py -k "cuda or triton or reduce_overhead"
+want bench && stage bench "${BENCH_LIMIT:-260}" python3 benchmarks/gpu_bench.py --rounds 15 --json "$OUT/gpu_bench.json"
+TESTS=${TESTS:-tests/torch/test_no_host_sync.py tests/torch/test_errors.py tests/kernels/triton tests/torch/test_ops.py}
+# shellcheck disable=SC2086
+want tests && stage tests "${TESTS_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 150 $TESTS \
+    -k "cuda or triton or reduce_overhead"
 want assert && stage assert 60 python3 -c '
 import torch, tokenpos.torch as tpt
 layer = tpt.TokenEmbedding(10, 4, device="cuda", seed=0)
@@ -59,8 +61,8 @@ else:
     raise SystemExit("bad id on CUDA: no error, output " + str(y.cpu()))'
 want nccl && stage nccl 90 python3 -m torch.distributed.run --nproc-per-node 1 -m tokenpos.examples.vocab_parallel_lm --device cuda --steps 30 --check
 
-want tiles && stage tiles 200 python3 benchmarks/experiments/exp_gpu_tiles.py
-want host && stage host 90 python3 benchmarks/experiments/exp_gpu_host.py --profile "$OUT/host_profile.txt"
+want tiles && stage tiles 120 python3 benchmarks/experiments/exp_gpu_tiles.py
+want host && stage host 60 python3 benchmarks/experiments/exp_gpu_host.py --profile "$OUT/host_profile.txt"
 
 for f in bench tests assert nccl tiles host; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; tail -n 60 "$OUT/$f.log"; }; done
 cat "$OUT/summary.txt"
