@@ -19,6 +19,7 @@
 #   nccl    the vocab-parallel demo on NCCL (world of one), checked against the one-process model.
 #   tiles   (experiment, not by default) tile sizes of the Triton embedding and RoPE kernels.
 #   host    (experiment, not by default) host time per call of each piece of a layer call, and a profile.
+#   diag    (experiment, not by default) which variant of a reduce-overhead training step breaks.
 # STAGES="bench tiles" runs only those (default: bench tests assert nccl); TESTS="files" narrows the
 # tests stage; BENCH_LIMIT / TESTS_LIMIT change those stages' limits (seconds).
 set -u
@@ -63,6 +64,7 @@ want nccl && stage nccl 90 python3 -m torch.distributed.run --nproc-per-node 1 -
 
 want tiles && stage tiles 120 python3 benchmarks/experiments/exp_gpu_tiles.py
 want host && stage host 60 python3 benchmarks/experiments/exp_gpu_host.py --profile "$OUT/host_profile.txt"
+want diag && stage diag 90 python3 benchmarks/experiments/exp_gpu_reduce_overhead.py
 
-for f in bench tests assert nccl tiles host; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; tail -n 60 "$OUT/$f.log"; }; done
+for f in bench tests assert nccl tiles host diag; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; tail -n 60 "$OUT/$f.log"; }; done
 cat "$OUT/summary.txt"
