@@ -1,6 +1,7 @@
 """The new rotary schemes inside both backends' attention functions: NumPy forward/backward vs torch autograd
 through the one parity helper (M-RoPE with 3-D and text positions, 2-D RoPE, xPos), and the typed refusals
-(key positions other than the queries', xPos without explicit positions)."""
+(key positions other than the queries', xPos with rotated keys); xPos decoding over a KV cache equals
+the full call."""
 
 from __future__ import annotations
 
@@ -58,11 +59,13 @@ def test_attention_parity(name: str, dtype) -> None:  # noqa: ANN001
 def test_refusals_are_typed_and_the_same_in_both_backends() -> None:
     q = np.zeros((1, 1, 4, 8))
     qt = torch.zeros(1, 1, 4, 8)
-    for np_s, t_s in ((NpXPos(8), XPosRotaryEmbedding(8)),):
+    for np_s, t_s in ((NpXPos(8), XPosRotaryEmbedding(8)),):            # keys rotated earlier: no centre to match
+        with pytest.raises(ConfigError, match="xPos with rotate_keys=False"):
+            np_forward(q, q, q, positional=np_s, rotate_keys=False)
+        with pytest.raises(ConfigError, match="xPos with rotate_keys=False"):
+            scaled_dot_product_attention(qt, qt, qt, positional=t_s, rotate_keys=False)
         with pytest.raises(ConfigError, match="xPos scales q up and k down"):
-            np_forward(q, q, q, positional=np_s)
-        with pytest.raises(ConfigError, match="xPos scales q up and k down"):
-            scaled_dot_product_attention(qt, qt, qt, positional=t_s)
+            t_s.rotate(qt)                                                   # one tensor: q or k?
     with pytest.raises(ConfigError, match="2-D RoPE rotates q and k at the same positions"):
         NpRope2D(8).apply(q, q, np.zeros((4, 2), dtype=np.int64), key_positions=np.ones((4, 2), dtype=np.int64))
     with pytest.raises(ConfigError, match="2-D RoPE rotates q and k at the same positions"):
@@ -86,3 +89,48 @@ def test_mrope_kv_cache_decoding_parity(dtype) -> None:  # noqa: ANN001
 
     assert_fn_parity(np_call, lambda g: np_backward(g, saved["cache"]),
                      lambda a, b, c: scaled_dot_product_attention(a, b, c, positional=t_s), (q, k, v))
+
+
+@pytest.mark.parametrize("center", [None, 5.0])
+@pytest.mark.parametrize("lq", [1, 3])
+def test_xpos_kv_cache_decoding_equals_the_full_call(center: float | None, lq: int) -> None:
+    """A decode step (the last ``lq`` queries over a cache of every key, before rotation) gives the
+    full causal call's last rows, in both backends: q and the cached keys share one scale centre
+    (``center``, or the keys' length // 2, the full call's), so only the distance counts; and the
+    two backends agree on that path (forward and backward, through the parity helper)."""
+    rng = np.random.default_rng(7)
+    L = 9
+    q, k, v = (rng.standard_normal((2, 2, L, 8)) for _ in range(3))
+    np_s, t_s = NpXPos(8, scale_base=16.0, center=center), XPosRotaryEmbedding(8, scale_base=16.0, center=center)
+    full, _ = np_forward(q, k, v, positional=np_s)
+    step, _ = np_forward(q[:, :, -lq:], k, v, positional=np_s)
+    np.testing.assert_allclose(step, full[:, :, -lq:], rtol=1e-12, atol=1e-12)
+    qt, kt, vt = (torch.from_numpy(x) for x in (q, k, v))
+    t_step = scaled_dot_product_attention(qt[:, :, -lq:], kt, vt, positional=t_s)
+    torch.testing.assert_close(t_step, torch.from_numpy(full[:, :, -lq:]), rtol=1e-12, atol=1e-12)
+    saved = {}
+
+    def np_call(a, b, c):  # noqa: ANN001, ANN202
+        out, saved["cache"] = np_forward(a, b, c, positional=np_s)
+        return out
+
+    assert_fn_parity(np_call, lambda g: np_backward(g, saved["cache"]),
+                     lambda a, b, c: scaled_dot_product_attention(a, b, c, positional=t_s),
+                     (q[:, :, -lq:].astype(np.float32), k.astype(np.float32), v.astype(np.float32)))
+
+
+def test_xpos_apply_with_key_positions_matches_the_reference_over_the_whole_cache() -> None:
+    """``apply(q_new, k_cache, start_pos=P, key_positions=arange(Lk))`` rotates the cache's keys as
+    rotary-embedding-torch's ``rotate_queries_and_keys`` rotates the full sequence (its q rows at the
+    end too): the reference's centre (the keys' length // 2) for both."""
+    ret = pytest.importorskip("rotary_embedding_torch")
+    L, lq = 10, 2
+    ref = ret.RotaryEmbedding(dim=8, use_xpos=True, xpos_scale_base=16, cache_if_possible=False)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, L, 8, generator=g, dtype=torch.float64), torch.randn(1, 2, L, 8, generator=g,
+                                                                                    dtype=torch.float64)
+    want_q, want_k = ref.rotate_queries_and_keys(q, k)
+    got_q, got_k = XPosRotaryEmbedding(8, scale_base=16.0).apply(q[:, :, -lq:], k, start_pos=L - lq,
+                                                                 key_positions=torch.arange(L))
+    torch.testing.assert_close(got_q, want_q[:, :, -lq:], rtol=1e-6, atol=1e-6)   # the reference: float32 angles
+    torch.testing.assert_close(got_k, want_k, rtol=1e-6, atol=1e-6)

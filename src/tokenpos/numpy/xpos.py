@@ -18,11 +18,9 @@ from tokenpos.tables.checks.rope import (
     check_positions_shape,
     check_qk_layout,
     check_qk_lengths,
-    check_same_key_positions,
 )
-from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, xpos_layer_args
+from tokenpos.tables.checks.rotary_layers import xpos_layer_args
 from tokenpos.tables.checks.validation import check_positions, check_start_pos, check_start_pos_with_positions
-from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq
 from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale, xpos_scaled_tables
 
@@ -35,11 +33,15 @@ class XPosRotaryEmbedding(RotaryBase):
         scale_base: xPos's ``scale_base`` (rotary-embedding-torch ``xpos_scale_base``, default 512).
         interleaved: pair layout; True (default) as rotary-embedding-torch, False = half split.
         center: the position where the scale is 1; None = ``L // 2`` of each call (as rotary-embedding-torch).
-            Scores do not depend on it; a fixed value makes q' and k' independent of the call's length.
+            Scores do not depend on it; a fixed value makes q' and k' independent of the call's length
+            (needed for a cache of keys rotated by earlier calls: with None each call has its own centre).
         qk_layout, num_heads: as RotaryEmbedding. seed, rng: accepted; no random state.
 
     Shape:
-        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (1, L) | (B, L) | None) -> (q', k').
+        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (1, L) | (B, L) | None) -> (q', k');
+        with a KV cache of keys before rotation: apply(q (B, Hq, Lq, Dh), k (B, Hk, Lk, Dh), start_pos=Lk - Lq,
+        key_positions=arange(Lk)), one scale centre for both (``center``, or Lk // 2), so a decode step
+        gets the full call's rows (scaled_dot_product_attention does this for xPos).
     """
 
     kind = "rotary"
@@ -58,29 +60,39 @@ class XPosRotaryEmbedding(RotaryBase):
         self._last: RotaryCache | None = None
 
     def tables(self, positions: Any, length: int) -> tuple[np.ndarray, ...]:
-        """``(cos_q, sin_q, cos_k, sin_k)`` (..., F) float64 for int positions (...)."""
-        pos = check_positions(positions)
+        """``(cos_q, sin_q, cos_k, sin_k)`` (..., F) float64 for int positions (...), the centre that of a
+        call of ``length`` (``center``, or ``length // 2``)."""
+        return self._tables_at(check_positions(positions), xpos_center(self.center, length))
+
+    def _tables_at(self, pos: np.ndarray, centre: float) -> tuple[np.ndarray, ...]:
         ang = rope_angles(pos, self.inv_freq)
-        s = xpos_scale(pos, self.rotary_dim, scale_base=self.scale_base, center=xpos_center(self.center, length))
+        s = xpos_scale(pos, self.rotary_dim, scale_base=self.scale_base, center=centre)
         return xpos_scaled_tables(np.cos(ang), np.sin(ang), s)
 
     def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
-        """q, k (B, H, L, Dh) rotated and scaled; they share positions (``key_positions``, if given, must
-        equal them; given ``positions`` need ``start_pos=0``, else ConfigError)."""
-        b, length = q.shape[0], q.shape[2]
-        check_qk_lengths(q.shape, k.shape)
-        if positions is None and key_positions is not None:      # the attention's KV path: as torch, refused
-            raise ConfigError(XPOS_TOGETHER_MESSAGE)
+        """q (B, H, Lq, Dh) and k (B, Hk, Lk, Dh) rotated and scaled: q at ``positions`` (default
+        start_pos + arange(Lq); given positions need ``start_pos=0``, else ConfigError), k at q's
+        positions (Lq == Lk) or at ``key_positions`` (a KV cache of keys before rotation). One centre
+        for both (``center``, or ``Lk // 2``), so a score depends on the distance only and a decode
+        step over the cache gets the tables of the full call."""
+        b = q.shape[0]
+        if key_positions is None:
+            check_qk_lengths(q.shape, k.shape)
         if positions is None:
-            start_pos = check_start_pos(start_pos, length)
-            pos = np.arange(start_pos, start_pos + length, dtype=np.int64)
+            start_pos = check_start_pos(start_pos, q.shape[2])
+            pos = np.arange(start_pos, start_pos + q.shape[2], dtype=np.int64)
         else:
             check_start_pos_with_positions(start_pos, positions)
             pos = check_positions(positions)
-            pos = pos[0] if check_positions_shape(pos.shape, b, length) else pos
-        check_same_key_positions("xPos", pos, key_positions)
-        cq, sq, ck, sk = (t.astype(q.dtype if i < 2 else k.dtype) for i, t in enumerate(self.tables(pos, length)))
+            pos = pos[0] if check_positions_shape(pos.shape, b, q.shape[2]) else pos
+        centre = xpos_center(self.center, k.shape[2])
+        cq, sq, ck, sk = self._tables_at(pos, centre)
+        if key_positions is not None:
+            kp = check_positions(key_positions)
+            kp = kp[0] if check_positions_shape(kp.shape, k.shape[0], k.shape[2]) else kp
+            _, _, ck, sk = self._tables_at(kp, centre)
+        cq, sq, ck, sk = cq.astype(q.dtype), sq.astype(q.dtype), ck.astype(k.dtype), sk.astype(k.dtype)
         return self._rotate_pair(q, k, (cq, sq), (ck, sk), self.interleaved)   # backward: the transposed maps
 
     def extra_repr(self) -> str:

@@ -36,6 +36,7 @@ from tokenpos.tables.checks.attention import (
     key_start_message,
 )
 from tokenpos.tables.checks.packing import check_packed_attention_args
+from tokenpos.tables.checks.rotary_layers import XPOS_ROTATED_KEYS_MESSAGE
 from tokenpos.tables.checks.validation import check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.formulas.attention import resolve_query_start
@@ -67,11 +68,16 @@ def _rotate(positional: Any, q: torch.Tensor, k: torch.Tensor, positions: Any, s
         raise ConfigError(key_start_message(None, lq, lk))
     q_start = 0 if positions is not None else resolve_query_start(start_pos, lq, lk)
     if not rotate_keys:
+        if getattr(positional, "name", None) == "xpos":
+            raise ConfigError(XPOS_ROTATED_KEYS_MESSAGE)
         return positional.rotate(q, positions, start_pos=q_start), k
     if positions is None and key_positions is None:
         k_start = q_start - (lk - lq)
         if k_start < 0:
             raise PositionError(key_start_message(q_start, lq, lk))
+        if getattr(positional, "name", None) == "xpos":     # q and k together (one scale centre), keys by position
+            return positional.apply(q, k, start_pos=q_start,
+                                    key_positions=torch.arange(k_start, k_start + lk, device=q.device))
         need = q_start + lq
         return (positional.rotate(q, start_pos=q_start, seq_len=need),
                 positional.rotate(k, start_pos=k_start, seq_len=need))

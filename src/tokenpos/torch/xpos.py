@@ -27,7 +27,10 @@ class XPosRotaryEmbedding(RotaryBase):
     """xPos (see the NumPy twin for the arguments); ``device`` places the tables, ``dtype`` is accepted.
 
     Shape:
-        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (1, L) | (B, L) | None) -> (q', k').
+        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (1, L) | (B, L) | None) -> (q', k');
+        with a KV cache of keys before rotation: apply(q (B, Hq, Lq, Dh), k (B, Hk, Lk, Dh), start_pos=Lk - Lq,
+        key_positions=arange(Lk)), one scale centre for both (``center``, or Lk // 2), so a decode step
+        gets the full call's rows (scaled_dot_product_attention does this for xPos).
     """
 
     kind = "rotary"
@@ -53,10 +56,14 @@ class XPosRotaryEmbedding(RotaryBase):
         self.zeta = self._table(xpos_zeta(self.rotary_dim))
 
     def tables(self, pos: torch.Tensor, length: int) -> tuple[torch.Tensor, ...]:
-        """``(cos_q, sin_q, cos_k, sin_k)`` (..., F) in float64 for an int tensor of positions (...)."""
+        """``(cos_q, sin_q, cos_k, sin_k)`` (..., F) in float64 for an int tensor of positions (...), the
+        centre that of a call of ``length`` (``center``, or ``length // 2``)."""
+        return self._tables_at(pos, xpos_center(self.center, length))
+
+    def _tables_at(self, pos: torch.Tensor, centre: float) -> tuple[torch.Tensor, ...]:
         p = pos.to(self.inv_freq.dtype)
         ang = p[..., None] * self.inv_freq
-        s = xpos_scale_of(self.zeta, p, scale_base=self.scale_base, center=xpos_center(self.center, length))
+        s = xpos_scale_of(self.zeta, p, scale_base=self.scale_base, center=centre)
         return xpos_scaled_tables(torch.cos(ang), torch.sin(ang), s)
 
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: Any = None) -> Any:
@@ -66,20 +73,30 @@ class XPosRotaryEmbedding(RotaryBase):
 
     def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k (B, H, L, Dh) rotated and scaled; ``key_positions`` (the attention functions pass it) must
-        equal q's positions; given ``positions`` need ``start_pos=0`` (else ConfigError)."""
-        b, length = q.shape[0], q.shape[2]
-        check_qk_lengths(tuple(q.shape), tuple(k.shape))
+        """q (B, H, Lq, Dh) and k (B, Hk, Lk, Dh) rotated and scaled. q at ``positions`` (default
+        start_pos + arange(Lq); given positions need ``start_pos=0``, else ConfigError); k at q's
+        positions (Lq == Lk), or at ``key_positions`` (Lk,) | (1, Lk) | (B, Lk): a KV cache of keys
+        before rotation. One centre for q and k (``center``, or ``Lk // 2``: a decode step over the
+        cache gets the tables of the full call over the same keys), so a score depends on the
+        distance only."""
+        b = q.shape[0]
+        if key_positions is None:
+            check_qk_lengths(tuple(q.shape), tuple(k.shape))
         if positions is None:
-            start_pos = check_start_pos(start_pos, length)
-            pos = torch.arange(start_pos, start_pos + length, device=self.inv_freq.device)
+            start_pos = check_start_pos(start_pos, q.shape[2])
+            pos_q = torch.arange(start_pos, start_pos + q.shape[2], device=self.inv_freq.device)
         else:
             check_start_pos_with_positions(start_pos, positions)
-            pos = check_position_tensor(positions, device=self.inv_freq.device)
-            pos = pos[0] if check_positions_shape(tuple(pos.shape), b, length) else pos
-        self._same_key_positions("xPos", pos, key_positions)
-        cq, sq, ck, sk = self.tables(pos, length)
+            pos_q = self._positions(positions, b, q.shape[2])
+        centre = xpos_center(self.center, k.shape[2])
+        cq, sq, ck, sk = self._tables_at(pos_q, centre)
+        if key_positions is not None:
+            _, _, ck, sk = self._tables_at(self._positions(key_positions, k.shape[0], k.shape[2]), centre)
         return self._rotate_pair(q, k, (cq, sq), (ck, sk), self.interleaved)
+
+    def _positions(self, positions: Any, batch: int, length: int) -> torch.Tensor:
+        pos = check_position_tensor(positions, device=self.inv_freq.device)
+        return pos[0] if check_positions_shape(tuple(pos.shape), batch, length) else pos
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
