@@ -259,15 +259,15 @@ CASES: dict[str, Case] = {
 
 @pytest.fixture(scope="module", autouse=True)
 def _world_of_one() -> Any:
-    """A group of one process (the vocab-parallel cases), torn down after the module: NCCL where the
-    real-CUDA cases run (gloo would copy CUDA tensors through the host), else gloo."""
+    """A group of one process (the vocab-parallel cases), torn down after the module: where the
+    real-CUDA cases run, NCCL for CUDA tensors (gloo would copy them through the host) and gloo for
+    the CPU runs they are compared with; else gloo."""
     if dist.is_initialized():
         yield
         return
-    backend = "nccl" if TRITON_COMPILED else "gloo"
+    backend = "cpu:gloo,cuda:nccl" if TRITON_COMPILED else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60),
-                            device_id=torch.device("cuda", 0) if backend == "nccl" else None)
+                            timeout=datetime.timedelta(seconds=60))
     try:
         yield
     finally:
