@@ -22,6 +22,9 @@ for the layers: RoPE layer >= 0.85x copy and >= 1.2x Liger's RoPE; the embedding
 >= 0.8x copy and >= 1.2x torch.compile. The "rope decode" and "embedding decode" rows (one token per
 sequence, a KV-cache step) show what the host's time per call costs when the GPU's work is small.
 
+The "rope packed vs padded" case times the RoPE layer on the same tokens packed into one row of four
+documents (``cu_seqlens``, ``qk_layout="thd"``), its "eager" row being the padded layer call.
+
 Workloads: RoPE q (4, 32, 4096, 128), k (4, 8, 4096, 128) bf16, half layout, fp32 cos/sin (L, 64);
 embedding V=50257, D=4096, ids (4, 2048), learned positions (2048, 4096), bf16, scale sqrt(D), p=0.1.
 ``--quick`` quarters the lengths.
@@ -186,7 +189,34 @@ def rope_case(args, device, dtype) -> list[dict]:
             torch.autograd.backward((a, b), (gq, gk))
         bwd["liger"] = liger_fwd_bwd
     rows += _rows("rope fwd+bwd", side_by_side(bwd, args.rounds, device), 2 * moved, args, device, err)
-    return rows + rope_decode_case(args, device, dtype, layer, liger)
+    return rows + rope_decode_case(args, device, dtype, layer, liger) + rope_packed_case(args, device, dtype)
+
+
+def rope_packed_case(args, device, dtype) -> list[dict]:
+    """The same tokens as the "rope fwd" row packed into one row of documents of unequal lengths
+    (``qk_layout="thd"``, ``cu_seqlens``: positions restart per document) against the padded
+    (B, H, L, Dh) call: packed should cost what padded costs per token (issue 30)."""
+    import tokenpos.torch as tpt
+
+    B, H, Hk, L, Dh = (1, 2, 1, 8, 16) if args.smoke else (4, 32, 8, 4096 // (4 if args.quick else 1), 128)
+    T = B * L
+    lengths = [T] if args.smoke else [3 * L // 4, 5 * L // 4, L // 3, T - 3 * L // 4 - 5 * L // 4 - L // 3]
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32).to(device)
+    g = torch.Generator(device="cpu").manual_seed(3)
+    q = torch.randn(B, H, L, Dh, generator=g).to(device, dtype)
+    k = torch.randn(B, Hk, L, Dh, generator=g).to(device, dtype)
+    q_thd = q.permute(0, 2, 1, 3).reshape(T, H, Dh).contiguous()                        # (T, H, Dh)
+    k_thd = k.permute(0, 2, 1, 3).reshape(T, Hk, Dh).contiguous()
+    padded = tpt.RotaryEmbedding(Dh, max_seq_len=T).to(device)
+    packed = tpt.RotaryEmbedding(Dh, max_seq_len=T, qk_layout="thd").to(device)
+    pos = torch.cat([torch.arange(n) for n in lengths]).to(device)                     # the reference positions
+    ref_q, _ = padded.apply(q_thd.permute(1, 0, 2)[None], k_thd.permute(1, 0, 2)[None], pos)
+    err = (packed.apply(q_thd, k_thd, cu_seqlens=cu)[0].float()
+           - ref_q[0].permute(1, 0, 2).float()).abs().max().item()
+    impls = {"tokenpos layer": lambda: packed.apply(q_thd, k_thd, cu_seqlens=cu),
+             "eager": lambda: padded.apply(q, k)}                                       # "eager" = the padded layer
+    moved = 2 * (q.numel() + k.numel()) * q.element_size()
+    return _rows("rope packed vs padded", side_by_side(impls, args.rounds, device), moved, args, device, err)
 
 
 def rope_decode_case(args, device, dtype, layer, liger) -> list[dict]:
