@@ -125,6 +125,12 @@ def test_curves_and_baselines_in_a_run(tmp_path):
     assert tail["tail_nll"] == pytest.approx(c["seed_nll"][0][-1])           # the tail is the last bin
     headers, rows = curve_table(doc)
     assert headers[1] == "pos 0-3" and len(rows) == 1
+    pytest.importorskip("matplotlib")
+    from tokenpos.analysis.extrapolate.plot import plot_curves
+
+    assert plot_curves(doc, tmp_path / "c.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="no curves"):
+        plot_curves({"train_len": 8, "results": []}, tmp_path / "d.png")
     assert doc["gate"]["protocol"] == "sliding" and set(doc["gate"]["schemes"]) == {"alibi", "learned"}
 
 

@@ -182,7 +182,8 @@ def html_table(data: Any, protocol: str = "nonoverlap") -> str:
     seeds = "" if "interval" not in data else " Mean over seeds [95% Student-t interval over seeds]."
     what = ("R(k) = NLL at kL / NLL at L (each scored token has at least kL - S tokens of context)."
             if protocol == "sliding" else
-            "R(k) = tail NLL at kL / tail NLL at L (tail = last L/2 positions of each window).")
+            "R(k) = tail NLL at kL / tail NLL at L (tail = last L/2 positions of windows right-aligned on the "
+            "same targets at every length).")
     caption = (f"Train short, test long ({html.escape(PROTOCOL_TITLES.get(protocol, protocol))}): trained at "
                f"L = {data['train_len']}, evaluated at k&middot;L. {what}{seeds}")
     return _html(*table(data, protocol), caption, "extrapolation")
