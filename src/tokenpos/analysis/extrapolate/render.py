@@ -80,7 +80,8 @@ def table(data: Any, protocol: str = "nonoverlap") -> tuple[list[str], list[list
         base = by.get((scheme, L))
         cells.append("" if base is None or base["tail_nll"] is None else
                      _with_ci(base["tail_nll"], base.get("tail_nll_ci"), lambda x: f"{x:.4f}"))
-        cells += [("" if (scheme, t) not in by else FAIL_TEXT if not passes(data, scheme) else
+        cells += [("" if (scheme, t) not in by else
+                   FAIL_TEXT if by[scheme, t]["ratio"] is not None and not passes(data, scheme) else
                    _with_ci(by[scheme, t]["ratio"], by[scheme, t].get("ratio_ci"), fmt_ratio)) for t in lens if t != L]
         if has_note:
             notes = sorted({by[scheme, t].get("note") or "" for t in lens if (scheme, t) in by} - {""})

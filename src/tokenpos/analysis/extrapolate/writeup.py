@@ -116,8 +116,9 @@ def readme_block(doc: dict[str, Any]) -> str:
     return "\n".join([
         f"`tokenpos extrapolate` trains one tiny character LM per positional scheme at L = {doc['train_len']} and "
         f"scores the same target tokens at 1-{max(r['eval_len'] for r in doc['results']) // doc['train_len']}L "
-        f"beside add-k n-gram baselines. The checked-in run (docs/extrapolation_full.json, "
-        f"{doc['seconds']:.0f} s, {len(doc['config']['seeds'] or [0])} seeds; command in the JSON):",
+        f"beside add-k n-gram baselines. The checked-in run (docs/extrapolation_full.json: "
+        f"{len(doc['config']['seeds'] or [0])} seeds, {sum(r['train_seconds'] for r in doc['runs']):.0f} s of "
+        f"training summed over {len(doc['runs'])} models; command in the JSON):",
         "",
         f"- 4-gram NLL at L: {gate['baseline_nll']:.4f}; schemes that beat it: "
         f"{', '.join(passing) if passing else 'none'}; NLL at L: {nlls}.",
