@@ -18,7 +18,7 @@ from tokenpos.analysis.extrapolate import (  # noqa: E402
     run_extrapolation,
     write_json,
 )
-from tokenpos.analysis.extrapolate.data import eval_token_count, eval_windows, load_corpus  # noqa: E402
+from tokenpos.analysis.extrapolate.data import eval_token_count, load_corpus, tail_targets, tail_windows  # noqa: E402
 from tokenpos.analysis.extrapolate.evaluate import NA_NOTE, score_length  # noqa: E402
 from tokenpos.analysis.extrapolate.experiment import rope_scaling_dict  # noqa: E402
 from tokenpos.analysis.extrapolate.model import swapped_position  # noqa: E402
@@ -84,27 +84,37 @@ def test_json_round_trip_and_tables(tiny_result, tmp_path):
     raw = json.loads(path.read_text())
     assert raw["train_len"] == 8 and isinstance(raw["results"], list)
     assert set(raw["results"][0]) >= {"scheme", "eval_len", "ppl", "tail_nll", "ratio", "protocol"}
-    assert {r["protocol"] for r in raw["results"]} == {"nonoverlap"} and "seed_results" not in raw
+    assert {r["protocol"] for r in raw["results"]} == {"sliding"} and "seed_results" not in raw
     doc = load_json(path)
-    md = markdown_table(doc)
-    assert "n/a (cannot represent positions >= L)" in md and "R(4)" in md and md.count("\n") == 1 + 9
-    assert "<table" in html_table(doc) and "&gt;=" in html_table(doc)
+    md = markdown_table(doc, "sliding")
+    assert "n/a (cannot represent positions >= L)" in md and "R(4)" in md and md.count("\n") == 1 + 9 + 3
+    assert "| 4-gram (add-k " in md
+    assert "<table" in html_table(doc, "sliding") and "&gt;=" in html_table(doc, "sliding")
     bad = tmp_path / "bad.json"
     bad.write_text('{"results": 1}')
     with pytest.raises(ConfigError, match="not an extrapolation result"):
         load_json(bad)
 
 
-def test_eval_windows_cover_the_same_tokens_at_every_length():
+def test_tail_windows_score_the_same_targets_at_every_length():
+    """The non-overlapping protocol's tails are the same targets at every length (the old windows were not:
+    R(k) compared different text at each k)."""
     ids = np.arange(1000)
     total = eval_token_count(len(ids), 64)
     assert total == 960
+    tails = []
     for window in (8, 16, 64):
-        x, y = eval_windows(ids, window, total)
-        assert x.shape == (total // window, window) and np.array_equal(y, x + 1)
+        x, y = tail_windows(ids, window, 64, total)
+        assert x.shape == (total // 64, window) and np.array_equal(y, x + 1)
+        tails.append(y[:, -4:].reshape(-1))
+    assert all(np.array_equal(t, tails[0]) for t in tails)
+    assert np.array_equal(tails[0], tail_targets(64, total, 4))
+    assert np.array_equal(tail_windows(ids, 64, 64, total)[0].reshape(-1), ids[:total])   # plain windows at 8L
     assert eval_token_count(len(ids), 64, cap=100) == 64
     with pytest.raises(ConfigError):
         eval_token_count(10, 64)
+    with pytest.raises(ConfigError, match="cannot cut"):
+        tail_windows(ids, 128, 64, total)
 
 
 def test_corpus_split_and_custom_corpus(tmp_path):
@@ -120,7 +130,7 @@ def test_corpus_split_and_custom_corpus(tmp_path):
 def test_learned_past_L_is_na_and_swap_is_restored():
     corpus = load_corpus()
     model = build_model("learned", corpus.vocab_size, d_model=16, num_layers=1, num_heads=2, train_len=8)
-    score = score_length(model, corpus.eval, 16, 64, 4)
+    score = score_length(model, corpus.eval, 16, 64, 4, longest=16, bin_width=4)
     assert score.ppl is None and score.note == NA_NOTE
     from tokenpos.torch import RotaryEmbedding
 

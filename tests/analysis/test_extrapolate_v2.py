@@ -128,12 +128,13 @@ def test_multi_seed_document(multi, tmp_path):
         assert r["ppl"] == pytest.approx(np.mean([s["ppl"] for s in per]))
         assert r["ratio_ci"][0] <= r["ratio"] <= r["ratio_ci"][1] and r["ppl_ci"][0] <= r["ppl"] <= r["ppl_ci"][1]
     tasks = doc["task_results"]
-    assert {(t["task"], t["length"]) for t in tasks} == {(a, b) for a in ("copy", "sort") for b in (10, 20, 40)}
+    assert {(t["task"], t["length"]) for t in tasks} == {(a, b) for a in ("copy", "passkey") for b in (10, 20, 40)}
     assert all(t["seeds"] == [0] and "Wilson" in t["interval"] and 0 <= t["accuracy"] <= 1 for t in tasks)
     md = markdown_table(doc, "sliding")
     assert "NLL @8" in md and " [" in md
     headers, rows = task_table(doc, "copy")
-    assert headers == ["scheme", "acc % @10", "acc % @20", "acc % @40"] and len(rows) == 4
+    assert headers == ["scheme", "status", "token / exact % @10", "token / exact % @20", "token / exact % @40"]
+    assert len(rows) == 4 and all(r[1] == "not trained" for r in rows)        # 2 steps: below 95 % per token
     path = write_json(result, tmp_path / "full.json")
     section = html_section(path)
     assert section.count("<table") == 4 and "sliding window" in section and "Synthetic task copy" in section

@@ -125,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(exc.prog, f"{exc} (see `{exc.prog} --help`)")
     except SystemExit as exc:  # --help / --version
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    args.argv = argv                               # the exact command, for documents that record it
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

@@ -17,23 +17,31 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "extrapolate", help=HELP, description=HELP + ". One tiny causal character LM (pre-LN, tied output) is "
         "trained per scheme with identical settings; RoPE is also evaluated with inference-time scaling "
         "(linear, dynamic NTK, YaRN at factor k) without retraining.",
-        epilog="R(k) = tail NLL at kL / tail NLL at L, where the tail is the last L/2 positions of each "
-               "non-overlapping window. Default corpus: the standard library's pydoc_data.topics (90% train, "
-               "10% eval). Example: tokenpos extrapolate --seed 0 --json out.json --plot out.png",
+        epilog="R(k) = NLL at kL / NLL at L of the same scored target tokens (sliding window, primary; or the "
+               "last L/2 positions of windows right-aligned on the same ends). Add-k 2- to 4-gram baselines "
+               "are scored on the same tokens; a scheme that does not beat the 4-gram at L is reported as "
+               "'does not use context'. Default corpus: the standard library's pydoc_data.topics (90% train, "
+               "10% eval). Example: tokenpos extrapolate --seed 0 --json out.json --plot out.png; the full "
+               "study: tokenpos extrapolate --config docs/study.toml --checkpoint-dir ckpt --json out.json",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed for init and data order (default 0)")
+    p.add_argument("--config", metavar="TOML", help="every setting of a study from a TOML file (see "
+                   "docs/study.toml); flags given as well override it")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="checkpoint every scheme and seed here; rerunning the "
+                   "same command continues an interrupted run")
+    p.add_argument("--seed", type=int, help="seed for init and data order (default 0)")
     p.add_argument("--seeds", metavar="S,S", help="several seeds (e.g. 0,1,2): mean and 95%% t-interval per number")
     p.add_argument("--eval", choices=("nonoverlap", "sliding", "both"), default=None,
-                   help="evaluation protocol: non-overlapping windows (default), the ALiBi paper's sliding "
-                        "window, or both")
+                   help="evaluation protocol: the ALiBi paper's sliding window (default, primary), tails of "
+                        "non-overlapping windows right-aligned on the same targets, or both")
     p.add_argument("--sliding-stride", type=positive_int, metavar="S", help="sliding-window stride (default L/4)")
     p.add_argument("--sliding-tokens", type=positive_int, metavar="N",
                    help="scored tokens per length in the sliding protocol (default 2048)")
-    p.add_argument("--tasks", metavar="A,B", help="also run the synthetic task(s): copy, reverse, sort")
-    p.add_argument("--task-steps", type=positive_int, metavar="N", help="training steps per task model (default 500)")
+    p.add_argument("--tasks", metavar="A,B", help="also run the synthetic task(s): copy, reverse, sort, passkey")
+    p.add_argument("--task-steps", type=positive_int, metavar="N",
+                   help="most training steps per task model (default 500; --full: the study's)")
     p.add_argument("--full", action="store_true",
-                   help="everything: all schemes, seeds 0,1,2, both protocols, the copy and sort tasks "
-                        "(about an hour on a busy 2-core machine; see docs/EXTRAPOLATION.md)")
+                   help="the full study: all schemes, seeds 0-4, both protocols, 4 layers, the copy and passkey "
+                        "tasks (hours on 2 cores; see docs/EXTRAPOLATION.md)")
     p.add_argument("--json", metavar="PATH", help="write {train_len, results: [...]} here")
     p.add_argument("--plot", metavar="FILE", help="write the figure here (.png, .svg, .pdf)")
     p.add_argument("--quick", action="store_true", help="about a minute: fewer steps, smaller eval set")
@@ -70,13 +78,20 @@ def build_config(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
     from tokenpos.analysis.extrapolate.experiment import ExtrapolationConfig
+    from tokenpos.analysis.extrapolate.study_file import load_study
     from tokenpos.analysis.extrapolate.tasks import TaskConfig
 
-    if args.full:
+    if args.config is not None:
+        base = load_study(args.config)
+    elif args.full:
         base = ExtrapolationConfig.full()
     else:
         base = ExtrapolationConfig.quick() if args.quick else ExtrapolationConfig()
-    overrides: dict[str, Any] = {"seed": args.seed}
+    overrides: dict[str, Any] = {}
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    if args.checkpoint_dir is not None:
+        overrides["checkpoint_dir"] = args.checkpoint_dir
     if args.seeds is not None:
         try:
             overrides["seeds"] = tuple(int(s) for s in _names(args.seeds, "--seeds") or ())
@@ -89,8 +104,8 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.sliding_tokens is not None:
         overrides["sliding_tokens"] = args.sliding_tokens
     task = base.task
-    if args.tasks is not None:
-        task = TaskConfig(tasks=_names(args.tasks, "--tasks") or ())
+    if args.tasks is not None:                   # keep the study's task settings (--full: its steps), only the names
+        task = replace(base.task or TaskConfig(), tasks=_names(args.tasks, "--tasks") or ())
     if args.task_steps is not None and task is not None:
         task = replace(task, steps=args.task_steps)
     overrides["task"] = task
@@ -151,7 +166,7 @@ def _print_table(con: Any, title: str, headers: list[str], rows: list[list[str]]
 
 
 def _print_result(result: Any) -> None:
-    from tokenpos.analysis.extrapolate.render import protocols, table, task_table
+    from tokenpos.analysis.extrapolate.render import comparison_table, protocols, table, task_table
 
     data = result.to_dict()
     L = data["train_len"]
@@ -162,12 +177,14 @@ def _print_result(result: Any) -> None:
             title = (f"Sliding window (stride {result.config.stride}): trained at L = {L}, perplexity of the "
                      f"scored tokens and R(k) = NLL at kL / at L.{ci}")
         else:
-            title = (f"Train short, test long: trained at L = {L}, per-window perplexity and "
-                     f"R(k) = tail NLL at kL / at L (tail = last {max(1, L // 2)} positions).{ci}")
+            title = (f"Train short, test long: trained at L = {L}, perplexity of the tail (last {max(1, L // 2)} "
+                     f"positions of windows right-aligned on the same targets) and R(k) = tail NLL at kL / at L.{ci}")
         _print_table(con, title, *table(data, protocol))
     for task in sorted({e["task"] for e in data.get("task_results", [])}):
-        _print_table(con, f"Synthetic task {task}: exact-match accuracy (%) by input length [95% interval]",
-                     *task_table(data, task))
+        _print_table(con, f"Synthetic task {task}: per-token / exact-match accuracy (%) by input length "
+                          f"[95% interval]", *task_table(data, task))
+    if "comparisons" in data and len(result.seeds) > 1:
+        _print_table(con, "Pre-registered comparisons (Holm-adjusted over the tested ones)", *comparison_table(data))
     runs = data["runs"]
     if runs:
         losses = ", ".join(f"{r['scheme']} {r['final_train_loss']:.3f}" for r in runs)
@@ -182,6 +199,7 @@ def _print_result(result: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import shlex
     from contextlib import nullcontext
 
     from tokenpos._files import check_output_path
@@ -199,8 +217,10 @@ def run(args: argparse.Namespace) -> int:
         write_json(res, args.json)
 
     partial = save_partial if args.json and (len(config.seed_list) > 1 or config.task is not None) else None
+    argv = getattr(args, "argv", None)
+    command = None if argv is None else "tokenpos " + shlex.join(argv)
     with bars.progress if bars is not None else nullcontext():
-        result = run_extrapolation(config, progress=bars, on_update=partial)
+        result = run_extrapolation(config, progress=bars, on_update=partial, command=command)
     written = write_json(result, args.json) if args.json else None     # before printing: never lose a run
     _print_result(result)
     con = console()

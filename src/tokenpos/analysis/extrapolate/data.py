@@ -69,22 +69,6 @@ def load_corpus(path: str | Path | None = None, *, train_fraction: float = 0.9) 
     return CharCorpus(name=name, chars=chars, train=ids[:cut], eval=ids[cut:])
 
 
-def eval_windows(ids: np.ndarray, window: int, total: int) -> tuple[np.ndarray, np.ndarray]:
-    """Non-overlapping windows covering the first ``total`` predicted tokens of ``ids``.
-
-    Window w takes inputs ``ids[w*window : (w+1)*window]`` and predicts the next character at each
-    position. ``total`` must be a multiple of ``window`` and ``len(ids) >= total + 1``.
-
-    Returns:
-        inputs, targets: (total // window, window) int64 each.
-    """
-    if total % window or len(ids) < total + 1:
-        raise ConfigError(f"cannot cut {total} tokens into windows of {window} from {len(ids)} ids")
-    inputs = ids[:total].reshape(-1, window)            # (W, window)
-    targets = ids[1:total + 1].reshape(-1, window)      # (W, window)
-    return inputs, targets
-
-
 def eval_token_count(num_eval_ids: int, longest_window: int, cap: int | None = None) -> int:
     """Tokens evaluated at every length: the largest multiple of ``longest_window`` that fits.
 
@@ -105,6 +89,34 @@ def eval_token_count(num_eval_ids: int, longest_window: int, cap: int | None = N
     return total
 
 
+def aligned_windows(ids: np.ndarray, window: int, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Windows of ``window`` ids ending at each of ``ends`` (exclusive): inputs ``ids[e - window : e]``,
+    targets shifted by one (the last target of a window is ``ids[e]``).
+
+    Returns:
+        inputs, targets: (len(ends), window) int64 each.
+    """
+    offsets = ends[:, None] - window + np.arange(window)[None, :]          # (W, window)
+    return ids[offsets], ids[offsets + 1]
+
+
+def tail_windows(ids: np.ndarray, window: int, longest: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """The non-overlapping protocol, scoring the same targets at every length: one window per block of
+    ``longest`` ids, right-aligned on the block's end, so the window of every length ends at the same
+    place and its last positions (the tail) predict the same targets; a longer window only adds context
+    to their left. At ``window == longest`` these are the plain non-overlapping windows. ``total`` must
+    be a multiple of ``longest``, ``window <= longest`` and ``len(ids) >= total + 1``.
+
+    Returns:
+        inputs, targets: (total // longest, window) int64 each.
+    """
+    if window > longest or total % longest or len(ids) < total + 1:
+        raise ConfigError(f"cannot cut {total} tokens into blocks of {longest} for windows of {window} from "
+                          f"{len(ids)} ids")
+    ends = longest * (1 + np.arange(total // longest))                     # (W,)
+    return aligned_windows(ids, window, ends)
+
+
 def sliding_windows(ids: np.ndarray, window: int, stride: int, total: int, start: int) -> tuple[np.ndarray, np.ndarray]:
     """Sliding windows (the ALiBi paper's second protocol): each window scores only its last ``stride`` tokens.
 
@@ -120,6 +132,15 @@ def sliding_windows(ids: np.ndarray, window: int, stride: int, total: int, start
     if stride < 1 or total % stride or start < window or len(ids) < start - stride + total + 1:
         raise ConfigError(f"cannot score {total} tokens with windows of {window}, stride {stride}, from position "
                           f"{start} of {len(ids)} ids")
-    ends = start + stride * np.arange(total // stride)                      # (W,)
-    offsets = ends[:, None] - window + np.arange(window)[None, :]          # (W, window)
-    return ids[offsets], ids[offsets + 1]
+    return aligned_windows(ids, window, start + stride * np.arange(total // stride))
+
+
+def sliding_targets(stride: int, total: int, start: int) -> np.ndarray:
+    """Indices into the ids of the targets ``sliding_windows`` scores (the same at every length): (total,)."""
+    return np.arange(start - stride + 1, start - stride + 1 + total)
+
+
+def tail_targets(longest: int, total: int, tail: int) -> np.ndarray:
+    """Indices into the ids of the targets ``tail_windows`` scores in its last ``tail`` positions: (W * tail,)."""
+    ends = longest * (1 + np.arange(total // longest))                     # (W,)
+    return (ends[:, None] - tail + 1 + np.arange(tail)[None, :]).reshape(-1)

@@ -8,7 +8,10 @@ Document: ``{"train_len": L, "results": [{"scheme", "eval_len", "ppl", "tail_nll
 ``ppl`` / ``tail_nll`` / ``ratio`` and adds ``seeds``, ``ppl_ci``, ``tail_nll_ci`` and ``ratio_ci``
 (95 %, ``stats.INTERVAL_NAME``); the per-seed numbers are kept in ``seed_results``. The synthetic
 task writes ``task_results``: ``[{"scheme", "task", "length", "accuracy", "accuracy_ci", "seeds",
-"interval"}]``. ``None`` values mean "cannot run at this length" and carry a ``note``.
+"interval", "per_token", "per_token_ci", "trained"}]``. ``None`` values mean "cannot run at this length" and
+carry a ``note``. Science v3 adds ``ngram`` (the add-k baselines on each protocol's scored tokens), ``gate``
+(gate.py), ``comparisons`` (the pre-registered list with p-values and Holm-adjusted ones, comparisons.py),
+``curves`` (NLL by position bin) and ``command`` (the command line that ran the study).
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
-"""Evaluation at a given length: per-window perplexity and the tail NLL.
+"""Evaluation at a given length: the NLL of targets that are the same at every length.
 
-For eval length T = k * L the eval split is cut into non-overlapping windows of T tokens (the same
-predicted tokens at every k, see ``data.eval_token_count``). Each window starts from an empty
-context, so its early tokens are hard for every scheme; the **tail NLL** averages only the last
-``L / 2`` positions of each window, where the model has at least T - L/2 tokens of context.
+Both protocols score the same target tokens at every eval length T = k * L; a longer window only adds
+context to the left of the same targets (so R(k) is not confounded by the text getting easier or harder):
+
+- ``nonoverlap``: the eval split is cut into blocks of the longest length; at every length one window
+  is right-aligned on each block's end (``data.tail_windows``) and only its **tail**, the last ``L / 2``
+  positions, is scored. ``ppl = exp(tail NLL)``. The whole window's NLL by position (in bins) is the
+  per-position curve.
+- ``sliding``: the ALiBi paper's sliding window (``data.sliding_windows``).
 
 Shapes: W windows, T eval length, V vocab.
 """
@@ -18,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenpos.analysis.extrapolate.data import eval_windows
 from tokenpos.analysis.extrapolate.model import swapped_position
 from tokenpos.tables.errors import PositionError
 
@@ -33,6 +36,7 @@ class LengthScore:
     ppl: float | None
     tail_nll: float | None
     note: str | None = None
+    curve: list[float] | None = None      # mean NLL per bin of positions (nonoverlap only)
 
 
 def window_nll(model: nn.Module, inputs: np.ndarray, targets: np.ndarray, *,
@@ -61,22 +65,33 @@ def window_nll(model: nn.Module, inputs: np.ndarray, targets: np.ndarray, *,
     return out
 
 
+def position_curve(nll: np.ndarray, bin_width: int) -> list[float]:
+    """Mean NLL over windows in bins of ``bin_width`` positions: (W, T) -> ceil(T / bin_width) floats."""
+    T = nll.shape[1]
+    return [float(nll[:, s:s + bin_width].mean()) for s in range(0, T, bin_width)]
+
+
 def score_length(model: nn.Module, eval_ids: np.ndarray, eval_len: int, total_tokens: int, tail_len: int, *,
-                 scheme: nn.Module | None = None, batch_tokens: int = 8192) -> LengthScore:
-    """Perplexity and tail NLL of ``model`` on windows of ``eval_len`` over the first ``total_tokens``.
+                 longest: int, bin_width: int, scheme: nn.Module | None = None,
+                 batch_tokens: int = 8192) -> LengthScore:
+    """Tail NLL of ``model`` at ``eval_len``: windows right-aligned on blocks of ``longest`` ids over the first
+    ``total_tokens`` (``data.tail_windows``), the last ``tail_len`` positions scored (the same targets at every
+    length); ``ppl = exp(tail NLL)``; ``curve``: the whole window's NLL in bins of ``bin_width`` positions.
 
     ``scheme`` (optional) replaces the model's positional scheme for this evaluation only (RoPE with
     inference-time scaling). A model that cannot represent these positions (a learned table shorter
     than ``eval_len``) raises ``PositionError`` inside; that becomes a score with ``NA_NOTE``.
     """
-    inputs, targets = eval_windows(eval_ids, eval_len, total_tokens)        # (W, T) each
+    from tokenpos.analysis.extrapolate.data import tail_windows
+
+    inputs, targets = tail_windows(eval_ids, eval_len, longest, total_tokens)   # (W, T) each
     try:
         with swapped_position(model, scheme):
             nll = window_nll(model, inputs, targets, batch_tokens=batch_tokens)   # (W, T)
     except PositionError:
         return LengthScore(eval_len, None, None, NA_NOTE)
-    tail = nll[:, -min(tail_len, eval_len):]                                 # (W, tail)
-    return LengthScore(eval_len, math.exp(float(nll.mean())), float(tail.mean()))
+    tail = float(nll[:, -min(tail_len, eval_len):].mean())                  # (W, tail) -> mean
+    return LengthScore(eval_len, math.exp(tail), tail, curve=position_curve(nll, bin_width))
 
 
 def score_sliding(model: nn.Module, eval_ids: np.ndarray, eval_len: int, stride: int, total_tokens: int, *,

@@ -3,14 +3,17 @@
 ``run_extrapolation(config, progress=None, on_update=None) -> ExtrapolationResult`` returns data and
 never prints. The model code is the same for every scheme; ``schemes.build_model`` builds the token
 table and the scheme object(s). Per seed and scheme: train, then score every length with every
-protocol (``nonoverlap``: today's windows; ``sliding``: the ALiBi paper's sliding window). RoPE (and
-iRoPE) are also evaluated with inference-time scaling by swapping a scaled ``RotaryEmbedding`` in.
-With ``config.task`` set, the synthetic task (``tasks.py``) runs for every scheme as well.
-``on_update(result)`` is called after every trained model, so a long run can save partial results.
+protocol (both score the same target tokens at every length, see evaluate.py; ``sliding`` is primary).
+RoPE (and iRoPE) are also evaluated with inference-time scaling by swapping a scaled ``RotaryEmbedding``
+in. The add-k n-gram baselines (``ngram.py``) are scored once on each protocol's targets. With
+``config.task`` set, the synthetic tasks (``tasks.py``) run for every scheme as well. With
+``config.checkpoint_dir`` set, every unit is checkpointed there and a rerun continues (checkpoint.py).
+``on_update(result)`` is called after every seed's unit of work, so a long run can save partial results.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -22,6 +25,8 @@ from tokenpos.analysis.extrapolate.tasks import TaskConfig
 from tokenpos.tables.errors import ConfigError
 
 ROPE_SCALINGS = ("linear", "dynamic", "yarn")
+FULL_D_MODEL = 128
+FULL_STEPS = 1000
 PROTOCOLS = ("nonoverlap", "sliding")
 Progress = Callable[..., None]
 
@@ -31,7 +36,8 @@ __all__ = ["PROTOCOLS", "ROPE_SCALINGS", "SCHEMES", "ExtrapolationConfig", "Extr
 
 @dataclass(frozen=True)
 class ExtrapolationConfig:
-    """Everything that defines one run. Defaults: 2 layers, D 128, 4 heads, L 64, one seed, non-overlapping."""
+    """Everything that defines one run. Defaults: 2 layers, D 128, 4 heads, L 64, one seed, the sliding protocol.
+    ``checkpoint_dir``: where each unit is checkpointed (None: nowhere; checkpoint.py)."""
 
     train_len: int = 64
     multiples: tuple[int, ...] = (1, 2, 4, 8)
@@ -53,11 +59,12 @@ class ExtrapolationConfig:
     seed: int = 0
     threads: int | None = 2
     seeds: tuple[int, ...] = ()
-    protocols: tuple[str, ...] = ("nonoverlap",)
+    protocols: tuple[str, ...] = ("sliding",)
     sliding_stride: int | None = None
     sliding_tokens: int = 2048
     task: TaskConfig | None = None
     task_seeds: tuple[int, ...] | None = None
+    checkpoint_dir: str | None = None
 
     @classmethod
     def quick(cls, **overrides: Any) -> ExtrapolationConfig:
@@ -66,16 +73,16 @@ class ExtrapolationConfig:
 
     @classmethod
     def full(cls, **overrides: Any) -> ExtrapolationConfig:
-        """Everything: all schemes, seeds 0, 1, 2, both protocols, the synthetic task (copy, sort).
+        """The full study: every scheme, five seeds, both protocols, four layers (iRoPE at 3:1), the copy and
+        passkey tasks trained to 95 % per-token accuracy (or reported as not trained).
 
-        Sized for a 2-core machine shared with other jobs (docs/EXTRAPOLATION.md says what was cut):
-        a smaller LM (D 64, batch 16, 150 steps), 4096 eval tokens per length, sliding stride L/4 over
-        1024 scored tokens; the synthetic task (300 steps) with seed 0 only, so its interval is a
-        Wilson interval over the eval examples. One thread.
+        d_model 128, 4 layers, 1000 steps: whether these models pass the context gate is not measured yet
+        (docs/EXTRAPOLATION.md, "what is left", with the estimated time); 4096 tail tokens per length,
+        sliding stride L/4 over 2048 scored tokens. One thread. docs/study.toml writes out every setting.
         """
-        return replace(cls(d_model=64, batch_size=16, steps=150, eval_tokens=4096, sliding_tokens=1024,
-                           schemes=SCHEMES, seeds=(0, 1, 2), protocols=PROTOCOLS, threads=1,
-                           task=TaskConfig(steps=300), task_seeds=(0,)), **overrides)
+        return replace(cls(d_model=FULL_D_MODEL, num_layers=4, batch_size=32, steps=FULL_STEPS, eval_tokens=4096,
+                           schemes=SCHEMES, seeds=(0, 1, 2, 3, 4), protocols=("sliding", "nonoverlap"),
+                           threads=1, task=TaskConfig(steps=6000), task_seeds=None), **overrides)
 
     @property
     def seed_list(self) -> tuple[int, ...]:
@@ -161,11 +168,12 @@ def _variants(model: Any, scheme: str, config: ExtrapolationConfig) -> list[tupl
 
 
 class _Runner:
-    """One run's state: the corpus, the eval settings, the rows so far, progress."""
+    """One run's state: the corpus, the eval settings, the baselines, the rows so far, checkpoints, progress."""
 
     def __init__(self, config: ExtrapolationConfig, notify: Progress) -> None:
         import torch
 
+        from tokenpos.analysis.extrapolate.checkpoint import Checkpoints
         from tokenpos.analysis.extrapolate.data import eval_token_count, load_corpus
 
         self.config, self.notify = config, notify
@@ -175,31 +183,74 @@ class _Runner:
         self.rows: list[ResultRow] = []
         self.runs: list[SchemeRun] = []
         self.task_rows: list[TaskRow] = []
+        self.ngram = self._baselines()
+        self.store = None if config.checkpoint_dir is None else \
+            Checkpoints(config.checkpoint_dir, _plain_config(config))
 
-    def lm(self, seed: int) -> None:
-        from tokenpos.analysis.extrapolate.schemes import build_model
-        from tokenpos.analysis.extrapolate.train import count_parameters, train_model
+    def _targets(self, protocol: str) -> Any:
+        """Indices into the eval ids of the targets ``protocol`` scores (the same at every length)."""
+        from tokenpos.analysis.extrapolate.data import sliding_targets, tail_targets
 
         c = self.config
-        for scheme in c.schemes:
-            model = build_model(scheme, self.corpus.vocab_size, train_len=c.train_len, d_model=c.d_model,
-                                num_heads=c.num_heads, num_layers=c.num_layers, base=c.base,
-                                t5_num_buckets=c.t5_num_buckets, seed=seed)
-            label = f"train {scheme}" + (f" s{seed}" if len(c.seed_list) > 1 else "")
+        if protocol == "sliding":
+            return sliding_targets(c.stride, c.sliding_tokens, max(c.eval_lens))
+        return tail_targets(max(c.eval_lens), self.tokens, max(1, c.train_len // 2))
+
+    def _baselines(self) -> list[dict[str, Any]]:
+        """The add-k bigram, trigram and 4-gram NLL on each protocol's scored targets."""
+        from tokenpos.analysis.extrapolate.ngram import baselines
+
+        models = baselines(self.corpus.train, self.corpus.vocab_size)
+        return [{"order": n, "k": m.k, "protocol": p, "nll": float(m.nll(self.corpus.eval, self._targets(p)).mean()),
+                 "tokens": len(self._targets(p))} for p in self.config.protocols for n, m in models.items()]
+
+    def lm(self, seed: int) -> None:
+        for scheme in self.config.schemes:
+            key = f"lm-{scheme}-s{seed}"
+            saved = self.store.load(key, "rows") if self.store is not None else None
+            if saved is None:
+                saved = self._train_and_score(scheme, seed, key)
+                if self.store is not None:
+                    self.store.save(key, "rows", saved)
+            self.rows += [ResultRow(**r) for r in saved["rows"]]
+            if saved["run"] is not None:
+                self.runs.append(SchemeRun(**saved["run"]))
+
+    def _train_and_score(self, scheme: str, seed: int, key: str) -> dict[str, Any]:
+        """Train (or load the checkpointed weights) and score: ``{"rows": [...], "run": {...} | None}``."""
+        from dataclasses import asdict
+
+        from tokenpos.analysis.extrapolate.schemes import build_model
+        from tokenpos.analysis.extrapolate.train import TrainStats, count_parameters, train_model
+
+        c = self.config
+        model = build_model(scheme, self.corpus.vocab_size, train_len=c.train_len, d_model=c.d_model,
+                            num_heads=c.num_heads, num_layers=c.num_layers, base=c.base,
+                            t5_num_buckets=c.t5_num_buckets, seed=seed)
+        label = f"train {scheme}" + (f" s{seed}" if len(c.seed_list) > 1 else "")
+        trained = self.store.load(key, "train") if self.store is not None else None
+        if trained is not None and self.store is not None and self.store.load_model(key, model):
+            stats = TrainStats(trained["losses"], trained["seconds"])
+        else:
             try:
-                stats = train_model(model, self.train_ids, steps=c.steps, batch_size=c.batch_size, seq_len=c.train_len,
-                                    lr=c.lr, warmup=c.warmup, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
-                                    seed=seed, progress=self.notify, label=label)
+                stats = train_model(model, self.train_ids, steps=c.steps, batch_size=c.batch_size,
+                                    seq_len=c.train_len, lr=c.lr, warmup=c.warmup, weight_decay=c.weight_decay,
+                                    grad_clip=c.grad_clip, seed=seed, progress=self.notify, label=label)
             except RuntimeError as exc:              # a diverged run is a result, not a crash
-                self.rows += [ResultRow(scheme, t, None, None, None, f"training diverged: {exc}", p, seed)
-                              for p in c.protocols for t in c.eval_lens]
-                continue
-            eval_start = time.perf_counter()
-            for name, make_scheme in _variants(model, scheme, c):
-                for protocol in c.protocols:
-                    self.rows += self._score(model, name, make_scheme, protocol, seed)
-            self.runs.append(SchemeRun(scheme, count_parameters(model), stats.seconds,
-                                       time.perf_counter() - eval_start, stats.final_loss, stats.losses, seed))
+                failed = [ResultRow(scheme, t, None, None, None, f"training diverged: {exc}", p, seed)
+                          for p in c.protocols for t in c.eval_lens]
+                return {"rows": [asdict(r) for r in failed], "run": None}
+            if self.store is not None:
+                self.store.save_model(key, model)
+                self.store.save(key, "train", {"losses": stats.losses, "seconds": stats.seconds})
+        eval_start = time.perf_counter()
+        rows: list[ResultRow] = []
+        for name, make_scheme in _variants(model, scheme, c):
+            for protocol in c.protocols:
+                rows += self._score(model, name, make_scheme, protocol, seed)
+        run = SchemeRun(scheme, count_parameters(model), stats.seconds, time.perf_counter() - eval_start,
+                        stats.final_loss, stats.losses, seed)
+        return {"rows": [asdict(r) for r in rows], "run": asdict(run)}
 
     def _score(self, model: Any, name: str, make_scheme: Callable[[int], Any], protocol: str,
                seed: int) -> list[ResultRow]:
@@ -210,6 +261,7 @@ class _Runner:
         for k in sorted(set(c.multiples)):
             if protocol == "nonoverlap":
                 scores.append(score_length(model, self.corpus.eval, k * L, self.tokens, max(1, L // 2),
+                                           longest=max(c.eval_lens), bin_width=max(1, L // 2),
                                            scheme=make_scheme(k)))
             else:
                 scores.append(score_sliding(model, self.corpus.eval, k * L, c.stride, c.sliding_tokens,
@@ -217,7 +269,7 @@ class _Runner:
         self.notify(f"eval {name}", 1, 1)
         base = scores[0].tail_nll                                    # sorted by length: the first is at L
         return [ResultRow(name, s.eval_len, s.ppl, s.tail_nll, None if s.tail_nll is None or not base
-                          else s.tail_nll / base, s.note, protocol, seed) for s in scores]
+                          else s.tail_nll / base, s.note, protocol, seed, s.curve) for s in scores]
 
     def tasks(self, seed: int) -> None:
         from tokenpos.analysis.extrapolate.tasks import run_task
@@ -227,20 +279,37 @@ class _Runner:
             return
         for name in self.config.schemes:
             for t in task.tasks:
-                out = run_task(name, t, task, seed, base=self.config.base)
+                key = f"task-{t}-{name}-s{seed}"
+                out = self.store.load(key, "rows") if self.store is not None else None
+                if out is None:
+                    out = run_task(name, t, task, seed, base=self.config.base)
+                    out["accuracy"] = {str(k): v for k, v in out["accuracy"].items()}
+                    out["per_token"] = {str(k): v for k, v in out["per_token"].items()}
+                    if self.store is not None:
+                        self.store.save(key, "rows", out)
                 self.notify(f"task {t} {name} s{seed}", 1, 1)
-                self.task_rows += [TaskRow(name, t, length, acc, seed, task.eval_examples, out.get("note"))
+                self.task_rows += [TaskRow(name, t, int(length), acc, seed, task.eval_examples, out.get("note"),
+                                           out["per_token"][length], out["trained"], out["steps"])
                                    for length, acc in out["accuracy"].items()]
 
 
+def _plain_config(config: ExtrapolationConfig) -> dict[str, Any]:
+    """The config as a JSON-ready dict (tuples as lists)."""
+    from dataclasses import asdict
+
+    return json.loads(json.dumps(asdict(config)))
+
+
 def run_extrapolation(config: ExtrapolationConfig, progress: Progress | None = None,
-                      on_update: Callable[[ExtrapolationResult], None] | None = None) -> ExtrapolationResult:
+                      on_update: Callable[[ExtrapolationResult], None] | None = None,
+                      command: str | None = None) -> ExtrapolationResult:
     """Train every scheme at ``train_len`` for every seed and evaluate it at every ``train_len * k``.
 
     Order: the language model for the first seed, the synthetic task for its first seed, then the
     remaining seeds of each (so a run cut short still has every scheme once). ``progress(step, done,
     total, **info)`` reports training steps (``"train <scheme>"``, info ``loss``) and finished
     evaluations; ``on_update(result)`` receives the partial result after each seed's unit of work.
+    ``command`` (the exact command line that ran the study) is recorded in the document.
     Threads: ``torch.set_num_threads(config.threads)`` for the run, restored afterwards.
     """
     import torch
@@ -261,7 +330,8 @@ def run_extrapolation(config: ExtrapolationConfig, progress: Progress | None = N
         return ExtrapolationResult(config=config, rows=list(runner.rows), runs=list(runner.runs), corpus=c.name,
                                    vocab_size=c.vocab_size, train_chars=len(c.train), eval_chars=len(c.eval),
                                    eval_tokens=runner.tokens, seconds=time.perf_counter() - start, threads=threads,
-                                   task_rows=list(runner.task_rows), complete=complete)
+                                   task_rows=list(runner.task_rows), complete=complete, ngram=runner.ngram,
+                                   command=command)
 
     try:
         for i, (kind, seed) in enumerate(units):

@@ -141,3 +141,38 @@ def plot_tasks(result: Any, path: str | Path) -> Path:
     from tokenpos.analysis.figures import save
 
     return save(fig, path, 110)          # atomic: an interrupted run never leaves a partial figure
+
+
+def plot_curves(result: Any, path: str | Path) -> Path:
+    """NLL against position in the window (the tail protocol's windows at the longest length), one line per
+    scheme with its 95 % interval over seeds as a band; L marked. Returns the path.
+
+    Raises:
+        ValueError: the document has no ``curves`` (run with the ``nonoverlap`` protocol).
+    """
+    from matplotlib.figure import Figure
+
+    data = _doc(result)
+    curves = data.get("curves") or []
+    if not curves:
+        raise ValueError("the document has no curves; run with --eval nonoverlap or both")
+    longest = max(c["eval_len"] for c in curves)
+    fig = Figure(figsize=(8.0, 4.2))
+    ax = fig.subplots()
+    for i, c in enumerate(c for c in curves if c["eval_len"] == longest):
+        x = [(b + 0.5) * c["bin_width"] for b in range(len(c["nll"]))]
+        ax.plot(x, c["nll"], marker="o", ms=3, label=c["scheme"], color=_color(i),
+                ls="--" if "+" in c["scheme"] else "-")
+        if all(ci is not None for ci in c["nll_ci"]):
+            ax.fill_between(x, [ci[0] for ci in c["nll_ci"]], [ci[1] for ci in c["nll_ci"]], color=_color(i),
+                            alpha=0.15, lw=0)
+    ax.axvline(data["train_len"], color="grey", lw=1, ls=":")
+    ax.set_xlabel(f"position in a window of {longest} (dotted: L = {data['train_len']})")
+    ax.set_ylabel("NLL (nats/char), bin mean")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.suptitle("NLL by position (95% interval over seeds)")
+    fig.tight_layout()
+    from tokenpos.analysis.figures import save
+
+    return save(fig, path, 110)

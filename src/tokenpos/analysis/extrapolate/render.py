@@ -25,7 +25,8 @@ def fmt_ppl(x: float | None) -> str:
 
 
 def fmt_ratio(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
+    """R(k) to 4 decimals (3 made 0.99986 and 1.00020 both print as 1.000)."""
+    return "n/a" if x is None else f"{x:.4f}"
 
 
 def _with_ci(value: float | None, ci: list[float] | None, fmt: Any) -> str:
@@ -52,11 +53,15 @@ def schemes_in_order(data: dict[str, Any]) -> list[str]:
 
 
 def table(data: Any, protocol: str = "nonoverlap") -> tuple[list[str], list[list[str]]]:
-    """Headers and cells for one protocol: one row per scheme, ppl at each length, tail NLL at L, R(k).
+    """Headers and cells for one protocol: one row per scheme, ppl at each length, tail NLL at L, R(k),
+    then one row per n-gram baseline (the same scored tokens; no R, it has no positions).
 
+    A scheme that fails the context gate (gate.py) shows "does not use context" in place of its R(k).
     A ``note`` column appears when some scheme could not run somewhere (learned past L). With several
     seeds every number is the mean with its 95 % interval.
     """
+    from tokenpos.analysis.extrapolate.gate import FAIL_TEXT, passes
+
     data = as_document(data)
     L = data["train_len"]
     results = [r for r in data["results"] if r.get("protocol", "nonoverlap") == protocol]
@@ -75,17 +80,57 @@ def table(data: Any, protocol: str = "nonoverlap") -> tuple[list[str], list[list
         base = by.get((scheme, L))
         cells.append("" if base is None or base["tail_nll"] is None else
                      _with_ci(base["tail_nll"], base.get("tail_nll_ci"), lambda x: f"{x:.4f}"))
-        cells += [_with_ci(by[scheme, t]["ratio"], by[scheme, t].get("ratio_ci"), fmt_ratio)
-                  if (scheme, t) in by else "" for t in lens if t != L]
+        cells += [("" if (scheme, t) not in by else
+                   FAIL_TEXT if by[scheme, t]["ratio"] is not None and not passes(data, scheme) else
+                   _with_ci(by[scheme, t]["ratio"], by[scheme, t].get("ratio_ci"), fmt_ratio)) for t in lens if t != L]
         if has_note:
             notes = sorted({by[scheme, t].get("note") or "" for t in lens if (scheme, t) in by} - {""})
             cells.append("; ".join(notes))
         rows.append(cells)
+    for g in data.get("ngram", []):
+        if g["protocol"] == protocol:
+            rows.append([f"{g['order']}-gram (add-k {g['k']:g})"] + [fmt_ppl(math.exp(g["nll"])) for _ in lens]
+                        + [f"{g['nll']:.4f}"] + ["-" for t in lens if t != L] + ([""] if has_note else []))
     return headers, rows
 
 
+def fmt_p(p: float | None) -> str:
+    return "-" if p is None else f"{p:.4f}"
+
+
+def comparison_table(data: Any) -> tuple[list[str], list[list[str]]]:
+    """The pre-registered comparisons: claim, source, mean difference [95 % interval], p, Holm p, verdict."""
+    data = as_document(data)
+    block = data.get("comparisons") or {"entries": []}
+    rows = []
+    for e in block["entries"]:
+        diff = "-" if e["difference"] is None else _with_ci(e["difference"], e["ci"], lambda x: f"{x:+.4f}")
+        verdict = e["verdict"] + (f" ({e['reason']})" if e["reason"] else "")
+        rows.append([f"{e['a']} vs {e['b']}", f"{e['claim']} ({e['source']})", f"{e['metric']} {e['protocol']}",
+                     diff, fmt_p(e["p"]), fmt_p(e["p_holm"]), verdict])
+    return ["comparison", "paper's claim", "metric", "difference a - b [95%]", "p", "Holm p", "verdict"], rows
+
+
+def curve_table(data: Any) -> tuple[list[str], list[list[str]]]:
+    """Per-position NLL at the longest length (non-overlapping windows): one row per scheme, one column per
+    bin of positions, mean [95 % interval] over seeds."""
+    data = as_document(data)
+    curves = data.get("curves", [])
+    if not curves:
+        return ["scheme"], []
+    longest = max(c["eval_len"] for c in curves)
+    chosen = [c for c in curves if c["eval_len"] == longest]
+    width = chosen[0]["bin_width"]
+    bins = len(chosen[0]["nll"])
+    headers = ["scheme"] + [f"pos {i * width}-{(i + 1) * width - 1}" for i in range(bins)]
+    return headers, [[c["scheme"]] + [_with_ci(m, ci, lambda x: f"{x:.3f}") for m, ci in zip(c["nll"], c["nll_ci"],
+                                                                                          strict=True)]
+                     for c in chosen]
+
+
 def task_table(data: Any, task: str) -> tuple[list[str], list[list[str]]]:
-    """Exact-match accuracy (%) by input length for one synthetic task, one row per scheme."""
+    """Per-token / exact-match accuracy (%) by input length for one synthetic task, one row per scheme; a scheme
+    below the training target in distribution is marked "not trained" (no claim is made from it)."""
     entries = [e for e in as_document(data).get("task_results", []) if e["task"] == task]
     lens = sorted({e["length"] for e in entries})
     by = {(e["scheme"], e["length"]): e for e in entries}
@@ -94,12 +139,20 @@ def task_table(data: Any, task: str) -> tuple[list[str], list[list[str]]]:
         if e["scheme"] not in schemes:
             schemes.append(e["scheme"])
 
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}"
+
     def cell(e: dict[str, Any] | None) -> str:
         if e is None:
             return ""
-        return _with_ci(e["accuracy"], e.get("accuracy_ci"), lambda x: "n/a" if x is None else f"{100 * x:.0f}")
+        exact = _with_ci(e["accuracy"], e.get("accuracy_ci"), pct)
+        return exact if "per_token" not in e else f"{pct(e['per_token'])} / {exact}"
 
-    return ["scheme"] + [f"acc % @{t}" for t in lens], [[s] + [cell(by.get((s, t))) for t in lens] for s in schemes]
+    def status(s: str) -> str:
+        return "trained" if all(by[s, t].get("trained", True) for t in lens if (s, t) in by) else "not trained"
+
+    return (["scheme", "status"] + [f"token / exact % @{t}" for t in lens],
+            [[s, status(s)] + [cell(by.get((s, t))) for t in lens] for s in schemes])
 
 
 def _markdown(headers: list[str], rows: list[list[str]]) -> str:
@@ -130,7 +183,8 @@ def html_table(data: Any, protocol: str = "nonoverlap") -> str:
     seeds = "" if "interval" not in data else " Mean over seeds [95% Student-t interval over seeds]."
     what = ("R(k) = NLL at kL / NLL at L (each scored token has at least kL - S tokens of context)."
             if protocol == "sliding" else
-            "R(k) = tail NLL at kL / tail NLL at L (tail = last L/2 positions of each window).")
+            "R(k) = tail NLL at kL / tail NLL at L (tail = last L/2 positions of windows right-aligned on the "
+            "same targets at every length).")
     caption = (f"Train short, test long ({html.escape(PROTOCOL_TITLES.get(protocol, protocol))}): trained at "
                f"L = {data['train_len']}, evaluated at k&middot;L. {what}{seeds}")
     return _html(*table(data, protocol), caption, "extrapolation")

@@ -40,6 +40,7 @@ class ResultRow:
     note: str | None = None
     protocol: str = "nonoverlap"
     seed: int = 0
+    curve: list[float] | None = None       # mean NLL per bin of positions (nonoverlap), in ``curves``
 
     def to_dict(self, *, with_seed: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"scheme": self.scheme, "eval_len": self.eval_len, "ppl": self.ppl,
@@ -53,7 +54,8 @@ class ResultRow:
 
 @dataclass(frozen=True)
 class TaskRow:
-    """Exact-match accuracy of one scheme on one synthetic task at one length for one seed (None: cannot run)."""
+    """Exact-match and per-token accuracy of one scheme on one synthetic task at one length for one seed
+    (None: cannot run); ``trained``: the per-token accuracy at the training length reached the target."""
 
     scheme: str
     task: str
@@ -62,6 +64,9 @@ class TaskRow:
     seed: int
     examples: int
     note: str | None = None
+    per_token: float | None = None
+    trained: bool = True
+    steps: int | None = None
 
 
 @dataclass
@@ -106,7 +111,14 @@ def _aggregate_tasks(rows: list[TaskRow]) -> list[dict[str, Any]]:
         groups.setdefault((r.scheme, r.task, r.length), []).append(r)
     out = []
     for (scheme, task, length), rs in groups.items():
-        entry: dict[str, Any] = {"scheme": scheme, "task": task, "length": length, "seeds": [r.seed for r in rs]}
+        entry: dict[str, Any] = {"scheme": scheme, "task": task, "length": length, "seeds": [r.seed for r in rs],
+                                 "trained": all(r.trained for r in rs)}
+        tokens = [r.per_token for r in rs]
+        if all(v is not None for v in tokens):
+            mean, ci = mean_ci([float(v) for v in tokens if v is not None])
+            entry.update(per_token=mean, per_token_ci=clipped(ci, 0.0, 1.0))
+        else:
+            entry.update(per_token=None, per_token_ci=None)
         known = [float(r.accuracy) for r in rs if r.accuracy is not None]
         if len(known) < len(rs):
             entry.update(accuracy=None, accuracy_ci=None, interval=None,
@@ -137,12 +149,14 @@ class ExtrapolationResult:
     threads: int
     task_rows: list[TaskRow] = field(default_factory=list)
     complete: bool = True
+    ngram: list[dict[str, Any]] = field(default_factory=list)
+    command: str | None = None
 
     @property
     def seeds(self) -> list[int]:
         return sorted({r.seed for r in self.rows} | {t.seed for t in self.task_rows})
 
-    def row(self, scheme: str, eval_len: int, protocol: str = "nonoverlap", seed: int | None = None) -> ResultRow:
+    def row(self, scheme: str, eval_len: int, protocol: str = "sliding", seed: int | None = None) -> ResultRow:
         return next(r for r in self.rows if r.scheme == scheme and r.eval_len == eval_len
                     and r.protocol == protocol and (seed is None or r.seed == seed))
 
@@ -156,6 +170,11 @@ class ExtrapolationResult:
         if multi:
             doc["interval"] = INTERVAL_NAME
             doc["seed_results"] = [r.to_dict(with_seed=True) for r in self.rows]
+        if self.ngram:
+            doc["ngram"] = self.ngram
+        curves = _curves(self.rows, self.config.train_len)
+        if curves:
+            doc["curves"] = curves
         if self.task_rows:
             doc["task_results"] = _aggregate_tasks(self.task_rows)
             doc["task_seed_results"] = [asdict(t) for t in self.task_rows]
@@ -167,8 +186,39 @@ class ExtrapolationResult:
             "corpus": self.corpus, "vocab_size": self.vocab_size, "train_chars": self.train_chars,
             "eval_chars": self.eval_chars, "eval_tokens_per_length": self.eval_tokens,
             "seconds": round(self.seconds, 2), "threads": self.threads, "complete": self.complete,
+            "command": self.command,
         })
-        return doc
+        return with_analysis(doc)
+
+
+def with_analysis(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` plus what is computed from its numbers: the context gate and the pre-registered comparisons."""
+    from tokenpos.analysis.extrapolate.comparisons import ALPHA, SMALLEST, evaluate
+    from tokenpos.analysis.extrapolate.gate import context_gate
+
+    gate = context_gate(doc)
+    if gate is not None:
+        doc["gate"] = gate
+    if doc["results"]:
+        doc["comparisons"] = {"alpha": ALPHA, "smallest_difference": SMALLEST, "correction": "Holm",
+                              "test": "two-sided paired t-test over seeds", "entries": evaluate(doc)}
+    return doc
+
+
+def _curves(rows: list[ResultRow], train_len: int) -> list[dict[str, Any]]:
+    """Per (scheme, length): the NLL by position bin, mean over seeds with its 95 % interval per bin."""
+    groups: dict[tuple[str, int], list[ResultRow]] = {}
+    for r in rows:
+        if r.curve is not None:
+            groups.setdefault((r.scheme, r.eval_len), []).append(r)
+    out = []
+    for (scheme, eval_len), rs in groups.items():
+        stats = [mean_ci([r.curve[i] for r in rs if r.curve is not None]) for i in range(len(rs[0].curve or []))]
+        out.append({"scheme": scheme, "eval_len": eval_len, "protocol": "nonoverlap",
+                    "bin_width": max(1, train_len // 2), "seeds": [r.seed for r in rs],
+                    "nll": [m for m, _ in stats], "nll_ci": [ci for _, ci in stats],
+                    "seed_nll": [r.curve for r in rs]})
+    return out
 
 
 def _plain(value: Any) -> Any:

@@ -80,3 +80,37 @@ def paired_difference(seed_results: Sequence[dict], a: str, b: str, *, key: str,
         raise ValueError(f"no seed has both {a!r} and {b!r} with {key} at {eval_len} ({protocol})")
     mean, ci = mean_ci([va[s] - vb[s] for s in seeds])
     return mean, ci, len(seeds)
+
+
+def paired_t_pvalue(differences: Sequence[float]) -> float | None:
+    """Two-sided p-value of a paired t-test that the mean of ``differences`` is 0 (None for one value).
+
+    All differences equal: p = 1 when they are 0, else 0 (no spread at all).
+    """
+    from scipy.stats import t as student_t
+
+    xs = [float(v) for v in differences]
+    n = len(xs)
+    if n < 2:
+        return None
+    mean = sum(xs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    if sd == 0.0:
+        return 1.0 if mean == 0.0 else 0.0
+    return float(2.0 * student_t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error), in the order given.
+
+    Sorted ascending p_(1) <= ... <= p_(m): adjusted p_(i) = max_{j <= i} min(1, (m - j + 1) p_(j)).
+    (No installed library has it: scipy.stats has only Benjamini-Hochberg, statsmodels is not installed.)
+    """
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    out = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
+        out[i] = running
+    return out

@@ -1,0 +1,163 @@
+"""The study's write-up, generated from its JSON document: the results part of docs/EXTRAPOLATION.md and the
+README section. Each lives between ``<!-- extrapolate:NAME:begin -->`` and ``<!-- extrapolate:NAME:end -->``
+markers; ``update_docs`` rewrites them, and a test regenerates both from docs/extrapolation_full.json, so every
+number in them recomputes from the JSON.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from tokenpos.analysis.extrapolate.document import load_json
+from tokenpos.analysis.extrapolate.gate import FAIL_TEXT
+from tokenpos.analysis.extrapolate.render import _markdown, comparison_table, curve_table, table, task_table
+from tokenpos.tables.errors import ConfigError
+
+BLOCKS = ("results", "readme")
+
+
+def _ci(x: float, ci: list[float] | None, digits: int = 4) -> str:
+    return f"{x:.{digits}f}" if ci is None else f"{x:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def _run_facts(doc: dict[str, Any]) -> list[str]:
+    c = doc["config"]
+    seeds = c["seeds"] or [c["seed"]]
+    task = c.get("task")
+    lines = [f"- Command: `{doc.get('command') or 'not recorded'}`",
+             f"- Wall time of the command {doc['seconds']:.0f} s on {doc['threads']} thread(s) of a shared 2-core "
+             f"machine (units already checkpointed are loaded, not rerun); training time summed over the "
+             f"{len(doc['runs'])} models: {sum(r['train_seconds'] for r in doc['runs']):.0f} s"
+             + ("" if doc.get("complete", True) else " (partial run: not every unit finished)") + ".",
+             f"- Model: {c['num_layers']} layers, d_model {c['d_model']}, {c['num_heads']} heads, trained at "
+             f"L = {doc['train_len']} for {c['steps']} steps of batch {c['batch_size']} (lr {c['lr']:g}); seeds "
+             f"{', '.join(str(s) for s in seeds)}; schemes {', '.join(c['schemes'])}.",
+             f"- Corpus {doc['corpus']}: {doc['train_chars']} train / {doc['eval_chars']} eval characters, "
+             f"V = {doc['vocab_size']}; sliding window: stride {c['sliding_stride'] or doc['train_len'] // 4}, "
+             f"{c['sliding_tokens']} scored tokens; tail protocol: {doc['eval_tokens_per_length']} tokens in "
+             f"blocks of {max(r['eval_len'] for r in doc['results'])}, the last {doc['train_len'] // 2} "
+             f"positions scored."]
+    if task:
+        lines.append(f"- Tasks {', '.join(task['tasks'])}: trained at length {task['train_len']} until "
+                     f"{task['target_accuracy']:.0%} per-token accuracy there or {task['steps']} steps, "
+                     f"{task['eval_examples']} eval examples per length, seeds "
+                     f"{', '.join(str(s) for s in (c['task_seeds'] or seeds))}.")
+    return lines
+
+
+def _gate_table(doc: dict[str, Any]) -> str:
+    gate = doc["gate"]
+    rows = [[f"{g['order']}-gram (add-k {g['k']:g})", f"{g['nll']:.4f}", "-"]
+            for g in doc.get("ngram", []) if g["protocol"] == gate["protocol"]]
+    by = {(r["scheme"], r["eval_len"]): r for r in doc["results"] if r.get("protocol") == gate["protocol"]}
+    for name, e in gate["schemes"].items():
+        r = by[name, doc["train_len"]]
+        nll = "n/a" if e["nll_at_L"] is None else _ci(e["nll_at_L"], r.get("tail_nll_ci"))
+        rows.append([name, nll, "yes" if e["passes"] else f"no: {FAIL_TEXT}"])
+    return _markdown(["model", f"NLL at L = {doc['train_len']} ({gate['protocol']})", "beats the 4-gram"], rows)
+
+
+def _headline(doc: dict[str, Any]) -> str:
+    gate = doc["gate"]
+    passing = [s for s, e in gate["schemes"].items() if e["passes"]]
+    if not passing:
+        return (f"No scheme beats the 4-gram in distribution, so no scheme has extrapolation numbers here: "
+                f"every R(k) below reads \"{FAIL_TEXT}\".")
+    headers, rows = table(doc, gate["protocol"])
+    return _markdown(headers, [r for r in rows if r[0] in passing])
+
+
+def _findings(doc: dict[str, Any]) -> list[str]:
+    block = doc["comparisons"]
+    out = []
+    for e in block["entries"]:
+        numbers = "" if e["difference"] is None else \
+            (f": {e['metric']} difference {_ci(e['difference'], e['ci'])}, p {e['p']:.4f}, Holm p "
+             f"{e['p_holm']:.4f}" if e["p_holm"] is not None else f": {e['metric']} difference {e['difference']:.4f}")
+        reason = f" ({e['reason']})" if e["reason"] else ""
+        out.append(f"- {e['a']} vs {e['b']}. Paper: {e['claim']} ({e['source']}). Here: **{e['verdict']}**"
+                   f"{reason}{numbers}.")
+    return out
+
+
+def results_block(doc: dict[str, Any]) -> str:
+    """The results part of docs/EXTRAPOLATION.md, from the study's document."""
+    parts = ["### What ran", "", *_run_facts(doc), "",
+             f"### The context gate ({doc['gate']['rule']})", "", _gate_table(doc), "",
+             "### Headline table (schemes that pass the gate; mean [95% t-interval over seeds])", "",
+             _headline(doc), ""]
+    for protocol in ("sliding", "nonoverlap"):
+        if any(r.get("protocol") == protocol for r in doc["results"]):
+            parts += [f"### Every scheme, {protocol} protocol", "", _markdown(*table(doc, protocol)), ""]
+    if doc.get("curves"):
+        parts += ["### NLL by position at the longest length (tail protocol's windows, mean [95% interval])", "",
+                  _markdown(*curve_table(doc)), ""]
+    block = doc["comparisons"]
+    parts += [f"### Pre-registered comparisons ({block['test']}, {block['correction']}-adjusted over the tested "
+              f"ones, alpha {block['alpha']}, smallest difference that counts {block['smallest_difference']})", "",
+              _markdown(*comparison_table(doc)), "", "### Findings beside the papers", "", *_findings(doc), ""]
+    for task in sorted({e["task"] for e in doc.get("task_results", [])}):
+        parts += [f"### Task {task}: per-token / exact-match accuracy (%) by input length", "",
+                  _markdown(*task_table(doc, task)), ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def readme_block(doc: dict[str, Any]) -> str:
+    """The README section's text, from the study's document."""
+    gate = doc["gate"]
+    verdicts: dict[str, int] = {}
+    for e in doc["comparisons"]["entries"]:
+        verdicts[e["verdict"]] = verdicts.get(e["verdict"], 0) + 1
+    passing = [s for s, e in gate["schemes"].items() if e["passes"]]
+    nlls = ", ".join(f"{s} {e['nll_at_L']:.4f}" for s, e in gate["schemes"].items() if e["nll_at_L"] is not None)
+    counts = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
+    return "\n".join([
+        f"`tokenpos extrapolate` trains one tiny character LM per positional scheme at L = {doc['train_len']} and "
+        f"scores the same target tokens at 1-{max(r['eval_len'] for r in doc['results']) // doc['train_len']}L "
+        f"beside add-k n-gram baselines. The checked-in run (docs/extrapolation_full.json: "
+        f"{len(doc['config']['seeds'] or [0])} seeds, {sum(r['train_seconds'] for r in doc['runs']):.0f} s of "
+        f"training summed over {len(doc['runs'])} models; command in the JSON):",
+        "",
+        f"- 4-gram NLL at L: {gate['baseline_nll']:.4f}; schemes that beat it: "
+        f"{', '.join(passing) if passing else 'none'}; NLL at L: {nlls}.",
+        f"- Pre-registered comparisons: {counts}.",
+        "",
+        "Everything, with intervals, Holm-adjusted p-values, the passkey probe and the tasks, is in "
+        "docs/EXTRAPOLATION.md, generated from the JSON.",
+    ]) + "\n"
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- extrapolate:{name}:begin -->\n", f"<!-- extrapolate:{name}:end -->"
+
+
+def block_text(text: str, name: str) -> str:
+    """The text between ``name``'s markers.
+
+    Raises:
+        ConfigError: the markers are missing.
+    """
+    begin, end = _markers(name)
+    m = re.search(re.escape(begin) + r"(.*?)" + re.escape(end), text, flags=re.S)
+    if m is None:
+        raise ConfigError(f"no '{begin.strip()}' ... '{end}' block; expected one")
+    return m.group(1)
+
+
+def replaced(text: str, name: str, content: str) -> str:
+    """``text`` with ``name``'s block replaced by ``content``."""
+    old = block_text(text, name)
+    begin, end = _markers(name)
+    return text.replace(begin + old + end, begin + content + end)
+
+
+def update_docs(json_path: str | Path, extrapolation_md: str | Path, readme: str | Path) -> None:
+    """Rewrite the generated blocks of both documents from the JSON at ``json_path``."""
+    from tokenpos._files import atomic_write_text
+
+    doc = load_json(json_path)
+    for path, name, content in ((extrapolation_md, "results", results_block(doc)),
+                                (readme, "readme", readme_block(doc))):
+        atomic_write_text(path, replaced(Path(path).read_text(encoding="utf-8"), name, content))
