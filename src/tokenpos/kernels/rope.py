@@ -83,6 +83,7 @@ def _rope_task(t, tq, q, k, H, Hk, L, cos, sin, pos, sign, interleaved, copy_tai
     both = paired and t < tq
     l = r0 % L                                           # position of row r0; no division per row
     cb = (r0 // HL) * L if per_batch else 0              # its batch's first table (or positions) row
+    left = HL - r0 % HL                                  # rows of this batch from r0 on
     indexed = pos.shape[0] > 0
     for r in range(r0, r1):
         c = pos[cb + l] if indexed else cb + l
@@ -92,7 +93,10 @@ def _rope_task(t, tq, q, k, H, Hk, L, cos, sin, pos, sign, interleaved, copy_tai
         l += 1
         if l == L:                                       # next (batch, head) slab
             l = 0
-            if per_batch and (r + 1) % HL == 0:
+        left -= 1
+        if left == 0:                                    # next batch (a counter: L = 1 rows divide no more)
+            left = HL
+            if per_batch:
                 cb += L
 
 
