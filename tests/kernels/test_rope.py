@@ -160,3 +160,81 @@ def test_task_split_does_not_change_results(task_rows: int, layout: str, Hk: int
     got = rope_apply(q, k, cos, sin, layout=layout)
     want = rope_apply_ref(q, k, cos, sin, layout=layout)
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+# ----------------------------------------------------------------------------------------------
+# tables read by position: one (P, R/2) table, row positions[b, l] for token (b, l)
+# ----------------------------------------------------------------------------------------------
+
+
+@st.composite
+def indexed_cases(draw):
+    """q, k, a (P, R/2) table, positions of every accepted shape ((L,), (1, L), (B, L)), any int dtype."""
+    q, k, _, _, layout = draw(cases())
+    B, _, L, Dh = q.shape
+    R = 2 * draw(st.integers(1, Dh // 2))
+    P = draw(st.integers(1, 40))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    shape = draw(st.sampled_from([(L,), (1, L), (B, L)]))
+    pos = rng.integers(0, P, shape).astype(draw(st.sampled_from([np.int64, np.int32, np.uint8])))
+    cos, sin = tables(np.arange(P) * 7 + 1, R)
+    tdtype = draw(st.sampled_from([np.float32, np.float64]))
+    return q, k, cos.astype(tdtype), sin.astype(tdtype), pos, layout
+
+
+@SETTINGS
+@given(indexed_cases())
+def test_positions_read_the_table_rows_bit_for_bit(c) -> None:
+    """With positions, the pass equals the same pass on the gathered per-call tables (B, L, R/2) bit for
+    bit (and the NumPy twin), forward and backward, q alone and with k (GQA too)."""
+    q, k, cos, sin, pos, layout = c
+    B, _, L, _ = q.shape
+    idx = np.broadcast_to(pos.reshape(-1, L), (B, L))
+    for run, ref in ((rope_apply, rope_apply_ref), (rope_apply_backward, rope_apply_backward_ref)):
+        got = run(q, k, cos, sin, layout=layout, positions=pos)
+        gathered = run(q, k, cos[idx], sin[idx], layout=layout)
+        twin = ref(q, k, cos, sin, layout=layout, positions=pos)
+        for a, b, t in zip(got, gathered, twin, strict=True):
+            if a is None:
+                assert b is None and t is None
+                continue
+            assert np.array_equal(a, b) and np.array_equal(a, t)
+
+
+@pytest.mark.parametrize("task_rows", [1, 5, 1000])
+@pytest.mark.parametrize("Hk", [2, 4])
+@pytest.mark.parametrize("shape", [(7,), (3, 7), (21, 1)])
+def test_positions_task_split_does_not_change_results(task_rows: int, Hk: int, shape: tuple[int, ...], rng,
+                                                      monkeypatch) -> None:
+    """Tasks straddling heads and batch rows read the right position; (21, 1): one token per batch row
+    (the (T, H, 1, Dh) view of a packed row)."""
+    import tokenpos.kernels.rope as Rm
+
+    monkeypatch.setattr(Rm, "ROPE_TASK_BYTES", task_rows * 10 * 4)
+    B, L = (3, 7) if shape[-1] == 7 else shape
+    q = rng.standard_normal((B, 4, L, 10)).astype(np.float32)
+    k = rng.standard_normal((B, Hk, L, 10)).astype(np.float32)
+    pos = rng.integers(0, 30, shape)
+    cos, sin = tables(np.arange(30), 8)
+    got = rope_apply(q, k, cos, sin, positions=pos)
+    want = rope_apply_ref(q, k, cos, sin, positions=pos)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_positions_errors(rng) -> None:
+    from tokenpos.tables.errors import DtypeError, PositionError
+
+    q = rng.standard_normal((2, 1, 4, 6)).astype(np.float32)
+    cos, sin = tables(np.arange(5), 6)
+    with pytest.raises(PositionError, match="position 5 at index"):
+        rope_apply(q, None, cos, sin, positions=np.array([0, 1, 5, 2]))
+    with pytest.raises(PositionError, match="negative"):
+        rope_apply(q, None, cos, sin, positions=np.array([[0, 1, -1, 2]]))
+    with pytest.raises(DtypeError, match="position"):
+        rope_apply(q, None, cos, sin, positions=np.zeros(4))
+    with pytest.raises(ConfigError, match=r"positions must have shape \(4,\), \(1, 4\) or \(2, 4\)"):
+        rope_apply(q, None, cos, sin, positions=np.zeros((3, 4), np.int64))
+    with pytest.raises(ConfigError, match=r"read by positions must have shape \(P, R/2\)"):
+        rope_apply(q, None, cos[None], sin[None], positions=np.zeros(4, np.int64))
+    with pytest.raises(ConfigError, match=r"read by positions must have shape \(P, R/2\) with R <= head_dim=6"):
+        rope_apply(q, None, *tables(np.arange(5), 8), positions=np.zeros(4, np.int64))

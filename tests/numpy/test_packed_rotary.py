@@ -4,6 +4,8 @@ against finite differences; the layers whose positions are not one index per tok
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -93,3 +95,69 @@ def test_refusals() -> None:
                   tpn.RotaryEmbedding2D(8, qk_layout="thd")):
         with pytest.raises(ConfigError, match=f"{type(layer).__name__} does not take cu_seqlens"):
             layer.apply(x, x, None, cu_seqlens=CU)
+
+
+def test_packed_call_is_one_pass_over_the_cached_table_and_copies_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packed call rotates with the snapshot's (P, F) cos / sin read at the positions (no gathered
+    per-call table), q and k handed to the kernel as (T, H, 1, Dh) views of the packed rows (no copy),
+    and the backward reads the same table."""
+    import tokenpos.numpy.functional.rope as frope
+
+    seen: list[tuple[Any, ...]] = []
+    real = frope.rope_apply, frope.rope_apply_backward
+
+    def spy(i: int) -> Any:
+        def run(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, **kw: Any) -> Any:
+            seen.append((q, k, cos, kw["positions"]))
+            return real[i](q, k, cos, sin, **kw)
+        return run
+
+    monkeypatch.setattr(frope, "rope_apply", spy(0))
+    monkeypatch.setattr(frope, "rope_apply_backward", spy(1))
+    q, k = qk()
+    rope = tpn.RotaryEmbedding(DH, max_seq_len=MAX, qk_layout="thd")
+    oq, ok = rope.apply(q, k, cu_seqlens=CU)
+    rope.backward(*qk(seed=1))
+    assert len(seen) == 2
+    for sq, _, cos, pos in seen:
+        assert cos is rope._snap.halves[np.dtype(np.float64)][0] or np.shares_memory(cos, rope._snap.cos)
+        assert cos.shape == rope._snap.cos.shape
+        assert sq.shape == (T, HQ, 1, DH) and pos.shape == (T, 1)
+    assert np.shares_memory(seen[0][0], q) and np.shares_memory(seen[0][1], k)
+    assert oq.shape == q.shape and ok.shape == k.shape
+
+
+def test_packed_float16_and_kernels_off_read_the_same_rows(kernel_mode: bool) -> None:
+    """The plain NumPy path (kernels off, float16) reads the table at the positions too: equal to padding."""
+    q, k = qk(np.float16)
+    oq, ok = tpn.RotaryEmbedding(DH, max_seq_len=MAX, qk_layout="thd").apply(q, k, cu_seqlens=CU)
+    rq, rk = tpn.RotaryEmbedding(DH, max_seq_len=MAX, qk_layout="blhd").apply(padded(q), padded(k))
+    np.testing.assert_array_equal(oq, rq[MASK])
+    np.testing.assert_array_equal(ok, rk[MASK])
+
+
+@pytest.mark.parametrize("layout", ["blhd", "bhld"])
+def test_functional_pair_with_positions_equals_gathered_tables(layout: str, kernel_mode: bool) -> None:
+    """``functional.rope_forward`` / ``rope_qk_forward`` and their backwards with a (P, F) table read at
+    positions equal the same calls on the gathered (B, L, F) tables, for (B, L, H, Dh) views (rotated in
+    their memory order) and contiguous (B, H, L, Dh) inputs."""
+    from tokenpos.numpy import functional as F
+
+    rng = np.random.default_rng(3)
+    B, H, Lx, P = 2, 3, 5, 9
+    q, k = (rng.standard_normal((B, Lx, H, DH) if layout == "blhd" else (B, H, Lx, DH)) for _ in range(2))
+    if layout == "blhd":
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
+    ang = rng.random((P, DH // 2)) * 6
+    cos, sin = np.cos(ang), np.sin(ang)
+    pos = rng.integers(0, P, (B, Lx))
+    x1, c1 = F.rope_forward(q, cos, sin, interleaved=True, positions=pos)
+    x2, c2 = F.rope_forward(q, cos[pos], sin[pos], interleaved=True)
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(F.rope_backward(k, c1), F.rope_backward(k, c2))
+    a, b, c3 = F.rope_qk_forward(q, k, cos, sin, interleaved=False, positions=pos[:1])
+    a2, b2, c4 = F.rope_qk_forward(q, k, cos[pos[:1]], sin[pos[:1]], interleaved=False)
+    np.testing.assert_array_equal(a, a2)
+    np.testing.assert_array_equal(b, b2)
+    for g1, g2 in zip(F.rope_qk_backward(k, q, c3), F.rope_qk_backward(k, q, c4), strict=True):
+        np.testing.assert_array_equal(g1, g2)

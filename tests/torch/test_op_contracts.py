@@ -342,8 +342,8 @@ def _fake_strides(op: Any, args: tuple[Any, ...]) -> list[tuple[int, ...]]:
 
 TRANSFORM_IMPLS: dict[str, Callable[..., Any]] = {
     "rope": rope_mod.rope_impl, "rope_qk": rope_mod.rope_qk_impl, "embedding": emb_mod.forward_impl,
-    "rope_backward": lambda *a: rope_mod.rotate_impl(*a, True),
-    "rope_qk_backward": lambda *a: rope_mod.rotate_qk_impl(*a, True),
+    "rope_backward": lambda x, c, s, il, pos=None: rope_mod.rotate_impl(x, c, s, il, True, pos),
+    "rope_qk_backward": lambda q, k, c, s, il, pos=None: rope_mod.rotate_qk_impl(q, k, c, s, il, True, pos),
 }
 STRIDE_SAMPLES = [i for i, (_, args, _) in enumerate(SAMPLES) if args[0].dtype == torch.float32]
 

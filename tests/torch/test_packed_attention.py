@@ -14,14 +14,13 @@ import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
 from tests.tolerances import TOL
 from tests.torch.fake_cuda import cpu_of, no_host_sync, to_fake_cuda
+from tests.torch.packed import CU, MASK, L, T
+from tests.torch.packed import pad_heads as padded
+from tests.torch.packed import unpad_heads as real
 from tests.torch.test_no_host_sync import fake_cuda_module
 from tokenpos.tables import ConfigError
 
 H, DH = 2, 8
-LENGTHS = [3, 5, 1, 4]
-CU = torch.tensor([0, *np.cumsum(LENGTHS)], dtype=torch.int32)
-T, L, N = int(CU[-1]), max(LENGTHS), len(LENGTHS)
-MASK = torch.arange(L)[None, :] < torch.tensor(LENGTHS)[:, None]               # (N, L) real tokens
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}
 F64 = torch.float64
 SCHEMES = {
@@ -44,17 +43,6 @@ SCHEMES = {
 def data(seed: int = 0, dtype: torch.dtype = F64) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(T, H, DH, generator=g, dtype=dtype) for _ in range(3)]
-
-
-def padded(x: torch.Tensor) -> torch.Tensor:
-    """(T, H, Dh) -> (N, H, L, Dh), zeros at the pads."""
-    out = x.new_zeros(N, L, H, DH)
-    out[MASK] = x
-    return out.transpose(1, 2)
-
-
-def real(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(1, 2)[MASK]
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])

@@ -4,6 +4,7 @@ position_ids of DataCollatorWithFlattening, the same documents padded, gradients
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
@@ -16,14 +17,14 @@ import tokenpos
 import tokenpos.torch as tpt
 from tests.tolerances import TOL
 from tests.torch.fake_cuda import cpu_of, no_host_sync, to_fake_cuda
+from tests.torch.packed import CU, LENGTHS, L, T
+from tests.torch.packed import pad_heads as padded
+from tests.torch.packed import unpad_heads as unpadded
 from tests.torch.test_no_host_sync import fake_cuda_module
 from tests.torch.test_rotary import DH, MAX, SCALINGS, assert_hf_close, hf_rotary
 from tokenpos.tables import ConfigError
 
 HQ, HK = 4, 2
-LENGTHS = [3, 7, 1, 5]
-CU = torch.tensor([0, *np.cumsum(LENGTHS)], dtype=torch.int32)
-T, L = int(CU[-1]), max(LENGTHS)
 
 
 def qk(dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,19 +36,6 @@ def flattening_position_ids() -> torch.Tensor:
     """HF's own packing of the documents: (1, T) position_ids restarting per example."""
     docs = [{"input_ids": list(range(1, n + 1))} for n in LENGTHS]
     return DataCollatorWithFlattening(return_position_ids=True)(docs, return_tensors="pt")["position_ids"]
-
-
-def padded(x: torch.Tensor) -> torch.Tensor:
-    """(T, H, Dh) packed -> (N, H, L, Dh) padded with zeros."""
-    out = x.new_zeros(len(LENGTHS), x.shape[1], L, x.shape[2])
-    for d, (s, n) in enumerate(zip(CU[:-1].tolist(), LENGTHS, strict=True)):
-        out[d, :, :n] = x[s:s + n].transpose(0, 1)
-    return out
-
-
-def unpadded(x: torch.Tensor) -> torch.Tensor:
-    """(N, H, L, Dh) -> (T, H, Dh), the real tokens."""
-    return torch.cat([x[d, :, :n].transpose(0, 1) for d, n in enumerate(LENGTHS)])
 
 
 @pytest.mark.parametrize("name", sorted(SCALINGS))
@@ -144,9 +132,10 @@ def test_positions_with_cu_seqlens_are_refused(kwargs: dict[str, Any], text: str
 def test_bad_shapes_and_cu_seqlens_are_refused() -> None:
     q, k = qk()
     rope = tpt.RotaryEmbedding(DH, qk_layout="thd")
-    with pytest.raises(ConfigError, match=r"q must have shape \(T, H, 16\) \(qk_layout='thd'\), got \(1, 16, 4, 16\)"):
+    with pytest.raises(ConfigError,
+                       match=rf"q must have shape \(T, H, 16\) \(qk_layout='thd'\), got \(1, {T}, 4, 16\)"):
         rope.apply(q[None], k[None], cu_seqlens=CU)
-    with pytest.raises(ConfigError, match=r"a packed batch is one row.*got shape \(2, 4, 16, 16\)"):
+    with pytest.raises(ConfigError, match=rf"a packed batch is one row.*got shape \(2, 4, {T}, 16\)"):
         tpt.RotaryEmbedding(DH).apply(torch.randn(2, HQ, T, DH), torch.randn(2, HK, T, DH), cu_seqlens=CU)
     with pytest.raises(tpt.PositionError, match=f"must end at the number of tokens T = {T}"):
         rope.apply(q, k, cu_seqlens=CU[:-1])
@@ -160,3 +149,59 @@ def test_layers_whose_positions_are_not_one_index_per_token_refuse_cu_seqlens() 
     for layer in layers:
         with pytest.raises(ConfigError, match=f"{type(layer).__name__} does not take cu_seqlens"):
             layer.apply(x, x, None, cu_seqlens=CU)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_packed_call_is_one_op_pass_over_the_cached_table_and_copies_nothing(
+        dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packed RoPE call hands the op the layer's cached (P, F) cos / sin (no per-call table) and the
+    positions, with q and k as the (T, H, 1, Dh) views of the packed rows (no copy), and the op takes
+    the kernel's in-shape route (not :func:`rope_apply`, which copies); the outputs come back as
+    contiguous (T, H, Dh) rows."""
+    import tokenpos.torch.rotary as rotary_mod
+    rope_ops = importlib.import_module("tokenpos.torch.ops.rope")              # (ops.rope is the op)
+
+    seen: list[tuple[Any, ...]] = []
+    real = rotary_mod.ops.rotate_qk
+
+    def spy(*args: Any) -> Any:
+        seen.append(args)
+        return real(*args)
+
+    def no_copy(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the packed call copied q / k before the kernel")
+
+    monkeypatch.setattr(rotary_mod.ops, "rotate_qk", spy)
+    monkeypatch.setattr(rope_ops, "rope_apply", no_copy)
+    q, k = qk(dtype)
+    rope = tpt.RotaryEmbedding(DH, max_seq_len=MAX, qk_layout="thd")
+    oq, ok = rope.apply(q, k, cu_seqlens=CU)
+    (sq, sk, cos, sin, interleaved, pos), = seen
+    assert sq.shape == (T, HQ, 1, DH) and sq.data_ptr() == q.data_ptr() and sk.data_ptr() == k.data_ptr()
+    assert cos.shape == sin.shape == rope.cos_cached.shape                     # (P, F): the cache, not gathered
+    assert cos is rope._cached_as(cos.dtype)[0] and sin is rope._cached_as(cos.dtype)[1]
+    np.testing.assert_array_equal(pos[:, 0].numpy(), tpt.positions_from_cu_seqlens(CU).numpy())
+    assert oq.is_contiguous() and ok.is_contiguous() and oq.shape == q.shape and ok.shape == k.shape
+
+
+def test_the_op_refuses_positions_outside_the_table() -> None:
+    """``tokenpos::rope`` / ``rope_qk`` with positions: values outside [0, P) are a PositionError on the
+    CPU, a device-side assert on (fake) CUDA with no host sync; bad shapes a ConfigError at the op and
+    its fake alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(1, 2, 4, 8)
+    cos, sin = torch.ones(5, 4), torch.zeros(5, 4)
+    with pytest.raises(tpt.PositionError, match=r"position 5 at index \(2,\) is out of range \[0, 5\)"):
+        torch.ops.tokenpos.rope(x, cos, sin, False, torch.tensor([0, 1, 5, 2]))
+    with pytest.raises(tpt.PositionError, match="negative"):
+        torch.ops.tokenpos.rope_qk(x, x, cos, sin, False, torch.tensor([[0, -1, 1, 2]]))
+    with no_host_sync(), pytest.raises(RuntimeError, match="device-side assert"):
+        torch.ops.tokenpos.rope(*(to_fake_cuda(t) for t in (x, cos, sin)), False,
+                                to_fake_cuda(torch.tensor([0, 1, 9, 2])))
+    for c, s, p, text in ((cos[None], sin[None], torch.zeros(4, dtype=torch.long), r"\(P, R/2\)"),
+                          (cos, sin, torch.zeros(2, 4, dtype=torch.long), r"\(4,\), \(1, 4\) or \(1, 4\)")):
+        with pytest.raises(ConfigError, match=text):
+            torch.ops.tokenpos.rope(x, c, s, False, p)
+        with FakeTensorMode() as mode, pytest.raises(ConfigError, match=text):
+            torch.ops.tokenpos.rope(*(mode.from_tensor(t) for t in (x, c, s)), False, mode.from_tensor(p))

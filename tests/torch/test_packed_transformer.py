@@ -13,13 +13,11 @@ import tokenpos
 import tokenpos.torch as tpt
 from tests.tolerances import TOL
 from tests.torch.fake_cuda import cpu_of, no_host_sync, to_fake_cuda
+from tests.torch.packed import CU, MASK, T, pad
 from tests.torch.test_no_host_sync import fake_cuda_module
 from tokenpos.tables import ConfigError
 
 V, D, H, P = 23, 8, 2, 16
-LENGTHS = [3, 5, 1, 4]
-CU = torch.tensor([0, *np.cumsum(LENGTHS)], dtype=torch.int32)
-T, L = int(CU[-1]), max(LENGTHS)
 CASES = {
     "learned": dict(positional="learned"),
     "sinusoidal": dict(positional="sinusoidal", scale=True),
@@ -33,10 +31,7 @@ def data(seed: int = 0) -> tuple[torch.Tensor, ...]:
     """ids and token types packed (T,) and padded (N, L) (pads: 0), and the (N, L) mask of real tokens."""
     g = torch.Generator().manual_seed(seed)
     ids, tt = torch.randint(1, V, (T,), generator=g), torch.randint(0, 2, (T,), generator=g)
-    mask = torch.arange(L)[None, :] < torch.tensor(LENGTHS)[:, None]
-    ids_pad, tt_pad = torch.zeros(mask.shape, dtype=torch.long), torch.zeros(mask.shape, dtype=torch.long)
-    ids_pad[mask], tt_pad[mask] = ids, tt
-    return ids, tt, ids_pad, tt_pad, mask
+    return ids, tt, pad(ids), pad(tt), MASK
 
 
 def make(case: str, dtype: torch.dtype) -> Any:
@@ -61,8 +56,7 @@ def test_packed_equals_padded_per_token_with_equal_gradients(case: str, dtype: t
         torch.testing.assert_close(out, ref[mask], **tol)
         torch.testing.assert_close(call(packed, ids[None], tt[None], cu_seqlens=CU.long()), out[None], **tol)
         g = torch.randn(out.shape, dtype=dtype, generator=torch.Generator().manual_seed(1))
-        g_pad = torch.zeros(ref.shape, dtype=dtype)
-        g_pad[mask] = g
+        g_pad = pad(g)
         (out * g).sum().backward()
         (ref * g_pad).sum().backward()
     grads = dict(padded.named_parameters())

@@ -20,10 +20,11 @@ Embedding (:mod:`.embedding`), N ids of any shape (...), D model dim, P position
   dropout_offset=0, padding_idx=None, pos_ids=None, num_positions=None)
   -> (unique_ids (U,), rows (U, D), pos_grad (P, D) | None)``: row-sparse token gradient.
 
-RoPE (:mod:`.rope`), q (B, H, L, Dh), k (B, Hk, L, Dh), cos/sin (L, R/2) or (B, L, R/2):
+RoPE (:mod:`.rope`), q (B, H, L, Dh), k (B, Hk, L, Dh), cos/sin (L, R/2) or (B, L, R/2), or one (P, R/2)
+table read at ``positions`` (L,) / (1, L) / (B, L) in [0, P):
 
-- ``rope_apply(q, k, cos, sin, *, layout="half"|"interleaved", out_q=None, out_k=None) -> (q, k)``
-- ``rope_apply_backward(grad_q, grad_k, cos, sin, *, layout, out_q=None, out_k=None) -> (gq, gk)``
+- ``rope_apply(q, k, cos, sin, *, layout="half"|"interleaved", out_q=None, out_k=None, positions=None) -> (q, k)``
+- ``rope_apply_backward(grad_q, grad_k, cos, sin, *, layout, out_q=None, out_k=None, positions=None) -> (gq, gk)``
 
 Row-sparse optimisers (:mod:`.optim`), in place, ``mode="exact"|"lazy"``:
 

@@ -115,17 +115,27 @@ def _rope_ref_one(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, layout: str, 
     return out
 
 
+def _gathered(c: np.ndarray, s: np.ndarray, pos: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tables (Bc, L, R/2) of the checked arguments: with positions (Bp * L,), the rows they index."""
+    if not pos.size:
+        return c, s
+    idx = pos.reshape(-1, length)
+    return c[idx], s[idx]
+
+
 def rope_apply_ref(q: Any, k: Any, cos: Any, sin: Any, *, layout: str = "half", out_q: Any = None,
-                   out_k: Any = None):
+                   out_k: Any = None, positions: Any = None):
     """Twin of :func:`tokenpos.kernels.rope_apply`; returns ``(q_rot, k_rot or None)``."""
-    q, k, c, s, layout = prepare_rope(q, k, cos, sin, layout)
+    q, k, c, s, layout, pos = prepare_rope(q, k, cos, sin, layout, positions)
+    c, s = _gathered(c, s, pos, q.shape[2])
     return _rope_ref_one(q, c, s, layout, 1.0), (None if k is None else _rope_ref_one(k, c, s, layout, 1.0))
 
 
 def rope_apply_backward_ref(grad_q: Any, grad_k: Any, cos: Any, sin: Any, *, layout: str = "half",
-                            out_q: Any = None, out_k: Any = None):
+                            out_q: Any = None, out_k: Any = None, positions: Any = None):
     """Twin of :func:`tokenpos.kernels.rope_apply_backward` (the transpose rotation)."""
-    g, gk, c, s, layout = prepare_rope(grad_q, grad_k, cos, sin, layout)
+    g, gk, c, s, layout, pos = prepare_rope(grad_q, grad_k, cos, sin, layout, positions)
+    c, s = _gathered(c, s, pos, g.shape[2])
     return _rope_ref_one(g, c, s, layout, -1.0), (None if gk is None else _rope_ref_one(gk, c, s, layout, -1.0))
 
 

@@ -1,9 +1,12 @@
 """Rotary position embedding (RoPE) applied to q and k in one pass, and its backward.
 
 Shapes: B batch, H query heads, Hk key heads (GQA: Hk may differ from H), L length, Dh head dim,
-R rotary dim (even, <= Dh). Inputs are (B, H, L, Dh) and (B, Hk, L, Dh). ``cos``/``sin`` are the
-caller's tables of shape (L, R/2) (every batch row at the same positions) or (B, L, R/2) (per-row
-positions), float32 or float64, computed in high precision by the caller (``tables.formulas.rope``).
+R rotary dim (even, <= Dh), P table rows. Inputs are (B, H, L, Dh) and (B, Hk, L, Dh). ``cos``/``sin``
+are the caller's tables, float32 or float64, computed in high precision by the caller
+(``tables.formulas.rope``), of shape (L, R/2) (every batch row at the same positions) or (B, L, R/2)
+(per-row positions); or, with ``positions`` (L,) / (1, L) / (B, L) integers in [0, P), a (P, R/2)
+table whose row ``positions[b, l]`` rotates token (b, l) (a cached table indexed by position: packed
+documents, whose positions restart per document, read it with no per-call table).
 
 Layouts (only the first R dims rotate; dims R..Dh-1 pass through unchanged):
 
@@ -26,8 +29,8 @@ from numba import njit, prange
 
 from tokenpos._config import OUTPUTS
 from tokenpos.kernels._threading import parallel_guard
-from tokenpos.tables.checks.ops import check_rope_tables, rope_rank_message
-from tokenpos.tables.checks.validation import check_choice
+from tokenpos.tables.checks.ops import check_rope_indexed_tables, check_rope_tables, rope_rank_message
+from tokenpos.tables.checks.validation import check_choice, check_positions
 from tokenpos.tables.errors import ConfigError
 
 LAYOUTS = ("half", "interleaved")
@@ -62,7 +65,7 @@ def _rotate_row(x, o, r, cos, sin, c, sign, interleaved, copy_tail):  # pragma: 
 
 
 @njit(inline="always", cache=True)
-def _rope_task(t, tq, q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k, rows_per_task,
+def _rope_task(t, tq, q, k, H, Hk, L, cos, sin, pos, sign, interleaved, copy_tail, out_q, out_k, rows_per_task,
                paired, per_batch):  # pragma: no cover - compiled
     """Task ``t`` of :func:`_rope_core`: rows ``[r0, r1)`` of q (t < tq) or of k."""
     if t < tq:
@@ -79,53 +82,62 @@ def _rope_task(t, tq, q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, ou
         r1 = min(k.shape[0], r0 + rows_per_task)
     both = paired and t < tq
     l = r0 % L                                           # position of row r0; no division per row
-    cb = (r0 // HL) * L if per_batch else 0              # its batch's first table row
+    cb = (r0 // HL) * L if per_batch else 0              # its batch's first table (or positions) row
+    left = HL - r0 % HL                                  # rows of this batch from r0 on
+    indexed = pos.shape[0] > 0
     for r in range(r0, r1):
-        c = cb + l
+        c = pos[cb + l] if indexed else cb + l
         _rotate_row(x, o, r, cos, sin, c, sign, interleaved, copy_tail)
         if both:
             _rotate_row(k, out_k, r, cos, sin, c, sign, interleaved, copy_tail)
         l += 1
         if l == L:                                       # next (batch, head) slab
             l = 0
-            if per_batch and (r + 1) % HL == 0:
+        left -= 1
+        if left == 0:                                    # next batch (a counter: L = 1 rows divide no more)
+            left = HL
+            if per_batch:
                 cb += L
 
 
 @njit(cache=True)
-def _tasks(q, k, H, Hk, L, cos, rows_per_task):  # pragma: no cover - compiled
-    """(tq, tk, paired, per_batch): q's task count, k's (0 when k's rows ride with q's), and the layout flags."""
+def _tasks(q, k, H, Hk, L, cos, pos, rows_per_task):  # pragma: no cover - compiled
+    """(tq, tk, paired, per_batch): q's task count, k's (0 when k's rows ride with q's), and the layout flags
+    (per_batch: one table row, or one position, per (batch, l) rather than per l)."""
     paired = Hk == H and k.shape[0] == q.shape[0]
     tq = (q.shape[0] + rows_per_task - 1) // rows_per_task
     tk = 0 if paired else (k.shape[0] + rows_per_task - 1) // rows_per_task
-    return tq, tk, paired, cos.shape[0] > L
+    return tq, tk, paired, (pos.shape[0] if pos.shape[0] > 0 else cos.shape[0]) > L
 
 
 @njit(parallel=True, cache=True)
-def _rope_core(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k, rows_per_task):  # pragma: no cover
-    """q (B*H*L, Dh), k (B*Hk*L, Dh), cos/sin (Bc*L, R/2); parallel over tasks of consecutive rows.
+def _rope_core(q, k, H, Hk, L, cos, sin, pos, sign, interleaved, copy_tail, out_q, out_k,
+               rows_per_task):  # pragma: no cover - compiled
+    """q (B*H*L, Dh), k (B*Hk*L, Dh), cos/sin (Bc*L, R/2) or (P, R/2), pos (0,) or (Bp*L,) int64;
+    parallel over tasks of consecutive rows.
 
-    Row r of q belongs to batch b = r // (H*L) at position l = r % L and uses table row
-    ``b * L + l`` when tables are per batch row (Bc > 1), else ``l``. Indexing is direct (no
+    Row r of q belongs to batch b = r // (H*L) at l = r % L; its index is ``b * L + l`` when tables
+    (or positions) are per batch row (Bc > 1, Bp > 1), else ``l``; it uses that table row, or with
+    positions (pos non-empty) table row ``pos[index]``. Indexing is direct (no
     per-row array views: rows are only Dh elements long). When k has q's heads (Hk == H), row r of
     k has row r of q's table row, and a task rotates both (one pass over the tables, four memory
     streams: 10-20 % faster than separate tasks, benchmarks/HISTORY.md); else q's and k's rows are separate
     tasks.
     """
-    tq, tk, paired, per_batch = _tasks(q, k, H, Hk, L, cos, rows_per_task)
+    tq, tk, paired, per_batch = _tasks(q, k, H, Hk, L, cos, pos, rows_per_task)
     for t in prange(tq + tk):
-        _rope_task(t, tq, q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k, rows_per_task,
+        _rope_task(t, tq, q, k, H, Hk, L, cos, sin, pos, sign, interleaved, copy_tail, out_q, out_k, rows_per_task,
                    paired, per_batch)
 
 
 @njit(cache=True)
-def _rope_core_serial(q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k,
+def _rope_core_serial(q, k, H, Hk, L, cos, sin, pos, sign, interleaved, copy_tail, out_q, out_k,
                       rows_per_task):  # pragma: no cover - compiled
     """:func:`_rope_core` on the calling thread, for passes under :data:`PARALLEL_BYTES` (a decode step):
     the same tasks in order, the same bits."""
-    tq, tk, paired, per_batch = _tasks(q, k, H, Hk, L, cos, rows_per_task)
+    tq, tk, paired, per_batch = _tasks(q, k, H, Hk, L, cos, pos, rows_per_task)
     for t in range(tq + tk):
-        _rope_task(t, tq, q, k, H, Hk, L, cos, sin, sign, interleaved, copy_tail, out_q, out_k, rows_per_task,
+        _rope_task(t, tq, q, k, H, Hk, L, cos, sin, pos, sign, interleaved, copy_tail, out_q, out_k, rows_per_task,
                    paired, per_batch)
 
 
@@ -138,8 +150,13 @@ def _as_heads(name: str, x: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def prepare_rope(q: Any, k: Any, cos: Any, sin: Any, layout: str):
-    """Validate; returns (q, k or None, cos (Bc, L, R/2), sin (Bc, L, R/2), layout)."""
+NO_POSITIONS = np.zeros(0, dtype=np.int64)      # the cores' "no positions": table rows by l (and b)
+
+
+def prepare_rope(q: Any, k: Any, cos: Any, sin: Any, layout: str, positions: Any = None):
+    """Validate; returns (q, k or None, cos, sin, layout, positions): cos / sin (Bc, L, R/2), positions
+    :data:`NO_POSITIONS`; or with ``positions`` (L,) / (1, L) / (B, L) in [0, P) (PositionError else), cos /
+    sin (P, R/2) and the positions flat int64 (Bp * L,)."""
     check_choice("layout", layout, LAYOUTS)
     q = _as_heads("q", q)
     B, _, L, Dh = q.shape
@@ -149,10 +166,15 @@ def prepare_rope(q: Any, k: Any, cos: Any, sin: Any, layout: str):
             raise ConfigError(f"k must be {q.dtype} of shape ({B}, Hk, {L}, {Dh}), got {k.dtype} {k.shape}")
     c = np.asarray(cos)
     s = np.asarray(sin)
-    check_rope_tables(c, s, B, L, Dh)                  # the ops' check (tables.checks.ops)
+    if positions is not None:
+        pos = np.asarray(positions)
+        check_rope_indexed_tables(c, s, pos, B, L, Dh)             # the ops' checks (tables.checks.ops)
+        pos = np.ascontiguousarray(check_positions(pos, c.shape[0]).reshape(-1))   # values: in [0, P)
+        return q, k, np.ascontiguousarray(c), np.ascontiguousarray(s), layout, pos
+    check_rope_tables(c, s, B, L, Dh)
     if c.ndim == 2:
         c, s = c[None], s[None]
-    return q, k, np.ascontiguousarray(c), np.ascontiguousarray(s), layout
+    return q, k, np.ascontiguousarray(c), np.ascontiguousarray(s), layout, NO_POSITIONS
 
 
 def _out(name: str, out: Any, like: np.ndarray) -> np.ndarray:
@@ -164,30 +186,32 @@ def _out(name: str, out: Any, like: np.ndarray) -> np.ndarray:
     return out
 
 
-def _run(q, k, cos, sin, layout, sign, out_q, out_k):
-    q, k, c, s, layout = prepare_rope(q, k, cos, sin, layout)
+def _run(q, k, cos, sin, layout, sign, out_q, out_k, positions):
+    q, k, c, s, layout, pos = prepare_rope(q, k, cos, sin, layout, positions)
     oq = _out("out_q", out_q, q)
     ok = None if k is None else _out("out_k", out_k, k)
     kk, okk = (k, ok) if k is not None else (q[:, :0], oq[:, :0])
     # in place (out is the input) needs no pass-through copy of dims R..Dh-1
     copy_tail = not (np.shares_memory(oq, q) and (k is None or np.shares_memory(okk, kk)))
-    run_rope(q, kk, c, s, layout == "interleaved", sign, copy_tail, oq, okk)
+    run_rope(q, kk, c, s, layout == "interleaved", sign, copy_tail, oq, okk, pos)
     return oq, ok
 
 
 def run_rope(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool, sign: float,
-             copy_tail: bool, out_q: np.ndarray, out_k: np.ndarray) -> None:
+             copy_tail: bool, out_q: np.ndarray, out_k: np.ndarray, positions: np.ndarray = NO_POSITIONS) -> None:
     """The compiled pass on arrays already in shape (nothing is validated here): q (B, H, L, Dh) and
     k (B, Hk, L, Dh) C-contiguous of one float dtype (k may have Hk = 0), cos / sin (Bc, L, R/2)
     (or (L, R/2)) C-contiguous with Bc in (1, B) and R <= Dh, outputs C-contiguous like q and k. ``copy_tail``:
-    write dims R..Dh-1 too (False only when the outputs are the inputs)."""
+    write dims R..Dh-1 too (False only when the outputs are the inputs). ``positions``: empty, or the
+    int64 positions (L,) / (Bp, L) (any shape of those sizes, C-contiguous) in [0, P) of a (P, R/2) table."""
     if not (q.size or k.size):
         return
     _, H, L, Dh = q.shape
     per_task = max(1, ROPE_TASK_BYTES // max(1, Dh * q.itemsize))
     rows = cos.size // cos.shape[-1] if cos.shape[-1] else math.prod(cos.shape[:-1])   # (no reshape(-1, 0))
     args = (q.reshape(-1, Dh), k.reshape(-1, Dh), H, k.shape[1], L, cos.reshape(rows, cos.shape[-1]),
-            sin.reshape(rows, sin.shape[-1]), q.dtype.type(sign) if cos.dtype == q.dtype else float(sign),
+            sin.reshape(rows, sin.shape[-1]), positions.reshape(-1),
+            q.dtype.type(sign) if cos.dtype == q.dtype else float(sign),
             interleaved, copy_tail, out_q.reshape(-1, Dh), out_k.reshape(-1, Dh), per_task)
     if q.nbytes + k.nbytes < PARALLEL_BYTES:   # a parallel launch costs more than it gives
         _rope_core_serial(*args)
@@ -197,12 +221,14 @@ def run_rope(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, int
 
 
 def rope_apply(q: Any, k: Any, cos: Any, sin: Any, *, layout: str = "half", out_q: np.ndarray | None = None,
-               out_k: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+               out_k: np.ndarray | None = None, positions: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Rotate q (B, H, L, Dh) and k (B, Hk, L, Dh) in one parallel pass.
 
     Args:
         q, k: float32/float64 arrays (k may be None). Non-contiguous inputs are copied first.
-        cos, sin: (L, R/2) or (B, L, R/2) tables; R = 2 * cos.shape[-1] is the rotary dim.
+        cos, sin: (L, R/2) or (B, L, R/2) tables; R = 2 * cos.shape[-1] is the rotary dim. With
+            ``positions``: one (P, R/2) table, row ``positions[b, l]`` for token (b, l).
+        positions: None, or integers (L,), (1, L) or (B, L) in [0, P) (else PositionError).
         layout: "half" or "interleaved" (see the module docstring).
         out_q, out_k: optional preallocated C-contiguous outputs (may be q and k themselves for an
             in-place rotation, or zero-copy ``.numpy()`` views of torch tensors).
@@ -210,11 +236,11 @@ def rope_apply(q: Any, k: Any, cos: Any, sin: Any, *, layout: str = "half", out_
     Returns:
         ``(q_rot, k_rot)`` of the input shapes and dtype (``k_rot`` is None when k is None).
     """
-    return _run(q, k, cos, sin, layout, 1.0, out_q, out_k)
+    return _run(q, k, cos, sin, layout, 1.0, out_q, out_k, positions)
 
 
 def rope_apply_backward(grad_q: Any, grad_k: Any, cos: Any, sin: Any, *, layout: str = "half",
-                        out_q: np.ndarray | None = None, out_k: np.ndarray | None = None
+                        out_q: np.ndarray | None = None, out_k: np.ndarray | None = None, positions: Any = None
                         ) -> tuple[np.ndarray, np.ndarray | None]:
     """Gradient of :func:`rope_apply` w.r.t. q and k: the inverse (transpose) rotation of the grads."""
-    return _run(grad_q, grad_k, cos, sin, layout, -1.0, out_q, out_k)
+    return _run(grad_q, grad_k, cos, sin, layout, -1.0, out_q, out_k, positions)

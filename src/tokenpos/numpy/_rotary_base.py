@@ -110,18 +110,24 @@ class RotaryBase(Module):
     # -- rotation ----------------------------------------------------------------------------------
     @staticmethod
     def _rotate_pair(q: np.ndarray, k: np.ndarray, tables_q: tuple[np.ndarray, np.ndarray],
-                     tables_k: tuple[np.ndarray, np.ndarray] | None, interleaved: bool
-                     ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+                     tables_k: tuple[np.ndarray, np.ndarray] | None, interleaved: bool,
+                     positions: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
         """Rotate q, k (B, H, L, Dh) by cos / sin (..., F) already in their dtypes -> (B, H, L, Dh) and the cache.
 
-        ``tables_k`` None: one ``rope_qk_forward`` pass with q's tables; else one ``rope_forward`` per tensor.
+        ``tables_k`` None: one ``rope_qk_forward`` pass with q's tables (a (P, F) table read at
+        ``positions`` when given); else one ``rope_forward`` per tensor.
         """
         if tables_k is None:
-            q_out, k_out, cache = F.rope_qk_forward(q, k, *tables_q, interleaved=interleaved)
+            q_out, k_out, cache = F.rope_qk_forward(q, k, *tables_q, interleaved=interleaved, positions=positions)
             return q_out, k_out, RotaryCache(cache, None)
         q_out, cache_q = F.rope_forward(q, *tables_q, interleaved=interleaved)
         k_out, cache_k = F.rope_forward(k, *tables_k, interleaved=interleaved)
         return q_out, k_out, RotaryCache(cache_q, cache_k)
+
+    def _rotate_packed(self, q: np.ndarray, k: np.ndarray, pos: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """q, k (1, H, T, Dh) rotated at packed positions (T,) (each in [0, T)): the per-token path."""
+        return self._rotate_bhld(q, k, pos, 0, None)
 
     def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:  # pragma: no cover - abstract
@@ -134,9 +140,10 @@ class RotaryBase(Module):
         ``cu_seqlens`` (N + 1,): q, k one packed row, positions restarting per document."""
         q, k = self._qk(q, k)
         if cu_seqlens is not None:
-            positions = self._packed_positions(q, positions, start_pos, key_positions, cu_seqlens)
-            start_pos = 0
-        q_out, k_out, cache = self._rotate_bhld(q, k, positions, start_pos, key_positions)
+            pos = self._packed_positions(q, positions, start_pos, key_positions, cu_seqlens)
+            q_out, k_out, cache = self._rotate_packed(q, k, pos)
+        else:
+            q_out, k_out, cache = self._rotate_bhld(q, k, positions, start_pos, key_positions)
         return self._out(q_out), self._out(k_out), cache
 
     def apply_backward(self, grad_q: Any, grad_k: Any, cache: RotaryCache) -> tuple[np.ndarray, np.ndarray]:

@@ -152,16 +152,20 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
                 c, s = np.cos(ang) * self.attention_factor, np.sin(ang) * self.attention_factor
                 out.append((c, s) if dtype is None else (c.astype(dtype), s.astype(dtype)))
                 continue
-            if dtype is None:
-                hit = (snap.cos, snap.sin)
-            else:                                                   # idempotent; setdefault keeps the first
-                hit = snap.halves.get(dtype) or snap.halves.setdefault(
-                    dtype, (snap.cos.astype(dtype), snap.sin.astype(dtype)))
+            hit = self._in_dtype(snap, dtype)
             if start is not None:
                 out.append((hit[0][start:start + pos.shape[0]], hit[1][start:start + pos.shape[0]]))
             else:
                 out.append((hit[0][pos], hit[1][pos]))
         return out
+
+    @staticmethod
+    def _in_dtype(snap: _Snapshot, dtype: np.dtype | None) -> tuple[np.ndarray, np.ndarray]:
+        """The snapshot's (P, F) cos / sin in ``dtype`` (None: float64), cast once per snapshot."""
+        if dtype is None:
+            return snap.cos, snap.sin
+        return snap.halves.get(dtype) or snap.halves.setdefault(   # idempotent; setdefault keeps the first
+            dtype, (snap.cos.astype(dtype), snap.sin.astype(dtype)))
 
     def _cover(self, need: int, seq_len: int | None) -> tuple[_Snapshot, np.ndarray | None]:
         """(Under the lock.) Pick the variant for rows [0, need), keep the new state, and swap in a
@@ -205,6 +209,21 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         pos = self._positions(positions, start_pos, x.shape[0], x.shape[2])
         cos, sin = self._tables([(pos, start_pos if positions is None else None)], seq_len, x.dtype)[0]
         return self._out(F.rope_forward(x, cos, sin, interleaved=self.interleaved)[0])
+
+    def _rotate_packed(self, q: np.ndarray, k: np.ndarray, pos: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """q, k (1, H, T, Dh) at packed positions (T,): one pass reading the cached (P, F) cos / sin at the
+        positions (no per-call tables), with the variant and the rows :meth:`_rotate_bhld` would pick
+        (every scaling: the snapshot serves the call's variant); positions past the cache and q, k of
+        two dtypes take :meth:`_rotate_bhld`."""
+        if q.dtype != k.dtype:
+            return self._rotate_bhld(q, k, pos, 0, None)
+        need = int(pos.max()) + 1 if pos.size else 0
+        with self._lock:
+            snap, far = self._cover(need, need)
+        if far is not None:
+            return self._rotate_bhld(q, k, pos, 0, None)
+        return self._rotate_pair(q, k, self._in_dtype(snap, q.dtype), None, self.interleaved, pos)
 
     def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:

@@ -40,7 +40,7 @@ from tokenpos.tables.errors import ConfigError
 from tokenpos.torch import ops
 from tokenpos.torch._checks import calc_dtype, check_position_tensor
 from tokenpos.torch._module import TokenposModule
-from tokenpos.torch.packing import check_cu_seqlens_tensor, packed_positions
+from tokenpos.torch.packing import document_positions
 
 
 def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> torch.Tensor:
@@ -126,8 +126,8 @@ class RotaryBase(TokenposModule):
         every other argument checked."""
         if not self.packs:
             raise ConfigError(rotary_packed_message(type(self).__name__))
-        total = check_packed_rotary_args(tuple(q.shape), positions, start_pos, key_positions)
-        return packed_positions(check_cu_seqlens_tensor(cu_seqlens, total, device=q.device), total)
+        return document_positions(cu_seqlens, check_packed_rotary_args(tuple(q.shape), positions, start_pos,
+                                                                       key_positions), q.device)
 
     @staticmethod
     def _same_key_positions(scheme: str, pos: torch.Tensor, key_positions: Any) -> None:

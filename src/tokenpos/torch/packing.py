@@ -70,6 +70,14 @@ def packed_positions(cu: torch.Tensor, total: int) -> torch.Tensor:
     return torch.arange(total, device=cu.device) - cu.index_select(0, doc)
 
 
+def document_positions(cu_seqlens: Any, total: int, device: torch.device) -> torch.Tensor:
+    """The layers' packed positions: ``cu_seqlens`` checked (:func:`check_cu_seqlens_tensor`, on ``device``,
+    ending at ``total``) -> positions (T,) int64 restarting at 0 in every document, no host sync.
+    ``total`` is T as the caller's own packed check returned it (``tables.checks.packing.check_packed_*_args``:
+    TransformerEmbedding's ids, the rotary layers' q)."""
+    return packed_positions(check_cu_seqlens_tensor(cu_seqlens, total, device=device), total)
+
+
 def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None) -> torch.Tensor:
     """``cu_seqlens`` (N + 1,) -> positions (T,) int64 on its device, 0, 1, ... in every document.
 

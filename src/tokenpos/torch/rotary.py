@@ -331,11 +331,12 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), self.interleaved))
 
     def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k (1, H, T, Dh) at packed positions (T,): the cached cos / sin rows indexed by position
-        (flash-attn's rotary cache), when one static frequency variant serves every position and the
-        cache holds them all: rows up to ``max(pos) + 1`` on the CPU (read), up to T elsewhere (a
-        bound known without reading the device). Otherwise (dynamic NTK, longrope, positions past
-        the cache, q and k of two dtypes) the per-token formula path of :meth:`_rotate_bhld`."""
+        """q, k (1, H, T, Dh) at packed positions (T,): one op pass reading the cached (P, F) cos / sin
+        at the positions (flash-attn's rotary cache; no per-call table), when one static frequency
+        variant serves every position and the cache holds them all: rows up to ``max(pos) + 1`` on the
+        CPU (read), up to T elsewhere (a bound known without reading the device). Otherwise (dynamic
+        NTK, longrope, positions past the cache, q and k of two dtypes) the per-token formula path of
+        :meth:`_rotate_bhld`."""
         if self.freqs.length_dependent or q.dtype != k.dtype:
             return self._rotate_bhld(q, k, pos, 0, None)
         need = q.shape[2]
@@ -344,11 +345,10 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         tables = None
         with self._guard():
             if need <= self.cos_cached.shape[0] and self._cover(need) is None:
-                cos, sin = self._cached_as(torch.float64 if q.dtype == torch.float64 else torch.float32)
-                tables = cos.index_select(0, pos), sin.index_select(0, pos)            # (T, F)
+                tables = self._cached_as(torch.float64 if q.dtype == torch.float64 else torch.float32)
         if tables is None:
             return self._rotate_bhld(q, k, pos, 0, None)
-        return self._rotate_pair(q, k, tables, None, self.interleaved)
+        return rotate_at_positions(q, k, *tables, pos, self.interleaved)
 
     def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -380,6 +380,23 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
                 f"max_seq_len={self.max_seq_len}, rope_type={self.rope_type!r}, layout={self.layout!r}, "
                 f"qk_layout={self.qk_layout!r}")
+
+
+def _token_major(x: torch.Tensor) -> torch.Tensor:
+    """(1, H, T, Dh) -> the (T, H, 1, Dh) view of the same elements (contiguous for a (T, H, Dh) row)."""
+    return x[0].transpose(0, 1).unsqueeze(2)
+
+
+def rotate_at_positions(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                        interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (1, H, T, Dh), k (1, Hk, T, Dh) rotated at positions (T,) by the (P, F) tables read at them: one
+    ``tokenpos::rope_qk`` pass. The op is called on the view in q's memory order, so neither input is
+    copied and the outputs come back in the inputs' layout: (1, H, T, Dh) as it is when contiguous, else
+    the (T, H, 1, Dh) view of a packed ``(T, H, Dh)`` row with positions (T, 1) (one token per batch row)."""
+    if q.is_contiguous() or not _token_major(q).is_contiguous():
+        return ops.rotate_qk(q, k, cos, sin, interleaved, pos)  # type: ignore[no-any-return]
+    oq, ok = ops.rotate_qk(_token_major(q), _token_major(k), cos, sin, interleaved, pos[:, None])
+    return oq[:, :, 0].transpose(0, 1)[None], ok[:, :, 0].transpose(0, 1)[None]        # back to (1, H, T, Dh)
 
 
 def dynamic_inv_freq_torch(length: torch.Tensor, freqs: Any) -> torch.Tensor:

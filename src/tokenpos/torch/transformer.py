@@ -37,7 +37,7 @@ from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.norm import build_norm
 from tokenpos.torch.ops import embed
 from tokenpos.torch.ops.entry import no_seed
-from tokenpos.torch.packing import check_cu_seqlens_tensor, packed_positions
+from tokenpos.torch.packing import document_positions
 from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.token import TokenEmbedding, _pad, token_rows
 
@@ -186,7 +186,7 @@ class TransformerEmbedding(TokenposModule):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
         if cu_seqlens is not None:                                  # packed: positions restart per document
             total = check_packed_embedding_args(tuple(ids.shape), positions, start_pos, self.position_ids)
-            positions = packed_positions(check_cu_seqlens_tensor(cu_seqlens, total, device=ids.device), total)
+            positions = document_positions(cu_seqlens, total, ids.device)
         shape, L = tuple(ids.shape), ids.shape[-1]
         limit = table_limit(position)
         if positions is not None:                                   # given: used as they are

@@ -43,7 +43,7 @@ print(json.dumps(out))
 """
 
 I32 = "i32"
-ROPE_INTS = "H HK L F TAIL sqb sqh sql skb skh skl soqb soqh soql sokb sokh sokl scb scl".split()
+ROPE_INTS = "H HK L F TAIL sqb sqh sql skb skh skl soqb soqh soql sokb sokh sokl scb scl spb spl".split()
 
 
 def _variants() -> dict[str, tuple]:
@@ -62,10 +62,10 @@ def _variants() -> dict[str, tuple]:
                     {"HAS_DROPOUT": True, "PAIRS": pairs, "BLOCK_D": 128, "ROWS": 8})
     for x, t, f64, interleaved in [("*bf16", "*fp32", False, False), ("*fp32", "*fp64", True, True)]:
         v[f"rope{x}{t}{interleaved}"] = ("rope", "_rope_kernel", {
-            "q_ptr": x, "k_ptr": x, "oq_ptr": x, "ok_ptr": x, "cos_ptr": t, "sin_ptr": t,
+            "q_ptr": x, "k_ptr": x, "oq_ptr": x, "ok_ptr": x, "cos_ptr": t, "sin_ptr": t, "pos_ptr": "*i64",
             **dict.fromkeys(ROPE_INTS, I32), "sqb": "i64"},
             {"INTERLEAVED": interleaved, "NEG_SIN": True, "COPY_TAIL": True, "F64": f64,
-             "BLOCK_L": 16, "BLOCK_F": 32, "BLOCK_T": 64})
+             "HAS_POS": f64, "BLOCK_L": 16, "BLOCK_F": 32, "BLOCK_T": 64})       # (table rows by position: fp32)
     v["ce_stats"] = ("cross_entropy", "_stats_kernel", {
         "x_ptr": "*bf16", "tgt_ptr": "*i64", "out_ptr": "*fp32", "Vs": I32, "stride_x": I32, "vocab_start": I32},
         {"BLOCK": 1024})

@@ -13,6 +13,7 @@ triton = pytest.importorskip("triton")          # the optional gpu extra
 from tests.tolerances import TOL  # noqa: E402
 from tokenpos.kernels.reference import rope_apply_backward_ref, rope_apply_ref  # noqa: E402
 from tokenpos.kernels.triton import rope_backward, rope_forward, rope_qk, rope_qk_backward  # noqa: E402
+from tokenpos.tables.errors import ConfigError  # noqa: E402
 from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq  # noqa: E402
 
 SETTINGS = settings(max_examples=12, deadline=None)
@@ -177,3 +178,50 @@ def test_same_tensor_as_q_and_k_and_a_leading_one_table(device, gen) -> None:
     want = torch_rope(x.cpu(), cos, sin, True)
     a, b = rope_qk(x, x, cos[None].to(device), sin[None].to(device), True)   # (1, L, F) tables, k is q
     assert torch.equal(a.cpu(), want) and torch.equal(b.cpu(), want)
+
+
+@SETTINGS
+@given(c=cases(), shape=st.sampled_from(["l", "1l", "bl", "token"]), seed=st.integers(0, 2**16))
+def test_positions_read_the_table_rows_like_the_numpy_reference(c, shape, seed, device) -> None:
+    """A (P, F) table read at positions (L,), (1, L), (B, L) (strided positions too) equals the NumPy
+    twin bit for bit, forward and backward, one launch for q and k."""
+    q, k, _, _, interleaved = c
+    B, _, L, Dh = q.shape
+    rng = np.random.default_rng(seed)
+    P = 11
+    cos, sin = tables(np.arange(P) * 5, 2 * rng.integers(1, Dh // 2 + 1))
+    full = torch.from_numpy(rng.integers(0, P, (B, 2 * L)))
+    pos = {"l": full[0, :L], "1l": full[:1, ::2], "bl": full[:, ::2], "token": full[:, :L].contiguous()}[shape]
+    layout = "interleaved" if interleaved else "half"
+    rq, rk = rope_apply_ref(q, k, cos.numpy(), sin.numpy(), layout=layout, positions=pos.numpy())
+    bq, bk = rope_apply_backward_ref(q, k, cos.numpy(), sin.numpy(), layout=layout, positions=pos.numpy())
+    Q, K = torch.from_numpy(q).to(device), torch.from_numpy(k).to(device)
+    cos, sin, pos = cos.to(device), sin.to(device), pos.to(device)
+    gq, gk = rope_qk(Q, K, cos, sin, interleaved, positions=pos)
+    np.testing.assert_array_equal(gq.cpu().numpy(), rq)
+    np.testing.assert_array_equal(gk.cpu().numpy(), rk)
+    np.testing.assert_array_equal(rope_forward(Q, cos, sin, interleaved, positions=pos).cpu().numpy(), rq)
+    dq, dk = rope_qk_backward(Q, K, cos, sin, interleaved, positions=pos)
+    np.testing.assert_array_equal(dq.cpu().numpy(), bq)
+    np.testing.assert_array_equal(dk.cpu().numpy(), bk)
+    np.testing.assert_array_equal(rope_backward(K, cos, sin, interleaved, positions=pos).cpu().numpy(), bk)
+
+
+def test_token_major_view_of_a_packed_row(device, gen) -> None:
+    """(T, H, 1, Dh) with positions (T, 1): one token per batch row (L = 1), as the layers call a packed row."""
+    T, H, Dh, P = 37, 3, 8, 20
+    x = torch.randn(T, H, 1, Dh, generator=gen)
+    pos = torch.randint(0, P, (T, 1), generator=gen)
+    cos, sin = tables(np.arange(P), 6)
+    want = rope_apply_ref(x.numpy(), None, cos.numpy(), sin.numpy(), positions=pos.numpy())[0]
+    got = rope_forward(x.to(device), cos.to(device), sin.to(device), False, positions=pos.to(device))
+    np.testing.assert_array_equal(got.cpu().numpy(), want)
+
+
+def test_bad_positions_are_refused(device) -> None:
+    x = torch.zeros(2, 1, 4, 8, device=device)
+    cos, sin = (t.to(device) for t in tables(np.arange(6), 8))
+    for pos, c in ((torch.zeros(3, 4, dtype=torch.long), cos), (torch.zeros(4), cos),
+                   (torch.zeros(4, dtype=torch.long), cos[None])):
+        with pytest.raises(ConfigError, match="with positions"):
+            rope_forward(x, c, sin if c.dim() == 2 else sin[None], False, positions=pos.to(device))

@@ -14,10 +14,11 @@ Dh head dim, F rotary pairs (rotary dim R = 2F <= Dh).
 - ``embedding_backward(grad (..., D), ids, pos | None, num_weights, num_positions, scale, p, seed,
   padding_idx=-1, *, offset=0) -> (grad_weight (V, D), grad_table (P, D) | None)``: sorted segment
   sums in fp32, each row written once.
-- ``rope_forward(x (B, H, L, Dh), cos, sin, interleaved, out=None)`` and ``rope_backward`` (-sin);
-  cos/sin (L, F) or (B, L, F), float32/float64; ``out=x`` rotates in place.
-- ``rope_qk(q, k, cos, sin, interleaved, *, out_q=None, out_k=None) -> (q', k')`` in one launch, and
-  ``rope_qk_backward``.
+- ``rope_forward(x (B, H, L, Dh), cos, sin, interleaved, out=None, positions=None)`` and ``rope_backward``
+  (-sin); cos/sin (L, F) or (B, L, F), or (P, F) read at ``positions`` (L,) / (1, L) / (B, L),
+  float32/float64; ``out=x`` rotates in place.
+- ``rope_qk(q, k, cos, sin, interleaved, *, out_q=None, out_k=None, positions=None) -> (q', k')`` in one
+  launch, and ``rope_qk_backward``.
 - Vocab-parallel cross-entropy (:mod:`.cross_entropy`), logits (N, Vs) of one vocab shard:
   ``cross_entropy_stats(logits, targets, vocab_start=0) -> (N, 3)``, ``combine_cross_entropy_stats(
   stats (W, N, 3), targets, ignore_index=-100) -> (loss, lse)``, ``cross_entropy_backward(logits,

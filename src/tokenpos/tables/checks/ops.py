@@ -9,7 +9,8 @@ check (``torch/_checks.py``, ``checks.validation``).
 Arguments are duck-typed: anything with ``.shape`` and ``.dtype`` (torch tensors, NumPy arrays,
 fake tensors, functorch-wrapped tensors, whose shape is the per-sample one).
 
-Shapes: B batch, H heads (Hk key heads), L length, Dh head dim, F = R/2 rotated pairs (R <= Dh);
+Shapes: B batch, H heads (Hk key heads), L length, Dh head dim, F = R/2 rotated pairs (R <= Dh), P table
+rows (RoPE tables read by position);
 V vocab, D model dim, P positions; ids (...) any shape, pos the ids' shape or a trailing part of it.
 """
 
@@ -59,6 +60,18 @@ def rope_tables_dtype_message(cos: Any, sin: Any) -> str:
 def rope_tables_shape_message(shape: tuple[int, ...], batch: int, length: int, head_dim: int) -> str:
     """cos / sin whose shape is not (L, F), (1, L, F) or (B, L, F) with 2F <= Dh."""
     return (f"cos/sin must have shape ({length}, R/2) or ({batch}, {length}, R/2) with R <= head_dim={head_dim}, "
+            f"got {tuple(int(s) for s in shape)}")
+
+
+def rope_indexed_tables_message(shape: tuple[int, ...], head_dim: int) -> str:
+    """cos / sin read by position (``positions`` given) that are not one (P, F) table with 2F <= Dh."""
+    return (f"cos/sin read by positions must have shape (P, R/2) with R <= head_dim={head_dim}, "
+            f"got {tuple(int(s) for s in shape)}")
+
+
+def rope_positions_shape_message(shape: tuple[int, ...], batch: int, length: int) -> str:
+    """RoPE positions that are not (L,), (1, L) or (B, L)."""
+    return (f"positions must have shape ({length},), (1, {length}) or ({batch}, {length}), "
             f"got {tuple(int(s) for s in shape)}")
 
 
@@ -118,22 +131,45 @@ def check_rope_tables(cos: Any, sin: Any, batch: int, length: int, head_dim: int
         raise ConfigError(rope_tables_shape_message(c, batch, length, head_dim))
 
 
-def check_rope_args(x: Any, cos: Any, sin: Any) -> None:
-    """``tokenpos::rope``'s arguments: x (B, H, L, Dh) float, cos / sin as :func:`check_rope_tables`."""
+def check_rope_indexed_tables(cos: Any, sin: Any, positions: Any, batch: int, length: int, head_dim: int) -> None:
+    """Tables read by position: cos / sin one (P, F) float32 / float64 table, 2F <= Dh; positions integer,
+    (L,), (1, L) or (B, L). Their values (in [0, P)) are the caller's: shapes and dtypes only here."""
+    c = cos.shape
+    if _name(cos.dtype) not in TABLE_FLOATS or sin.dtype != cos.dtype or sin.shape != c:
+        raise ConfigError(rope_tables_dtype_message(cos, sin))
+    if len(c) != 2 or 2 * c[-1] > head_dim:
+        raise ConfigError(rope_indexed_tables_message(c, head_dim))
+    if _name(positions.dtype) not in INTEGERS:
+        raise DtypeError(position_dtype_message(_name(positions.dtype)))
+    p = _shape(positions)
+    if not (p == (length,) or (len(p) == 2 and p[0] in (1, batch) and p[1] == length)):
+        raise ConfigError(rope_positions_shape_message(p, batch, length))
+
+
+def _check_tables(cos: Any, sin: Any, positions: Any, batch: int, length: int, head_dim: int) -> None:
+    if positions is None:
+        check_rope_tables(cos, sin, batch, length, head_dim)
+    else:
+        check_rope_indexed_tables(cos, sin, positions, batch, length, head_dim)
+
+
+def check_rope_args(x: Any, cos: Any, sin: Any, positions: Any = None) -> None:
+    """``tokenpos::rope``'s arguments: x (B, H, L, Dh) float, cos / sin as :func:`check_rope_tables`, or
+    with ``positions`` as :func:`check_rope_indexed_tables`."""
     check_rope_input("x", x)
     B, _, L, Dh = x.shape
-    check_rope_tables(cos, sin, B, L, Dh)
+    _check_tables(cos, sin, positions, B, L, Dh)
 
 
-def check_rope_qk_args(q: Any, k: Any, cos: Any, sin: Any) -> None:
+def check_rope_qk_args(q: Any, k: Any, cos: Any, sin: Any, positions: Any = None) -> None:
     """``tokenpos::rope_qk``'s: q (B, H, L, Dh) and k (B, Hk, L, Dk) float (dtypes may differ), sharing B
-    and L; cos / sin fit q, and k's Dk holds the rotary dims too."""
+    and L; cos / sin (and positions) fit q, and k's Dk holds the rotary dims too."""
     check_rope_input("q", q)
     check_rope_input("k", k)
     if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
         raise ConfigError(rope_length_message(_shape(q), _shape(k)))
     B, _, L, Dh = q.shape
-    check_rope_tables(cos, sin, B, L, min(Dh, k.shape[3]))
+    _check_tables(cos, sin, positions, B, L, min(Dh, k.shape[3]))
 
 
 # ----------------------------------------------------------------------------------------------

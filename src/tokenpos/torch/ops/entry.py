@@ -86,9 +86,10 @@ def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = 
 
 class _Rope(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> Any:
-        save_rope(ctx, (x,), cos, sin, interleaved, False)
-        return rope_impl(x, cos, sin, interleaved)
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+                positions: torch.Tensor | None) -> Any:
+        save_rope(ctx, (x,), cos, sin, interleaved, False, positions)
+        return rope_impl(x, cos, sin, interleaved, positions)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -98,10 +99,10 @@ class _Rope(torch.autograd.Function):
 class _RopeQK(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                interleaved: bool) -> Any:
+                interleaved: bool, positions: torch.Tensor | None) -> Any:
         ctx.set_materialize_grads(True)
-        save_rope(ctx, (q, k), cos, sin, interleaved, False)
-        oq, ok = rope_qk_impl(q, k, cos, sin, interleaved)
+        save_rope(ctx, (q, k), cos, sin, interleaved, False, positions)
+        oq, ok = rope_qk_impl(q, k, cos, sin, interleaved, positions)
         tables = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
         for out, needs in ((oq, ctx.needs_input_grad[0]), (ok, ctx.needs_input_grad[1])):
             if not (needs or tables):                   # as plain torch: x' requires grad iff x (or a table) does
@@ -117,21 +118,24 @@ def _tables_need_grad(cos: torch.Tensor, sin: torch.Tensor) -> bool:
     return cos.requires_grad or sin.requires_grad
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
-    """``tokenpos::rope``: x (B, H, L, Dh) rotated by cos / sin (L, F) or (B, L, F) -> (B, H, L, Dh)."""
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False,
+           positions: torch.Tensor | None = None) -> torch.Tensor:
+    """``tokenpos::rope``: x (B, H, L, Dh) rotated by cos / sin (L, F) or (B, L, F), or (P, F) read at
+    ``positions`` (L,) / (1, L) / (B, L) -> (B, H, L, Dh)."""
     if torch.compiler.is_compiling():
-        return torch.ops.tokenpos.rope(x, cos, sin, interleaved)
+        return torch.ops.tokenpos.rope(x, cos, sin, interleaved, positions)
     if torch.is_grad_enabled() and not transforms_active() and (x.requires_grad or _tables_need_grad(cos, sin)):
-        return _Rope.apply(x, cos, sin, interleaved)  # type: ignore[no-any-return]
-    return rope_impl(x, cos, sin, interleaved)                                        # (transforms: torch ops)
+        return _Rope.apply(x, cos, sin, interleaved, positions)  # type: ignore[no-any-return]
+    return rope_impl(x, cos, sin, interleaved, positions)                             # (transforms: torch ops)
 
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tokenpos::rope_qk``: q (B, H, L, Dh) and k (B, Hk, L, Dh) in one pass -> (q', k')."""
+              interleaved: bool = False, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tokenpos::rope_qk``: q (B, H, L, Dh) and k (B, Hk, L, Dh) in one pass -> (q', k') (tables as
+    :func:`rotate`'s)."""
     if torch.compiler.is_compiling():
-        return torch.ops.tokenpos.rope_qk(q, k, cos, sin, interleaved)
+        return torch.ops.tokenpos.rope_qk(q, k, cos, sin, interleaved, positions)
     if (torch.is_grad_enabled() and not transforms_active()
             and (q.requires_grad or k.requires_grad or _tables_need_grad(cos, sin))):
-        return _RopeQK.apply(q, k, cos, sin, interleaved)  # type: ignore[no-any-return]
-    return rope_qk_impl(q, k, cos, sin, interleaved)                                  # (transforms: torch ops)
+        return _RopeQK.apply(q, k, cos, sin, interleaved, positions)  # type: ignore[no-any-return]
+    return rope_qk_impl(q, k, cos, sin, interleaved, positions)                       # (transforms: torch ops)

@@ -2,10 +2,12 @@
 
 float32 and float64; with and without requires_grad (RoPE's cos / sin too: learned frequencies);
 dropout on and off; table on and off; padding_idx; both RoPE layouts, partial rotary dims, shared
-(L, F) / (1, L, F) and per-batch (B, L, F) cos / sin; and inputs of every stride the layers hand the
-ops: q / k as Hugging Face builds them (``proj.view(B, L, H, Dh).transpose(1, 2)``), from a
-``qk_layout="blhd"`` tensor, expanded over the batch (stride 0), sliced from a wider (fused qkv) or
-strided tensor; strided, transposed and expanded tables, ids and positions for the embedding.
+(L, F) / (1, L, F) and per-batch (B, L, F) cos / sin, and a (P, F) table read at positions (L,) / (1, L) /
+(B, L) (int64 and int32, strided, the (T, H, 1, Dh) view of a packed row; a sliced table); and inputs
+of every stride the layers hand the ops: q / k as Hugging Face builds them
+(``proj.view(B, L, H, Dh).transpose(1, 2)``), from a ``qk_layout="blhd"`` tensor, expanded over the
+batch (stride 0), sliced from a wider (fused qkv) or strided tensor; strided, transposed and expanded
+tables, ids and positions for the embedding.
 """
 
 from collections.abc import Iterator
@@ -22,6 +24,19 @@ def _rope_tables(batch: int | None, L: int, F: int, gen: torch.Generator) -> tup
     shape = (L, F) if batch is None else (batch, L, F)
     angles = torch.rand(shape, generator=gen, dtype=torch.float64) * 6.0
     return torch.cos(angles), torch.sin(angles)
+
+
+def _positioned(B: int, L: int, P: int, F: int, gen: torch.Generator, tables: Any, device: Any
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(cos, sin, positions): a (P, F) table (and a sliced one) read at positions of every accepted
+    shape, dtype and stride."""
+    full = torch.randint(0, P, (B, 2 * L), generator=gen).to(device)
+    cos, sin = tables(P, F)
+    wide_c, wide_s = tables(P, F + 2)
+    for pos in (full[0, :L], full[:1, :L], full[:, :L].contiguous(), full[:, ::2], full[:, :L].int()):
+        yield cos, sin, pos
+    yield wide_c.detach()[:, 1:F + 1].requires_grad_(cos.requires_grad), \
+        wide_s.detach()[:, 1:F + 1].requires_grad_(sin.requires_grad), full[0, ::2]
 
 
 def _strided_heads(kind: str, B: int, H: int, L: int, Dh: int, rand: Any) -> torch.Tensor:
@@ -56,9 +71,12 @@ def _samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[s
             def rand(*shape: int, g: bool = grad, dt: torch.dtype = dtype) -> torch.Tensor:
                 return torch.randn(shape, generator=gen, dtype=dt).to(device).requires_grad_(g)
 
-            def tables(batch: int | None, F: int, g: bool = grad) -> tuple[torch.Tensor, torch.Tensor]:
-                cos, sin = _rope_tables(batch, L, F, gen)
+            def tables(batch: int | None, F: int, g: bool = grad, rows: int = L) -> tuple[torch.Tensor, torch.Tensor]:
+                cos, sin = _rope_tables(batch, rows, F, gen)
                 return cos.to(device).requires_grad_(g), sin.to(device).requires_grad_(g)
+
+            def pos_table(rows: int, F: int) -> tuple[torch.Tensor, torch.Tensor]:
+                return tables(None, F, rows=rows)
 
             ids = torch.randint(0, V, (B, L), generator=gen).to(device)
             pos = torch.randint(0, P, (L,), generator=gen).to(device)
@@ -83,10 +101,20 @@ def _samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[s
                     cos, sin = tables(batch_tables, F)
                     yield rope, (rand(B, 3, L, 8), cos, sin, interleaved), {}
                     yield rope_qk, (rand(B, 3, L, 8), rand(B, 1, L, 8), cos, sin, interleaved), {}
+                for cos, sin, pos in _positioned(B, L, P, 3, gen, pos_table, device):      # tables read by position
+                    yield rope, (rand(B, 3, L, 8), cos, sin, interleaved, pos), {}
+                    yield rope_qk, (rand(B, 3, L, 8), rand(B, 1, L, 8), cos, sin, interleaved, pos), {}
+                cos, sin = pos_table(P, 4)                                      # a packed row, token-major
+                token = torch.randint(0, P, (B * L, 1), generator=gen).to(device)
+                yield rope_qk, (rand(B * L, 2, 1, 8), rand(B * L, 2, 1, 8), cos, sin, interleaved, token), {}
                 if interleaved:                                             # the transposes
                     cos, sin = tables(None, 3)
                     yield rope_backward, (rand(B, 3, L, 8), cos, sin, interleaved), {}
                     yield rope_qk_backward, (rand(B, 3, L, 8), rand(B, 1, L, 8), cos, sin, interleaved), {}
+                    cos, sin = pos_table(P, 3)
+                    pos = torch.randint(0, P, (B, L), generator=gen).to(device)
+                    yield rope_backward, (rand(B, 3, L, 8), cos, sin, interleaved, pos), {}
+                    yield rope_qk_backward, (rand(B, 3, L, 8), rand(B, 1, L, 8), cos, sin, interleaved, pos), {}
                     continue
                 for kind in STRIDES:
                     cos, sin = tables(B if kind == "hf" else None, 3)
@@ -94,6 +122,8 @@ def _samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[s
                     k = _strided_heads(kind, B, 2, L, 8, rand)
                     yield rope, (q, cos, sin, interleaved), {}
                     yield rope_qk, (q, k, cos, sin, interleaved), {}
+                    cos, sin = pos_table(P, 3)
+                    yield rope_qk, (q, k, cos, sin, interleaved, full_pos), {}
 
 
 def tied_loss_samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
