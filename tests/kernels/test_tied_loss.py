@@ -108,3 +108,15 @@ def test_the_checked_entry_refuses_bad_arrays_and_leaves_z_unchanged(rng: np.ran
     with pytest.raises(ConfigError):
         tied_loss_block(z, t, **kw)
     np.testing.assert_array_equal(z, before)
+
+
+def test_the_core_never_reads_outside_a_row(rng: np.random.Generator) -> None:
+    """block_pass (unchecked, the ops' entry) given a target column past the row treats it as "not here"."""
+    from tokenpos.kernels.tied_loss import block_pass
+
+    z = rng.standard_normal((2, 5)).astype(np.float64)
+    a, b = z.copy(), z.copy()
+    sa = block_pass(a, np.array([5, 1_000_000]), np.ones(2), None, 0.0, 5, None)
+    sb = tied_loss_block(b, np.array([-1, -1]), coef=np.ones(2))
+    np.testing.assert_array_equal(sa, sb)
+    np.testing.assert_array_equal(a, b)

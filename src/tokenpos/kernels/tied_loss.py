@@ -104,7 +104,7 @@ def _block_core(z, t, coef, lse, stats, eps, vocab_size, softcap, mode, bits_lik
     cap = typ(softcap)
     for n in prange(c):
         row = z[n]
-        tn = t[n]
+        tn = t[n] if t[n] < Vl else -1                                         # never read outside the row
         buf = np.empty(BLOCK_V, z.dtype)                                       # exp of one column block
         bits = np.empty(BLOCK_V, bits_like.dtype)
         if softcap > 0.0:
