@@ -17,8 +17,8 @@ the running sum rescaled by exp(m_old - m_new) when the max grows, then the bloc
 float64). The exponentials are :func:`_exp_into`'s (a polynomial the compiler vectorises, within the dtype's
 rounding of ``np.exp``: libm's scalar exp made the kernel slower than NumPy's vectorised passes). Rows run
 in parallel (``prange``), each row on one thread, its sums in an order fixed when the kernel compiles: the
-same inputs give bit-identical results run to run, whatever the thread count. t_n < 0 means "no target column here" (ignored, or another
-shard's); coef_n is 0 for an ignored token. The plain-NumPy twin is
+same inputs give bit-identical results run to run, whatever the thread count. t_n < 0 means "no target
+column here" (ignored, or another shard's); coef_n is 0 for an ignored token. The plain-NumPy twin is
 :func:`tokenpos.kernels.reference.tied_loss_block_ref` (same results up to float rounding).
 """
 
