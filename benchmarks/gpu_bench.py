@@ -390,6 +390,81 @@ def vocab_parallel_case(args, device, w, ids, err: float) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------------
+# tied loss
+# --------------------------------------------------------------------------------------------------
+
+
+def tied_loss_case(args, device, dtype) -> list[dict]:
+    """The tied output projection + cross-entropy, forward + backward (d loss = 1, gradients for h and the table):
+    ``tokenpos.torch.tied_cross_entropy`` (chunked cuBLAS matmuls + the Triton block kernel), eager (the (N, V)
+    logits in fp32, as HF upcasts them, then ``F.cross_entropy``), torch.compile of eager, and Liger-Kernel's
+    ``LigerFusedLinearCrossEntropyLoss`` when importable. Workload: Llama 3's V=128,256, D=4096, N=8,192 tokens
+    (``--quick``: 2,048), ``dtype`` h and table. Peak memory above the inputs (``torch.cuda.max_memory_allocated``)
+    in a separate, untimed pass per impl: the row's "peak MiB"."""
+    import tokenpos.torch as tpt
+
+    V, D, N = (300, 16, 24) if args.smoke else (128256, 4096, 8192 // (4 if args.quick else 1))
+    g = torch.Generator(device="cpu").manual_seed(0)
+    h = torch.randn(N, D, generator=g).to(device, dtype)
+    w = (0.02 * torch.randn(V, D, generator=g)).to(device, dtype)
+    t = torch.randint(0, V, (N,), generator=g).to(device)
+    t[::7] = -100                                                             # ignored tokens (padding)
+
+    def eager(hh, ww):
+        return torch.nn.functional.cross_entropy((hh @ ww.T).float(), t)
+
+    def step(loss_fn):
+        def run():
+            hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
+            loss = loss_fn(hh, ww)
+            loss.backward()
+            return loss.detach(), hh.grad, ww.grad
+        return run
+
+    impls = {"tokenpos": step(lambda hh, ww: tpt.tied_cross_entropy(hh, ww, t)), "eager": step(eager)}
+    if not args.smoke:
+        impls["torch.compile"] = step(torch.compile(eager))
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError:
+        LigerFusedLinearCrossEntropyLoss = None
+    if LigerFusedLinearCrossEntropyLoss is not None and device.type == "cuda":
+        liger = LigerFusedLinearCrossEntropyLoss()
+
+        def liger_loss(hh, ww):
+            out = liger(ww, hh, t)
+            return out[0] if isinstance(out, tuple) else out
+        impls["liger"] = step(liger_loss)
+
+    ref = step(lambda hh, ww: torch.nn.functional.cross_entropy(hh.float() @ ww.float().T, t))()   # fp32 formula
+    ours = impls["tokenpos"]()
+    err = max((a.float() - b.float()).abs().max().item() for a, b in zip(ours, ref, strict=True))
+    peak = {}
+    if device.type == "cuda":
+        for name, fn in impls.items():                                       # untimed: one call each
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            try:
+                fn()
+            except Exception as exc:                                          # reported; timing decides the row
+                print(f"gpu_bench: tied loss {name} memory pass failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                continue
+            torch.cuda.synchronize(device)
+            peak[name] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    moved = 2 * (N + V) * D * h.element_size()                                # read h, W; write dh, dW
+    rows = _rows("tied loss fwd+bwd", side_by_side(impls, args.rounds, device), moved, args, device, err)
+    for r in rows:
+        if r["impl"] in peak:
+            r["peak MiB"] = peak[r["impl"]]
+    if peak:
+        print("tied loss fwd+bwd, peak MiB above the inputs: "
+              + ", ".join(f"{name} {mib:,.0f}" for name, mib in peak.items()), flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
 # report
 # --------------------------------------------------------------------------------------------------
 
@@ -468,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{triton.__version__}; {args.rounds} rounds, median; {'quick' if args.quick else 'full'} workload")
         print(header, flush=True)
     rows = []
-    for case in (rope_case, embedding_case):
+    for case in (rope_case, embedding_case, tied_loss_case):
         got = case(args, device, torch.bfloat16)
         if not args.smoke:                                                    # as it goes: a cut-off run keeps them
             print("\n".join(report(got).splitlines()[1:len(got) + 1]), flush=True)

@@ -7,7 +7,9 @@ GPT-2's output layer by default: V = 50,257, D = 768, N = 8,192 tokens, float32,
 (loss "mean", d loss = 1), gradients for h and the tied table:
 
 - torch: ``tokenpos.torch.tied_cross_entropy(h, W, t)`` vs ``F.cross_entropy(h @ W.T, t)`` (eager autograd);
-- numpy: ``functional.tied_cross_entropy_forward / _backward`` vs the same formula on the whole (N, V) logits.
+- numpy: ``functional.tied_cross_entropy_forward / _backward`` vs the same formula on the whole (N, V) logits;
+- both: "fused" runs the numba block kernel (``tokenpos.use_kernels(True)``), "plain" the same chunked loss
+  in plain torch / NumPy ops (kernels off), so the kernel's own gain is a ratio of the same run.
 
 Time: interleaved rounds (fused, eager, fused, eager, ...), best and median of each, the ratio eager / fused
 (> 1: the fused loss is faster). Peak extra memory (above the inputs, outputs included: dh and dW count for
@@ -43,14 +45,16 @@ def _torch_step(path: str, h: Any, w: Any, t: Any) -> Callable[[], Any]:
     import torch
     import torch.nn.functional as F
 
+    import tokenpos
     import tokenpos.torch as tpt
 
     def run() -> Any:
         a, b = h.detach().requires_grad_(), w.detach().requires_grad_()
-        if path == "fused":
-            loss = tpt.tied_cross_entropy(a, b, t)
-        else:
+        if path == "eager":
             loss = F.cross_entropy(a @ b.T, t)
+        else:
+            with tokenpos.use_kernels(path == "fused"):
+                loss = tpt.tied_cross_entropy(a, b, t)
         loss.backward()
         return loss.item(), a.grad, b.grad
 
@@ -91,11 +95,13 @@ def torch_memory(path: str, n: int, v: int, d: int) -> tuple[int, float]:
 
 
 def _numpy_step(path: str, h: np.ndarray, w: np.ndarray, t: np.ndarray) -> Callable[[], Any]:
+    import tokenpos
     from tokenpos.numpy import functional as F
 
     def fused() -> Any:
-        loss, cache = F.tied_cross_entropy_forward(h, w, t, with_grad=True)
-        return (loss, *F.tied_cross_entropy_backward(1.0, cache))
+        with tokenpos.use_kernels(path == "fused"):
+            loss, cache = F.tied_cross_entropy_forward(h, w, t, with_grad=True)
+            return (loss, *F.tied_cross_entropy_backward(1.0, cache))
 
     def eager() -> Any:
         z = h @ w.T                                                           # (N, V) logits
@@ -109,7 +115,7 @@ def _numpy_step(path: str, h: np.ndarray, w: np.ndarray, t: np.ndarray) -> Calla
         p /= len(t)
         return loss, p @ w, p.T @ h
 
-    return fused if path == "fused" else eager
+    return eager if path == "eager" else fused
 
 
 def numpy_memory(path: str, h: np.ndarray, w: np.ndarray, t: np.ndarray) -> tuple[int, float]:
@@ -124,6 +130,8 @@ def numpy_memory(path: str, h: np.ndarray, w: np.ndarray, t: np.ndarray) -> tupl
 
 
 # -- driver --------------------------------------------------------------------------------------
+
+PATHS = ("fused", "plain", "eager")
 
 
 def _time(steps: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
@@ -140,12 +148,14 @@ def _report(backend: str, mem: dict[str, tuple[int, float]], times: dict[str, li
     print(f"\n{backend}: peak extra memory (forward + backward, outputs included)")
     for name, (peak, loss) in mem.items():
         print(f"  {name:6s} {peak / 2**20:9.1f} MiB   loss {loss:.6f}")
-    print(f"  fused / eager memory: {mem['fused'][0] / mem['eager'][0]:.3f}")
+    print(f"  fused / eager memory: {mem['fused'][0] / mem['eager'][0]:.3f}   "
+          f"plain / eager: {mem['plain'][0] / mem['eager'][0]:.3f}")
     print(f"{backend}: forward + backward time, {len(times['fused'])} interleaved rounds")
     for name, ts in times.items():
         print(f"  {name:6s} best {min(ts):7.3f} s   median {statistics.median(ts):7.3f} s")
-    print(f"  eager / fused (best): {min(times['eager']) / min(times['fused']):.2f}   "
-          f"(median): {statistics.median(times['eager']) / statistics.median(times['fused']):.2f}")
+    for ref, path in (("eager", "fused"), ("eager", "plain"), ("plain", "fused")):
+        print(f"  {ref} / {path} (best): {min(times[ref]) / min(times[path]):.2f}   "
+              f"(median): {statistics.median(times[ref]) / statistics.median(times[path]):.2f}")
 
 
 def main() -> None:
@@ -162,13 +172,13 @@ def main() -> None:
         import torch
 
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-        mem = {p: torch_memory(p, n, v, d) for p in ("fused", "eager")}
+        mem = {p: torch_memory(p, n, v, d) for p in PATHS}
         h, w, t = (torch.from_numpy(x) for x in _inputs(n, v, d))
-        _report("torch", mem, _time({p: _torch_step(p, h, w, t) for p in ("fused", "eager")}, a.rounds))
+        _report("torch", mem, _time({p: _torch_step(p, h, w, t) for p in PATHS}, a.rounds))
     if a.backend in ("numpy", "both"):
         h, w, t = _inputs(n, v, d)
-        mem = {p: numpy_memory(p, h, w, t) for p in ("fused", "eager")}
-        _report("numpy", mem, _time({p: _numpy_step(p, h, w, t) for p in ("fused", "eager")}, a.rounds))
+        mem = {p: numpy_memory(p, h, w, t) for p in PATHS}
+        _report("numpy", mem, _time({p: _numpy_step(p, h, w, t) for p in PATHS}, a.rounds))
 
 
 if __name__ == "__main__":

@@ -166,3 +166,18 @@ def test_total_smaller_than_the_tables_is_refused() -> None:
 def test_huge_sizes_format_in_scientific_notation() -> None:
     assert format_size(8e30 / MIB) == "7.629e+24"
     assert format_size(999_999_999_999.0) == "999,999,999,999.0"
+
+
+def test_logits_memory_small_batch_and_checks() -> None:
+    """Fewer tokens than a block: the block holds them all; sizes below 1 and unknown dtypes are refused."""
+    from tokenpos.analysis.memory import get_preset
+    from tokenpos.analysis.memory_logits import logits_memory
+
+    cfg = get_preset("gpt2")
+    r = logits_memory(cfg, batch=1, seq_len=10)
+    assert r.chunk_tokens == 10 and r.fused_bytes == (10 * 50257 + 10) * 4
+    assert r.materialised_bytes == 2 * 10 * 50257 * 4 and r.saved_bytes == r.materialised_bytes - r.fused_bytes
+    assert logits_memory(cfg).seq_len == cfg.max_seq_len and logits_memory(cfg).batch == 8
+    for bad in ({"batch": 0}, {"seq_len": -1}, {"dtype": "fp16"}):
+        with pytest.raises(ConfigError):
+            logits_memory(cfg, **bad)  # type: ignore[arg-type]

@@ -123,3 +123,48 @@ def test_head_closes_the_pipe_quietly() -> None:
     proc.stdout.close()                                                        # before the child has printed
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+# ---------------------------------------------------------------------------------------------- --logits
+
+
+def test_logits_of_gpt2_at_the_issues_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 33: GPT-2's fp32 logits at B=16, L=512 are 1.6 GB, their gradient as much again; the fused loss
+    holds one 32 MiB block."""
+    code, out, _ = run(capsys, "memory", "--logits", "--preset", "gpt2", "--batch", "16", "--seq-len", "512",
+                       "--json")
+    assert code == 0
+    (r,) = json.loads(out)["logits"]
+    n = 16 * 512
+    assert r["tokens"] == n and r["logits_bytes"] == n * 50257 * 4 and r["materialised_bytes"] == 2 * n * 50257 * 4
+    assert round(r["logits_bytes"] / 1e9, 1) == 1.6
+    assert r["chunk_tokens"] == (32 << 20) // (4 * 50257)
+    assert r["fused_bytes"] == (r["chunk_tokens"] * 50257 + n) * 4 <= (32 << 20) + 4 * n
+    assert r["saved_bytes"] == r["materialised_bytes"] - r["fused_bytes"]
+
+
+def test_logits_alone_covers_every_preset_and_bf16_halves_them(capsys: pytest.CaptureFixture[str]) -> None:
+    from tokenpos.analysis.memory import PRESETS
+
+    code, out, _ = run(capsys, "memory", "--logits", "--batch", "4", "--seq-len", "8192")
+    assert code == 0 and "Logits and the fused tied loss" in out
+    for c in PRESETS.values():
+        assert (c.title or c.name) in out
+    code, out, _ = run(capsys, "memory", "--logits", "--batch", "4", "--seq-len", "8192", "--json")
+    fp32 = {r["model"]: r for r in json.loads(out)["logits"]}
+    assert fp32["llama3-8b"]["logits_bytes"] == 4 * 8192 * 128256 * 4        # 16.8 GB, the issue's number
+    code, out, _ = run(capsys, "memory", "--logits", "--batch", "4", "--seq-len", "8192", "--json",
+                       "--logits-dtype", "bf16")
+    for r in json.loads(out)["logits"]:
+        assert r["dtype"] == "bf16" and 2 * r["logits_bytes"] == fp32[r["model"]]["logits_bytes"]
+        assert r["fused_bytes"] == fp32[r["model"]]["fused_bytes"]             # the blocks are fp32 either way
+
+
+def test_logits_options_need_their_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "memory", "--preset", "gpt2", "--batch", "4")
+    assert code == 2 and "--tp N" in err and "--logits" in err
+    code, _, err = run(capsys, "memory", "--preset", "gpt2", "--logits-dtype", "bf16")
+    assert code == 2 and "--logits-dtype only applies with --logits" in err
+    code, out, _ = run(capsys, "memory", "--logits", "--tp", "2", "--preset", "gpt2", "--batch", "2", "--json")
+    got = json.loads(out)
+    assert got["logits"][0]["batch"] == got["vocab_parallel"][0]["batch"] == 2

@@ -1,5 +1,6 @@
 """``tokenpos memory``: embedding parameters and memory per precision, with Adam training state; with
-``--tp N`` also the vocab-parallel split (padded vocab, per-rank shard, Adam state and logits per rank).
+``--tp N`` also the vocab-parallel split (padded vocab, per-rank shard, Adam state and logits per rank);
+with ``--logits`` the logits of a (batch, seq_len) step and what the fused tied loss saves of them.
 
 Output may go to a pipe that closes early (``tokenpos memory | head -1``): the command then stops
 quietly with exit status 141 (128 + SIGPIPE, as a Unix tool killed by SIGPIPE), no error message.
@@ -42,9 +43,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="tensor-parallel ranks: show the vocab-parallel split (every preset, or the chosen model)")
     p.add_argument("--pad-to-multiple-of", type=positive_int, metavar="M",
                    help="with --tp: pad the vocab to a multiple of M x N (Megatron: 128; default 1)")
-    p.add_argument("--batch", type=positive_int, metavar="B", help="with --tp: batch for the logits (default 8)")
+    p.add_argument("--logits", action="store_true",
+                   help="the logits at --batch x --seq-len (materialised with their gradient) and what the fused "
+                        "tied loss (tied_cross_entropy, TokenEmbedding.loss) saves: every preset, or the chosen model")
+    p.add_argument("--logits-dtype", choices=("fp32", "bf16"), default=None,
+                   help="with --logits: the dtype of the materialised logits (default fp32)")
+    p.add_argument("--batch", type=positive_int, metavar="B",
+                   help="with --tp or --logits: batch for the logits (default 8)")
     p.add_argument("--seq-len", type=positive_int, metavar="L",
-                   help="with --tp: tokens per sequence for the logits (default: max_seq_len, else 2048)")
+                   help="with --tp or --logits: tokens per sequence for the logits (default: max_seq_len, else 2048)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     return p
 
@@ -83,13 +90,28 @@ def _parallel(args: argparse.Namespace, configs: list[Any] | None) -> list[Any]:
     from tokenpos.analysis.memory_tp import DEFAULT_BATCH, vocab_parallel_memory
 
     if args.tp is None:
-        given = [o for o, v in (("--pad-to-multiple-of", args.pad_to_multiple_of), ("--batch", args.batch),
-                                ("--seq-len", args.seq_len)) if v is not None]
+        sizes = () if args.logits else (("--batch", args.batch), ("--seq-len", args.seq_len))
+        given = [o for o, v in (("--pad-to-multiple-of", args.pad_to_multiple_of), *sizes) if v is not None]
         if given:
-            raise ValueError(f"{'/'.join(given)} only apply with --tp N (the vocab-parallel split)")
+            raise ValueError(f"{'/'.join(given)} only apply with --tp N (the vocab-parallel split)"
+                             + ("" if args.logits else " or, for --batch/--seq-len, with --logits"))
         return []
     return [vocab_parallel_memory(c, args.tp, args.pad_to_multiple_of or 1, batch=args.batch or DEFAULT_BATCH,
                                   seq_len=args.seq_len) for c in (configs or list(PRESETS.values()))]
+
+
+def _logits(args: argparse.Namespace, configs: list[Any] | None) -> list[Any]:
+    """The logits reports asked for with --logits (every preset when no model was chosen)."""
+    from tokenpos.analysis.memory import PRESETS
+    from tokenpos.analysis.memory_logits import logits_memory
+    from tokenpos.analysis.memory_tp import DEFAULT_BATCH
+
+    if not args.logits:
+        if args.logits_dtype is not None:
+            raise ValueError("--logits-dtype only applies with --logits")
+        return []
+    return [logits_memory(c, batch=args.batch or DEFAULT_BATCH, seq_len=args.seq_len,
+                          dtype=args.logits_dtype or "fp32") for c in (configs or list(PRESETS.values()))]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
 
     configs = _configs(args)
     parallel = _parallel(args, configs)
+    logits = _logits(args, configs)
     reports = [embedding_memory(c) for c in configs] if configs else scenario_reports()
     if args.json:
         out: dict[str, Any] = {"models": [r.to_dict() for r in reports]}
@@ -113,18 +136,22 @@ def _run(args: argparse.Namespace) -> int:
             out["seed_position_comparison"] = [t.to_dict() for t in position_alternatives(2048, 512, 8)]
         if parallel:
             out["vocab_parallel"] = [m.to_dict() for m in parallel]
+        if logits:
+            out["logits"] = [m.to_dict() for m in logits]
         print(json.dumps(out, indent=2))
         sys.stdout.flush()
         return 0
     con = console()
     con.on_broken_pipe = _broken_pipe          # rich would exit(1) itself; main() ends it quietly
-    if configs is None and not parallel:
+    if configs is None and not parallel and not logits:
         _print_overview(con, reports)
     elif configs is not None:
         for r in reports:
             _print_model(con, r)
     if parallel:
         _print_vocab_parallel(con, parallel)
+    if logits:
+        _print_logits(con, logits)
     con.print("MiB = 2**20 bytes, MB = 10**6 bytes; fp16 and bf16 are both 2 bytes per parameter. "
               "Training = fp32 weights + grads + Adam m, v = 16 B/param (activations excluded).", markup=False)
     con.file.flush()
@@ -252,3 +279,22 @@ def _print_vocab_parallel(con: Any, splits: list[Any]) -> None:
               "vocab-sized tables (an untied output projection is a second sharded table); train+Adam = fp32 "
               "weights + grads + m + v of one table (tied) or two (untied). Logits per rank are the same tied or "
               "untied; the cross-entropy keeps an fp32 softmax of that size for backward.", markup=False)
+
+
+def _print_logits(con: Any, reports: list[Any]) -> None:
+    from tokenpos.analysis.memory import MIB, format_size
+
+    first = reports[0]
+    t = _table(f"Logits and the fused tied loss ({first.dtype} logits; fused blocks in fp32)",
+               ["model", "vocab", "batch", "seq_len", "tokens", "logits MiB", "logits + grad MiB", "block tokens",
+                "fused MiB", "saved MiB", "saved share"])
+    for r in reports:
+        c = r.config
+        t.add_row(c.title or c.name, f"{c.vocab_size:,}", f"{r.batch:,}", f"{r.seq_len:,}", f"{r.tokens:,}",
+                  format_size(r.logits_bytes / MIB), format_size(r.materialised_bytes / MIB), f"{r.chunk_tokens:,}",
+                  format_size(r.fused_bytes / MIB), format_size(r.saved_bytes / MIB),
+                  f"{100 * r.saved_bytes / r.materialised_bytes:.2f}%")
+    con.print(t)
+    con.print("logits + grad = the materialised path's N x V logits and their gradient (F.cross_entropy also keeps "
+              "a log-softmax of that size); fused = one block of logits (block tokens x V, fp32) and the (N,) "
+              "log-sum-exp of tied_cross_entropy / TokenEmbedding.loss, which never hold the logits.", markup=False)

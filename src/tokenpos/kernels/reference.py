@@ -215,3 +215,40 @@ def sgd_lazy_ref(param: np.ndarray, indices: Any, rows: Any, *, lr: float, momen
     param[idx] = p
     if momentum_buffer is not None and buf is not None:
         momentum_buffer[idx] = buf
+
+
+# ----------------------------------------------------------------------------------------------
+# tied loss
+# ----------------------------------------------------------------------------------------------
+
+
+def tied_loss_block_ref(z: np.ndarray, t: np.ndarray, *, coef: np.ndarray | None = None,
+                        lse: np.ndarray | None = None, eps: float = 0.0, vocab_size: int | None = None,
+                        softcap: float | None = None) -> np.ndarray:
+    """Twin of :func:`tokenpos.kernels.tied_loss.tied_loss_block`: the same formulas on whole rows (no online
+    log-sum-exp); z (c, Vl) overwritten, stats (c, 4) or (0, 4) returned."""
+    from tokenpos.kernels.tied_loss import _check
+
+    _check(z, t, coef, lse)
+    c, Vl = z.shape
+    V = Vl if vocab_size is None else int(vocab_size)
+    typ = z.dtype.type
+    if softcap is not None:
+        z[...] = typ(softcap) * np.tanh(z / typ(softcap))
+    rows = np.arange(c)
+    here = t >= 0
+    zt = np.where(here, z[rows, np.where(here, t, 0)], typ(0.0))
+    stats = np.empty((0, 4), z.dtype)
+    if lse is None:
+        m = z.max(axis=1) if Vl else np.full(c, -np.inf, z.dtype)
+        stats = np.stack([m, np.exp(z - m[:, None]).sum(axis=1), zt, z.sum(axis=1)], axis=1).astype(z.dtype)
+        if coef is None:
+            return stats
+        lse = (stats[:, 0] + np.log(stats[:, 1])).astype(z.dtype)
+    assert coef is not None
+    g = coef[:, None] * np.exp(z - lse[:, None]) - (coef * typ(eps / V))[:, None]
+    g[rows[here], t[here]] -= coef[here] * typ(1.0 - eps)
+    if softcap is not None:
+        g *= typ(1.0) - (z / typ(softcap)) ** 2
+    z[...] = g
+    return stats

@@ -24,6 +24,9 @@ Dh head dim, F rotary pairs (rotary dim R = 2F <= Dh).
   stats (W, N, 3), targets, ignore_index=-100) -> (loss, lse)``, ``cross_entropy_backward(logits,
   targets, lse, grad_loss, vocab_start=0, ignore_index=-100, *, inplace=False)`` and the unsharded
   ``cross_entropy(logits, targets, ignore_index=-100) -> (loss, lse)``.
+- Tied loss (:mod:`.tied_loss`): ``tied_loss_block(z (c, Vl), t (c,), *, coef=None, lse=None, eps=0.0,
+  vocab_size=None, softcap=None) -> stats (c, 4)``, one block of logits turned into its log-sum-exp
+  statistics and gradient in place (the numba kernel's contract, :mod:`tokenpos.kernels.tied_loss`).
 
 Every launch passes ``enable_fp_fusion=False``: products and sums round separately, as in the NumPy
 references, so forwards match them bit for bit on any backend.
@@ -39,6 +42,7 @@ from tokenpos.kernels.triton.cross_entropy import (
 )
 from tokenpos.kernels.triton.embedding import embedding_backward, embedding_forward
 from tokenpos.kernels.triton.rope import rope_backward, rope_forward, rope_qk, rope_qk_backward
+from tokenpos.kernels.triton.tied_loss import tied_loss_block
 
 __all__ = [
     "combine_cross_entropy_stats",
@@ -51,4 +55,5 @@ __all__ = [
     "rope_forward",
     "rope_qk",
     "rope_qk_backward",
+    "tied_loss_block",
 ]

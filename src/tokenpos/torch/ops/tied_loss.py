@@ -11,11 +11,15 @@ Formulas: ``tokenpos.tables.formulas.tied_loss`` (soft-cap, label smoothing, "me
 targets, all ignored -> 0). Arithmetic in float32 (fp16 / bf16 inputs, the table cast once per call) or
 float64; loss and lse in that compute dtype, gradients in the inputs' dtype.
 
-Every device runs the same chunked torch code: each block is a matmul (BLAS on the CPU, cuBLAS on CUDA;
-the matmuls are the work), an in-place exp and sums. Blocks run in token order and dweight is
-accumulated block after block (``addmm_``), so the CPU result is bit-identical run to run. No Triton
-kernel: on CUDA the same torch code runs (one launch per op per block; no host sync: the token count
-of "mean" stays on the device).
+Every device runs the same chunked loop: each block is a matmul (BLAS on the CPU, cuBLAS on CUDA; the
+matmuls are the work), then the block's soft-cap, log-sum-exp and gradient in place, by the block kernel
+(:func:`block_kernel`: the numba kernel ``kernels.tied_loss`` on the CPU, the Triton kernel
+``kernels.triton.tied_loss`` on CUDA, Liger-Kernel's design) or, with kernels off, dtypes no kernel takes
+and under ``torch.func``, plain torch ops (the reference the kernels are tested against). Blocks run in
+token order and dweight is accumulated block after block (``addmm_``), so the CPU result is bit-identical
+run to run (the numba kernel reduces each row on one thread). On CUDA: one launch per op per block, no host
+sync (the token count of "mean" stays on the device); the Triton kernel uses no atomics, but cuBLAS may
+pick split reductions, so bit-identity there is cuBLAS's (``torch.use_deterministic_algorithms``).
 
 Each op (and its fake) checks shapes, dtypes and devices first (``tables.checks.tied_loss``); the target
 values are checked in the op's implementation (a TokenIdError on the CPU, a device-side assert elsewhere).
@@ -23,6 +27,7 @@ values are checked in the op's implementation (a TokenIdError on the CPU, a devi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +42,7 @@ from tokenpos.tables.checks.tied_loss import (
 from tokenpos.tables.errors import ConfigError, TokenIdError
 from tokenpos.tables.formulas.tied_loss import default_chunk_size
 from tokenpos.torch._checks import _INT_DTYPES, check_target_values
+from tokenpos.torch.ops._dispatch import cpu_path, np_view, transforms_active, triton_kernels
 
 # ----------------------------------------------------------------------------------------------
 # checks
@@ -114,12 +120,22 @@ def local_pass(h: torch.Tensor, w: torch.Tensor, local_t: torch.Tensor, here: to
     dh = torch.empty_like(h) if coef is not None else None
     dw = torch.zeros_like(w) if coef is not None else None
     idx = torch.where(here, local_t, torch.zeros_like(local_t)).unsqueeze(1)          # (N, 1)
+    kernel = block_kernel(h)
+    cols = torch.where(here, local_t, torch.full_like(local_t, -1))                    # (N,) -1: not here
     step = _step(chunk_size, w)
-    blocks = _Blocks(h, w, step, softcap)
+    blocks = _Blocks(h, w, step, None if kernel else softcap)
     for i in range(0, N, step):
         hc = h[i:i + step]
         z, th = blocks.logits(hc)
         j = i + z.shape[0]
+        if kernel:                                       # the block's stats (and gradient) in place
+            st = kernel(z, cols[i:j], None if coef is None else coef[i:j], None, eps, vocab_size, softcap)
+            m[i:j], s[i:j], zt[i:j] = st[:, 0], st[:, 1], st[:, 2]
+            if zsum is not None:
+                zsum[i:j] = st[:, 3]
+            if dh is not None and dw is not None:
+                _matmuls(z, w, hc, dh[i:j], dw)
+            continue
         zt[i:j] = z.gather(1, idx[i:j]).squeeze(1)
         if zsum is not None:
             zsum[i:j] = z.sum(dim=1)
@@ -144,8 +160,46 @@ def _grad_block(g: torch.Tensor, th: torch.Tensor | None, idx: torch.Tensor, her
         g.sub_((coef * (eps / vocab_size)).unsqueeze(1))
     if th is not None:
         g.mul_(th.mul_(th).neg_().add_(1.0))                                           # 1 - tanh^2, in place
+    _matmuls(g, w, hc, dh, dw)
+
+
+def _matmuls(g: torch.Tensor, w: torch.Tensor, hc: torch.Tensor, dh: torch.Tensor, dw: torch.Tensor) -> None:
+    """A block's gradient g (c, Vl) -> its dh rows (c, D) = g @ w, and dweight (Vl, D) += g.T @ hc."""
     torch.mm(g, w, out=dh)
     dw.addmm_(g.T, hc)
+
+
+BlockKernel = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Tensor | None", float, int,
+                        "float | None"], torch.Tensor]
+
+
+def block_kernel(h: torch.Tensor) -> BlockKernel | None:
+    """The kernel that turns a block of logits (h's compute dtype, h's device) into its stats and gradient in
+    place (``kernels.tied_loss`` on the CPU, ``kernels.triton.tied_loss`` on CUDA), or None: plain torch ops.
+    The choice is ``ops._dispatch``'s (kernels switched on, a dtype the kernel takes); plain torch under
+    ``torch.func`` transforms (a tensor's values cannot reach a kernel there)."""
+    if transforms_active():
+        return None
+    if h.device.type == "cpu":
+        return _numba_block if cpu_path(h) == "numba" else None
+    if h.device.type == "cuda" and triton_kernels(h) is not None:
+        return _triton_block
+    return None
+
+
+def _numba_block(z: torch.Tensor, t: torch.Tensor, coef: torch.Tensor | None, lse: torch.Tensor | None,
+                 eps: float, vocab_size: int, softcap: float | None) -> torch.Tensor:
+    from tokenpos.kernels.tied_loss import block_pass
+
+    st = block_pass(np_view(z), np_view(t), None if coef is None else np_view(coef),
+                    None if lse is None else np_view(lse), eps, vocab_size, softcap)
+    return torch.from_numpy(st)
+
+
+def _triton_block(z: torch.Tensor, t: torch.Tensor, coef: torch.Tensor | None, lse: torch.Tensor | None,
+                  eps: float, vocab_size: int, softcap: float | None) -> torch.Tensor:
+    return triton_kernels(z).tied_loss_block(z, t, coef=coef, lse=lse, eps=eps, vocab_size=vocab_size,
+                                             softcap=softcap)
 
 
 def _step(chunk_size: int | None, w: torch.Tensor) -> int:
@@ -161,12 +215,18 @@ def local_grads(h: torch.Tensor, w: torch.Tensor, lse: torch.Tensor, local_t: to
     dh = torch.empty_like(h)
     dw = torch.zeros_like(w)
     idx = torch.where(here, local_t, torch.zeros_like(local_t)).unsqueeze(1)          # (N, 1)
+    kernel = block_kernel(h)
+    cols = torch.where(here, local_t, torch.full_like(local_t, -1))                    # (N,) -1: not here
     step = _step(chunk_size, w)
-    blocks = _Blocks(h, w, step, softcap)
+    blocks = _Blocks(h, w, step, None if kernel else softcap)
     for i in range(0, h.shape[0], step):
         hc = h[i:i + step]
         z, th = blocks.logits(hc)
         j = i + z.shape[0]
+        if kernel:                                       # the block's gradient in place
+            kernel(z, cols[i:j], coef[i:j], lse[i:j], eps, vocab_size, softcap)
+            _matmuls(z, w, hc, dh[i:j], dw)
+            continue
         g = z.sub_(lse[i:j].unsqueeze(1)).exp_().mul_(coef[i:j].unsqueeze(1))         # coef * softmax (c, Vl)
         _grad_block(g, th, idx[i:j], here[i:j], coef[i:j], eps, vocab_size, w, hc, dh[i:j], dw)
     return dh, dw
