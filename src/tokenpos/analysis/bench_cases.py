@@ -1,6 +1,7 @@
 """The bandwidth cases of ``tokenpos bench``: forward, dropout, bf16, RoPE, and a compiled model.
 
-Each case times, interleaved in one process (:func:`.bench_timing.time_interleaved`): its physical
+Each case times, interleaved in one process and in model conditions (:func:`.bench_timing.time_interleaved`:
+each timed call right after a torch matmul of the model dim, :func:`.bench_timing.model_op`): its physical
 limit, torch eager, ``torch.compile`` of the same formula (when ``compile_``), the raw tokenpos
 kernel (with a preallocated ``out=``, as the layers call it) and the public layers.
 
@@ -42,6 +43,7 @@ from tokenpos.analysis.bench_timing import (
     bench_rows,
     copy_ref,
     cycle,
+    model_op,
     note_rows,
     public,
     time_interleaved,
@@ -167,7 +169,7 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
     grad = torch.is_grad_enabled()
     torch.set_grad_enabled(bool(p))                        # inference: no autograd graph anywhere
     try:
-        times = time_interleaved(impls, reps)
+        times = time_interleaved(impls, reps, model_op(D))
     finally:
         torch.set_grad_enabled(grad)
     return bench_rows(case, times, 2 * B * L * D * esize, notes=notes, limit=LIMITS) + note_rows(case, notes)
@@ -232,7 +234,7 @@ def rope_case(cfg: dict, reps: int, compile_: bool) -> list[BenchRow]:
     add_impl(impls, notes, f"tokenpos numpy, {PACKED} (public layer)", numpy_packed)
     add_impl(impls, notes, f"tokenpos torch, {PACKED} (public layer)", torch_packed)
     with torch.no_grad():
-        times = time_interleaved(impls, reps)
+        times = time_interleaved(impls, reps, model_op(H * Dh))
     return bench_rows("rope", times, 2 * 2 * q.numel() * 4, notes=notes) + note_rows("rope", notes)
 
 
@@ -257,7 +259,7 @@ def compiled_model_case(cfg: dict, reps: int) -> list[BenchRow]:
         return lambda: fn(next(it))
     add_impl(impls, notes, COMPILE, make)
     with torch.no_grad():
-        times = time_interleaved(impls, reps)
+        times = time_interleaved(impls, reps, model_op(D))
     times = {("eager model (TransformerEmbedding + layer_norm)" if k == EAGER else
               "torch.compile(model)" if k == COMPILE else k): v for k, v in times.items()}
     return bench_rows("compiled", times, 2 * B * L * D * 4, notes=notes,
