@@ -33,7 +33,7 @@ from tokenpos.kernels._backward import _group, _segment_sum_core, _unique_invers
 from tokenpos.kernels._forward import forward_core, forward_core_serial
 from tokenpos.kernels._launch import launch
 from tokenpos.kernels._rng import dropout_params
-from tokenpos.kernels._threading import parallel_guard
+from tokenpos.kernels._threading import parallel, parallel_guard
 from tokenpos.tables.checks.validation import check_positions, check_probability, check_token_ids
 from tokenpos.tables.errors import ConfigError, KernelBoundError
 
@@ -218,7 +218,7 @@ def forward_rows(w: np.ndarray, ids: np.ndarray, pt: np.ndarray | None, pos: np.
         skipped = forward_core_serial(*args)
     else:
         with parallel_guard():
-            skipped = forward_core(*args)
+            skipped = parallel(forward_core, forward_core_serial)(*args)
     if skipped:
         raise KernelBoundError(f"the embedding kernel skipped {skipped} rows whose id or position lies outside "
                                f"its table; its inputs must be checked first (tokenpos layers check them at "
@@ -279,7 +279,7 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
     if rows.size:
         starts, order = _group(inverse, uniq.shape[0], 0)
         with launch(uniq.shape[0], max_chunk=16):
-            _segment_sum_core(g2, order, starts, bits, thr, off, float(scale) * inv, PREFETCH_AHEAD,
+            parallel(_segment_sum_core)(g2, order, starts, bits, thr, off, float(scale) * inv, PREFETCH_AHEAD,
                               PREFETCH_FAR, rows)
     pos_grad = None
     if has_pos:
@@ -287,6 +287,6 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
         if N and D:
             starts, order = _group(pid, P, N)
             with launch(P, max_chunk=4):
-                _segment_sum_core(g2, order, starts, bits, thr, off, inv, PREFETCH_AHEAD, PREFETCH_FAR,
+                parallel(_segment_sum_core)(g2, order, starts, bits, thr, off, inv, PREFETCH_AHEAD, PREFETCH_FAR,
                                   pos_grad)
     return uniq, rows, pos_grad
