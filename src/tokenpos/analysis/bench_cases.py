@@ -145,13 +145,9 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
         add_impl(impls, notes, COMPILE, make_compiled)
     seeds = iter(range(1, 1 << 30))
 
-    def kernel(stream: bool) -> Callable[[], Any]:
-        ids_k = cycle(batches)
-        return lambda: K.embedding_forward(w, next(ids_k), scale=scale, pos_table=pt, pos_ids=pos, dropout_p=p,
-                                           seed=next(seeds), out=out, bf16=bf16, stream=stream)
-
-    impls[KERNEL] = kernel(False)
-    impls["tokenpos kernel (out=, streaming stores)"] = kernel(True)
+    ids_k = cycle(batches)
+    impls[KERNEL] = lambda: K.embedding_forward(w, next(ids_k), scale=scale, pos_table=pt, pos_ids=pos, dropout_p=p,
+                                                seed=next(seeds), out=out, bf16=bf16)
     small = np.ascontiguousarray(w[:FLOOR_ROWS])                 # (64, D): stays in L1/L2
     ids_f = cycle([b % FLOOR_ROWS for b in batches])
     impls[FLOOR] = lambda: K.embedding_forward(small, next(ids_f), scale=scale, pos_table=pt, pos_ids=pos,

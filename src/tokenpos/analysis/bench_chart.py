@@ -2,7 +2,7 @@
 
 :func:`headline_rows` picks what a person compares: the public layers (``"(public layer)"`` rows)
 and the end-to-end block's tokenpos rows. References, raw kernels and the experiment rows
-(compute floor, streaming stores, the numba gather) stay in ``tokenpos bench``'s own output.
+(compute floor, the numba gather) stay in ``tokenpos bench``'s own output.
 :func:`ratio_points` turns each into (label, reference, median ratio, best ratio) points;
 :func:`figure_bench` draws them: one horizontal bar per point at its median ratio, a whisker to its
 best, a line at 1.0 (> 1: tokenpos faster than that reference).
