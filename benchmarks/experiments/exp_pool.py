@@ -6,7 +6,7 @@ One child process per configuration, alternated over rounds (the layer is fixed 
 ``tbb`` (tokenpos's choice until issue 29), ``omp`` (numba's OpenMP layer; torch is imported first,
 so its ``GOMP_parallel`` binds to torch's own libgomp and the kernels run on torch's intra-op
 threads: tokenpos's choice since issue 29 when torch is loaded),
-and ``tbb`` with ``OMP_WAIT_POLICY=PASSIVE`` (the README's old advice). In each child every timed
+and each with ``OMP_WAIT_POLICY=PASSIVE`` (the README's old advice). In each child every timed
 call follows a ~1 GFLOP torch matmul of the model dim (torch's OpenMP threads then spin, as
 between a model's layers), default OpenMP policy unless named; the references (the gather
 ``index_select`` and ``copy_``) are timed the same way, interleaved. Printed: kernel / reference
@@ -28,6 +28,10 @@ import json, sys, time
 import numpy as np, torch
 import tokenpos.kernels as K
 import numba
+from tokenpos.kernels import _threading
+if sys.argv[10] == "tbb":                  # tokenpos's choice without torch: TBB, loaded by path
+    assert _threading._load_tbb()
+    numba.config.THREADING_LAYER = "tbb"   # before the first launch fixes the layer
 reps, V, D, B, L, rB, rH, rL, Dh = (int(a) for a in sys.argv[1:10])
 rng = np.random.default_rng(0)
 w = rng.standard_normal((V, D), dtype=np.float32)
@@ -77,8 +81,9 @@ print(json.dumps(res))
 
 FULL = (50257, 768, 16, 512, 2, 32, 2048, 128)      # V, D, B, L; RoPE B, H, L, Dh (134 MB of q and k)
 QUICK = (4096, 256, 4, 64, 1, 2, 64, 32)
-CONFIGS = {"tbb": {"NUMBA_THREADING_LAYER": "tbb"}, "omp": {"NUMBA_THREADING_LAYER": "omp"},
-           "tbb, OMP_WAIT_POLICY=PASSIVE": {"NUMBA_THREADING_LAYER": "tbb", "OMP_WAIT_POLICY": "PASSIVE"}}
+CONFIGS = {"tbb": ("tbb", {}), "omp": ("omp", {}),           # (layer, extra environment)
+           "tbb, OMP_WAIT_POLICY=PASSIVE": ("tbb", {"OMP_WAIT_POLICY": "PASSIVE"}),
+           "omp, OMP_WAIT_POLICY=PASSIVE": ("omp", {"OMP_WAIT_POLICY": "PASSIVE"})}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     rounds, reps = (1, 3) if args.quick else (args.rounds, args.reps)
     results: dict[str, list] = {}
     for _ in range(rounds):
-        for name, extra in CONFIGS.items():
+        for name, (layer, extra) in CONFIGS.items():
             env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_THREADING_LAYER", "OMP_WAIT_POLICY")}
-            done = subprocess.run([sys.executable, "-c", CHILD, str(reps), *map(str, shape)], capture_output=True,
-                                  text=True, env={**env, **extra}, timeout=900)
+            done = subprocess.run([sys.executable, "-c", CHILD, str(reps), *map(str, shape), layer],
+                                  capture_output=True, text=True, env={**env, **extra}, timeout=900)
             if done.returncode != 0:
                 tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
                 print(f"{name}: did not run here: {tail}")
