@@ -92,8 +92,9 @@ def torch_gomp() -> str | None:
 
 
 def _load_omp() -> bool:
-    """Make torch's OpenMP runtime global, then load numba's omp pool; True if it loads (torch imported)."""
-    if "torch" not in sys.modules:
+    """Make torch's OpenMP runtime global, then load numba's omp pool; True if it loads (torch imported,
+    Linux: elsewhere torch ships another OpenMP runtime than the GNU one numba's pool is built for)."""
+    if "torch" not in sys.modules or not sys.platform.startswith("linux"):
         return False
     path = torch_gomp()
     try:
@@ -110,7 +111,8 @@ def _launched() -> bool:
 
 
 def configure() -> str | None:
-    """Choose tbb (else workqueue) unless the user chose or numba already launched; returns the choice."""
+    """Choose omp on torch's runtime (torch imported), else tbb, else workqueue, unless the user chose
+    or numba already launched; returns the choice."""
     global _chosen
     user_set = str(_numba_config.THREADING_LAYER).lower() != "default"  # type: ignore[attr-defined]
     if user_set or _launched():
