@@ -16,13 +16,14 @@ layer         fork after a parallel call             parallel calls from several
 So tokenpos asks for ``omp`` when torch is already loaded (``import tokenpos.torch`` imports torch
 first), else ``tbb`` (the ``tbb`` package, a dependency), else ``workqueue``:
 
-- **omp, one pool with torch.** torch's CPU wheels carry their own ``libgomp.so.1``; :func:`configure`
+- **omp, one pool with torch** (Linux). torch's CPU wheels carry their own ``libgomp.so.1``; :func:`configure`
   makes it global (``RTLD_GLOBAL``) before numba's ``omppool`` loads, so numba's ``GOMP_parallel``
   binds to torch's runtime and the kernels run on torch's own intra-op threads. With two pools
   (tbb), a kernel called right after a torch op shared the cores with torch's still-spinning OpenMP
   threads: measured in model conditions (``benchmarks/experiments/exp_pool.py``, benchmarks/HISTORY.md,
   2026-11-27) the RoPE kernel's median took 47.6 ms on tbb and 24.4 ms on torch's pool, the forward
-  14.0 against 10.4 ms (tbb with ``OMP_WAIT_POLICY=PASSIVE``: 24.9 and 9.3 ms).
+  14.0 against 10.4 ms (tbb with ``OMP_WAIT_POLICY=PASSIVE``: 24.9 and 9.3 ms; the quietest of three
+  runs, the two others on a loaded machine measured mostly the load).
   numba's omp pool kills a forked child that launches a parallel kernel (``SIGTERM``: "fork()
   called from a process already using GNU OpenMP"), so after a fork the child runs every kernel
   on its calling thread (:func:`parallel`); torch's own ops hang in such a child, tokenpos's do not.
