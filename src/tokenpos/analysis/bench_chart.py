@@ -33,7 +33,8 @@ def ratio_points(rows: list[Any]) -> list[tuple[str, str, float, float]]:
     """``(label, reference key, median ratio, best ratio)`` for each headline row and reference it has."""
     out = []
     for r in headline_rows(rows):
-        meds = getattr(r, "median_ratios", {}) or {}
+        meds = getattr(r, "median_ratios", None)
+        meds = {} if meds is None else meds
         for key, attr, _ in REFS:
             best = getattr(r, attr, None)
             if best is None or not math.isfinite(best):

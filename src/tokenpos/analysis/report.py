@@ -146,7 +146,8 @@ def bench_html(rep: Any, mode: str, out_dir: Path | None = None, dpi: int = 110,
     shown = headline_rows(rep.rows)
     rows = []
     for r in shown:
-        m = getattr(r, "median_ratios", {}) or {}
+        m = getattr(r, "median_ratios", None)
+        m = {} if m is None else m
         med = getattr(r, "median_seconds", None)
         rows.append([r.case, r.impl, _num(r.seconds * 1e3, ".3f"), _num(None if med is None else med * 1e3, ".3f"),
                      _pair(getattr(r, "ratio_vs_limit", None), m.get("limit")),

@@ -86,9 +86,10 @@ def _load_tbb() -> bool:
 def torch_gomp() -> str | None:
     """The path of the OpenMP runtime bundled with the torch already imported (None: torch not
     imported, or a build without one, which uses the system's ``libgomp``)."""
-    torch = sys.modules.get("torch")
-    here = os.path.dirname(getattr(torch, "__file__", None) or "")
-    found = sorted(glob.glob(os.path.join(here, "lib", "libgomp*.so*"))) if torch is not None and here else []
+    init = getattr(sys.modules.get("torch"), "__file__", None)
+    if init is None:
+        return None
+    found = sorted(glob.glob(os.path.join(os.path.dirname(init), "lib", "libgomp*.so*")))
     return found[0] if found else None
 
 
