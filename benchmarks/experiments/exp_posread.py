@@ -11,8 +11,8 @@ arrays, nothing validated) on the bench's shapes (V=50257, D=768, B=16, L=512, i
 - without a positional table (a gather times the scale).
 
 Interleaved with ``torch.index_select(out=)`` (the bench's gather limit) and a plain parallel numba
-gather, in ``tokenpos bench``'s conditions (``time_interleaved``: a 25 ms settle and three untimed
-calls before each timed one). The tables are the public torch layer's (``TransformerEmbedding``
+gather, interleaved back to back (``time_interleaved`` without a model op: the lab condition
+before issue 29). The tables are the public torch layer's (``TransformerEmbedding``
 allocates them 64-byte aligned, with transparent huge pages), shared by every row. Prints best /
 median ms and x ``index_select`` (its time / the row's: > 1 is faster), then each row's quartiles
 (the kernel's times are bimodal on a shared guest).

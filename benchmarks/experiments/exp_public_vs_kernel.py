@@ -1,5 +1,5 @@
 """Each public layer vs the raw kernel it calls, on the SAME tables and inputs, timed as the bench
-times (``analysis.bench_timing.time_interleaved``: settle, untimed calls, the timed call).
+times (``analysis.bench_timing.time_interleaved``, here back to back: no model op between calls).
 
 Usage: python benchmarks/experiments/exp_public_vs_kernel.py [--reps N] [--quick]
 

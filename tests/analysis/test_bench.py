@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 from tokenpos.analysis import bench, bench_cases  # noqa: E402
 from tokenpos.analysis.bench_timing import COPY, EAGER, GATHER, GATHER_NUMBA  # noqa: E402
 
-TINY = dict(V=64, D=32, B=2, L=8, rB=1, rH=2, L_rope=8, Dh=16)
+TINY = dict(V=64, D=32, B=2, L=8, rB=1, rH=2, L_rope=8, Dh=16, bB=2, bL=8, bH=2)
 
 
 @pytest.mark.parametrize(("p", "bf16"), [(0.0, False), (0.1, False), (0.0, True)])
@@ -62,6 +62,43 @@ def test_rope_and_train_rows() -> None:
         assert rows[0].impl.startswith("torch") and rows[0].ratio_vs_reference == pytest.approx(1.0)
         assert all(r.ratio_vs_copy is None for r in rows)
         assert any(r.impl == f"tokenpos kernel ({mode})" and r.ratio_vs_reference > 0 for r in rows)
+
+
+def test_block_rows_compare_tokenpos_with_torch_eager_and_compile() -> None:
+    """The end-to-end block: torch eager, torch.compile, tokenpos eager and compiled, each with its ratios."""
+    from tokenpos.analysis import bench_block
+
+    rows = bench_block.block_case(TINY, reps=2, compile_=True)
+    by = {r.impl: r for r in rows}
+    assert set(by) == {EAGER, "torch.compile", bench_block.TOKENPOS, bench_block.TOKENPOS_COMPILE}
+    for r in rows:
+        assert r.case == "block" and r.seconds > 0, r.note          # every block ran (none skipped)
+        assert r.ratio_vs_reference > 0 and r.ratio_vs_compile > 0
+    assert by[EAGER].ratio_vs_reference == pytest.approx(1.0)
+    assert {r.impl for r in bench_block.block_case(TINY, reps=1, compile_=False)} == {EAGER, bench_block.TOKENPOS}
+
+
+def test_block_implementations_compute_the_same_loss() -> None:
+    """The tokenpos block is the torch block with tokenpos layers: with the same weights and dropout off,
+    the same loss and the same gradients (float32 tolerance)."""
+    import torch
+
+    from tokenpos.analysis import bench_block
+
+    V, D, H, L = 50, 16, 2, 8
+    ref, tp = bench_block._block(V, D, H, L, False).eval(), bench_block._block(V, D, H, L, True).eval()
+    with torch.no_grad():
+        tp.emb.token.weight.copy_(ref.tok.weight)
+        tp.emb.position.weight.copy_(ref.pos.weight)
+        for name in ("ln1", "ln2", "qkv", "proj", "up", "down"):
+            getattr(tp, name).load_state_dict(getattr(ref, name).state_dict())
+    ids = torch.randint(0, V, (2, L))
+    a, b = ref(ids), tp(ids)
+    a.backward()
+    b.backward()
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(ref.qkv.weight.grad, tp.qkv.weight.grad, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(ref.tok.weight.grad, tp.emb.token.weight.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_zipf_ids_are_skewed() -> None:

@@ -2,38 +2,41 @@
 
 from __future__ import annotations
 
-import pytest
-
-from tokenpos.analysis.bench_timing import WARM_CALLS, time_interleaved
+from tokenpos.analysis.bench_timing import model_op, time_interleaved
 
 
 def _recorder(log: list[str], name: str):
     return lambda: log.append(name)
 
 
-@pytest.mark.parametrize("warm", [0, 1, WARM_CALLS])
-def test_each_timed_call_follows_a_settle_and_its_own_warm_calls(warm: int, monkeypatch) -> None:
-    """Every timed call is preceded by a sleep and then ``warm`` untimed calls of the same impl, and
-    the same impl is never timed twice in a row across rounds."""
+def test_each_timed_call_follows_the_model_op() -> None:
+    """Model conditions: every call of every impl (warm-up and timed) runs right after the torch op,
+    with nothing in between (no settle, no untimed calls of its own), and the same impl is never
+    timed twice in a row across rounds."""
     log: list[str] = []
-    sleeps: list[float] = []
-    monkeypatch.setattr("tokenpos.analysis.bench_timing.time.sleep", lambda s: (sleeps.append(s), log.append("|")))
     impls = {n: _recorder(log, n) for n in "abc"}
     reps = 6
-    times = time_interleaved(impls, reps, settle=0.01, warm=warm)
+    times = time_interleaved(impls, reps, before=_recorder(log, "|"))
     assert {k: len(v) for k, v in times.items()} == {n: reps for n in "abc"}
     assert all(t >= 0 for v in times.values() for t in v)
-    assert log[:3] == ["a", "b", "c"]                     # one warm-up call each before the rounds
-    groups = "".join(log[3:]).split("|")[1:]               # what ran after each sleep
-    assert len(groups) == len(sleeps) == 3 * reps and set(sleeps) == {0.01}
-    timed = []
-    for g in groups:
-        assert len(g) == warm + 1 and len(set(g)) == 1     # warm untimed calls, then the timed one
-        timed.append(g[0])
+    assert log[:6] == ["|", "a", "|", "b", "|", "c"]        # one warm-up call each, after the op too
+    calls = log[6:]
+    assert calls[0::2] == ["|"] * 3 * reps                  # the op before each timed call ...
+    timed = calls[1::2]                                      # ... and right after it, one impl call
+    assert len(timed) == 3 * reps and "|" not in timed
     assert all(x != y for x, y in zip(timed[:-1], timed[1:], strict=True))  # never twice in a row
 
 
-def test_no_settle_means_no_untimed_calls() -> None:
+def test_without_an_op_the_calls_run_back_to_back() -> None:
     log: list[str] = []
-    times = time_interleaved({n: _recorder(log, n) for n in "ab"}, 4, settle=0.0)
+    times = time_interleaved({n: _recorder(log, n) for n in "ab"}, 4)
     assert len(log) == 2 + 2 * 4 and {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4}
+
+
+def test_model_op_is_a_parallel_torch_matmul_of_the_model_dim() -> None:
+    """About 2**30 flops, (m, dim) @ (dim, dim), at least 16 rows; it runs and returns its output."""
+    import torch
+
+    out = model_op(64)()
+    assert isinstance(out, torch.Tensor) and out.shape == (2**30 // (2 * 64 * 64), 64)
+    assert model_op(8192)().shape == (16, 8192)

@@ -43,7 +43,7 @@ def install_fake_bench(monkeypatch: pytest.MonkeyPatch, *, fail: bool = False) -
         if fail:
             raise RuntimeError("no kernels here")
         progress and progress("lookup", 1, 1)
-        rows = [FakeRow("lookup V=50257 D=768", "kernel", 0.00123, 11.5, 0.8, 2.5, "fake"),
+        rows = [FakeRow("lookup V=50257 D=768", "tokenpos torch (public layer)", 0.00123, 11.5, 0.8, 2.5, "fake"),
                 FakeRow("lookup V=50257 D=768", "reference", 0.00307, 4.6, 0.3, None)]
         return types.SimpleNamespace(rows=rows, machine="test machine", command="pytest", config={})
 
@@ -219,3 +219,31 @@ def test_the_bench_section_says_when_the_machine_was_busy(slow_rep: float, busy:
     rows = bench_rows("forward", {COPY: [1.0, slow_rep], GATHER: [1.0, 1.0]}, 1e6, limit=(GATHER,))
     page = bench_html(BenchReport("m", "tokenpos bench --quick", {}, rows), "default")
     assert ("the machine was busy during this run" in page) == busy
+
+
+def test_the_bench_section_charts_the_headline_ratios_and_leaves_the_experiment_rows_out(tmp_path: Path) -> None:
+    """A chart (an embedded PNG) of the public layers' and the block's ratios, then their table; the
+    references, raw kernels and experiment rows (compute floor, the numba gather) are not in it."""
+    from tokenpos.analysis.bench_chart import ratio_points
+    from tokenpos.analysis.bench_timing import COMPILE, EAGER, GATHER, GATHER_NUMBA, KERNEL, BenchReport, bench_rows
+    from tokenpos.analysis.report import bench_html
+
+    rows = bench_rows("forward", {GATHER: [1.0, 1.1], EAGER: [3.0, 3.3], COMPILE: [1.2, 1.3], KERNEL: [1.05, 1.1],
+                                  GATHER_NUMBA: [1.2, 1.3],
+                                  "compute floor: tokenpos kernel, 64-row table (in cache)": [0.5, 0.6],
+                                  "tokenpos torch (public layer)": [1.1, 1.2]}, 1e6, limit=(GATHER,))
+    rows += bench_rows("block", {EAGER: [2.0, 2.2], COMPILE: [1.5, 1.6], "tokenpos layers, eager": [1.8, 1.9]}, 0,
+                       bandwidth=False)
+    images: list[Path] = []
+    page = bench_html(BenchReport("m", "tokenpos bench", {}, rows), "full", tmp_path, 60, images)
+    assert images == [tmp_path / "bench.png"] and images[0].is_file()
+    assert page.index("data:image/png;base64,") < page.index("<table")           # the chart, the table under it
+    for shown in ("tokenpos torch (public layer)", "tokenpos layers, eager"):
+        assert shown in page
+    for left_out in ("numba gather", "compute floor", KERNEL, GATHER):
+        assert left_out not in page.split("<table")[1]
+    pts = {(label, key): (med, best) for label, key, med, best in ratio_points(rows)}   # (median, best)
+    assert pts[("forward: tokenpos torch", "limit")] == pytest.approx((1.05 / 1.15, 1.0 / 1.1))  # 2-rep medians: means
+    assert pts[("forward: tokenpos torch", "compile")] == pytest.approx((1.25 / 1.15, 1.2 / 1.1))
+    assert pts[("block: tokenpos layers, eager", "eager")] == pytest.approx((2.1 / 1.85, 2.0 / 1.8))
+    assert ("block: tokenpos layers, eager", "limit") not in pts

@@ -23,9 +23,9 @@ def _forward(threshold: int, *args, **kwargs) -> np.ndarray:
 
 @settings(max_examples=40, deadline=None)
 @given(V=st.integers(1, 30), D=st.integers(1, 40), B=st.integers(1, 3), L=st.integers(1, 8),
-       p=st.sampled_from([0.0, 0.1, 0.5]), pos=st.booleans(), bf16=st.booleans(), stream=st.booleans(),
+       p=st.sampled_from([0.0, 0.1, 0.5]), pos=st.booleans(), bf16=st.booleans(),
        data=st.integers(0, 2**32 - 1))
-def test_serial_and_parallel_cores_write_the_same_bits(V, D, B, L, p, pos, bf16, stream, data) -> None:
+def test_serial_and_parallel_cores_write_the_same_bits(V, D, B, L, p, pos, bf16, data) -> None:
     rng = np.random.default_rng(data)
     if bf16:
         w = rng.integers(0, 1 << 16, (V, D)).astype(np.uint16)
@@ -34,8 +34,7 @@ def test_serial_and_parallel_cores_write_the_same_bits(V, D, B, L, p, pos, bf16,
         w = rng.standard_normal((V, D)).astype(np.float32)
         pt = rng.standard_normal((L, D)).astype(np.float32) if pos else None
     ids = rng.integers(0, V, (B, L))
-    kw = dict(scale=1.5, pos_table=pt, pos_ids=np.arange(L) if pos else None, dropout_p=p, seed=7, bf16=bf16,
-              stream=stream)
+    kw = dict(scale=1.5, pos_table=pt, pos_ids=np.arange(L) if pos else None, dropout_p=p, seed=7, bf16=bf16)
     serial = _forward(1 << 62, w, ids, **kw)
     parallel = _forward(0, w, ids, **kw)
     assert serial.dtype == parallel.dtype and np.array_equal(serial.view(np.uint8), parallel.view(np.uint8))

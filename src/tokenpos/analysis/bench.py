@@ -1,7 +1,9 @@
 """The kernel benchmark as a library: returns a :class:`BenchReport`, never prints.
 
 Every case times its implementations interleaved (rep 1 of each, rep 2 of each, ...) in one process,
-next to references measured in the same loop: the case's physical limit (the random-row gather
+in model conditions (each timed call, references included, right after a torch matmul of the
+model's size with the default OpenMP wait policy: :func:`.bench_timing.time_interleaved`), next to
+references measured in the same loop: the case's physical limit (the random-row gather
 for the embedding cases, the copy bandwidth (torch ``copy_`` of the output's bytes into a
 preallocated tensor) for RoPE), torch eager and ``torch.compile`` of the same formula. The order
 is shuffled every round (no impl always follows the same neighbour, none twice in a row) and the
@@ -12,12 +14,15 @@ and its ratios compare best with best; ``median_seconds`` and the note give the 
 
     effective GB/s = 2 * (bytes of the output) / seconds          (read once + written once)
 
-Cases (default workload V=50257, D=768, B=16, L=512 fp32; RoPE B=8 H=12 L=512 Dh=64):
+Cases (default workload V=50257, D=768, B=16, L=512 fp32; RoPE B=2 H=32 L=2048 Dh=128, 134 MB of q
+and k: DRAM-sized):
 
 - ``forward``: inference forward ``W[ids] * sqrt(D) + P[pos]``.
 - ``dropout``: the training forward, the same plus dropout 0.1.
 - ``bf16``: the forward on bf16 tables (fused bf16 kernel vs torch eager/compile in bf16).
 - ``rope``: RoPE on q and k vs the HF-style eager ``q*cos + rotate_half(q)*sin``.
+- ``block``: one transformer block (embedding, RoPE, attention, MLP), forward + backward, in torch
+  eager, ``torch.compile``, and with the tokenpos layers, eager and compiled (:mod:`.bench_block`).
 - ``compiled``: ``torch.compile`` of a model containing TransformerEmbedding vs eager (full runs).
 - ``train_lazy`` / ``train_exact``: one embedding step (forward, backward, AdamW) on Zipf ids vs
   ``nn.Embedding`` + fused AdamW (dense gradient); the ratio is the speed-up over torch.
@@ -42,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.analysis.bench_block import block_case
 from tokenpos.analysis.bench_cases import compiled_model_case, embedding_case, rope_case
 from tokenpos.analysis.bench_timing import (
     NBATCH,
@@ -51,12 +57,13 @@ from tokenpos.analysis.bench_timing import (
     bench_rows,
     cycle,
     machine,
+    model_op,
     note_rows,
     public,
     time_interleaved,
 )
 
-CASES = ("forward", "dropout", "bf16", "rope", "compiled", "train_lazy", "train_exact", "jit")
+CASES = ("forward", "dropout", "bf16", "rope", "block", "compiled", "train_lazy", "train_exact", "jit")
 
 
 def zipf_ids(rng: np.random.Generator, V: int, shape: tuple[int, ...], s: float = 1.0) -> np.ndarray:
@@ -119,7 +126,7 @@ def _train_case(cfg: dict, mode: str, reps: int) -> list[BenchRow]:
         return run
 
     add_impl(impls, notes, f"tokenpos numpy ({mode}, public layer)", numpy_layer)
-    times = time_interleaved(impls, reps)
+    times = time_interleaved(impls, reps, model_op(D))
     times = {"torch eager" if k.startswith("torch nn") else k: t for k, t in times.items()}
     rows = bench_rows(f"train_{mode}", times, 2 * B * L * D * 4, bandwidth=False, notes=notes)
     rows[0].impl = "torch nn.Embedding + fused AdamW"
@@ -173,9 +180,12 @@ def _jit_case(quick: bool) -> list[BenchRow]:
 # entry point
 # ----------------------------------------------------------------------------------------------
 
-TIMING = ("best of interleaved, shuffled reps; before each: 25 ms settle, three untimed calls "
-          "(medians in notes)")
-FULL = dict(V=50257, D=768, B=16, L=512, rB=8, rH=12, L_rope=512, Dh=64, reps=20, train_reps=8)
+TIMING = ("model conditions: best of interleaved, shuffled reps, each timed call right after a ~1 GFLOP torch "
+          "matmul of the model dim, default OpenMP wait policy (medians in notes)")
+# RoPE: q and k of 67 MB each (B2 H32 L2048 Dh128, a Llama-7B-sized prefill), far larger than an L3
+# block: one transformer block (D, H=12 heads) on (bB, bL) ids, forward + backward
+FULL = dict(V=50257, D=768, B=16, L=512, rB=2, rH=32, L_rope=2048, Dh=128, bB=2, bL=256, bH=12, reps=20,
+            train_reps=8)
 QUICK = dict(FULL, reps=5, train_reps=3)   # the same workload (cache-resident shapes would flatter copy)
 
 
@@ -211,6 +221,8 @@ def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequen
                                           bf16=case == "bf16")
         elif case == "rope":
             report.rows += rope_case(cfg, cfg["reps"], compile)
+        elif case == "block":
+            report.rows += block_case(cfg, cfg["train_reps"], compile)
         elif case == "compiled":
             report.rows += compiled_model_case(cfg, cfg["reps"])
         elif case.startswith("train_"):

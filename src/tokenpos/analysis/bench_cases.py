@@ -1,6 +1,7 @@
 """The bandwidth cases of ``tokenpos bench``: forward, dropout, bf16, RoPE, and a compiled model.
 
-Each case times, interleaved in one process (:func:`.bench_timing.time_interleaved`): its physical
+Each case times, interleaved in one process and in model conditions (:func:`.bench_timing.time_interleaved`:
+each timed call right after a torch matmul of the model dim, :func:`.bench_timing.model_op`): its physical
 limit, torch eager, ``torch.compile`` of the same formula (when ``compile_``), the raw tokenpos
 kernel (with a preallocated ``out=``, as the layers call it) and the public layers.
 
@@ -42,6 +43,7 @@ from tokenpos.analysis.bench_timing import (
     bench_rows,
     copy_ref,
     cycle,
+    model_op,
     note_rows,
     public,
     time_interleaved,
@@ -63,14 +65,14 @@ def gather_rows(weight, ids, out):  # pragma: no cover - compiled
 
 
 def _numba_gather(w: np.ndarray, batches: list[np.ndarray], out: np.ndarray) -> Callable[[], Any]:
-    from tokenpos.kernels._threading import parallel_guard
+    from tokenpos.kernels._threading import parallel, parallel_guard
 
     flat = cycle([b.reshape(-1) for b in batches])
     o2 = out.reshape(-1, out.shape[-1])
 
     def run() -> None:
         with parallel_guard():
-            gather_rows(w, next(flat), o2)
+            parallel(gather_rows)(w, next(flat), o2)
     return run
 
 
@@ -143,13 +145,9 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
         add_impl(impls, notes, COMPILE, make_compiled)
     seeds = iter(range(1, 1 << 30))
 
-    def kernel(stream: bool) -> Callable[[], Any]:
-        ids_k = cycle(batches)
-        return lambda: K.embedding_forward(w, next(ids_k), scale=scale, pos_table=pt, pos_ids=pos, dropout_p=p,
-                                           seed=next(seeds), out=out, bf16=bf16, stream=stream)
-
-    impls[KERNEL] = kernel(False)
-    impls["tokenpos kernel (out=, streaming stores)"] = kernel(True)
+    ids_k = cycle(batches)
+    impls[KERNEL] = lambda: K.embedding_forward(w, next(ids_k), scale=scale, pos_table=pt, pos_ids=pos, dropout_p=p,
+                                                seed=next(seeds), out=out, bf16=bf16)
     small = np.ascontiguousarray(w[:FLOOR_ROWS])                 # (64, D): stays in L1/L2
     ids_f = cycle([b % FLOOR_ROWS for b in batches])
     impls[FLOOR] = lambda: K.embedding_forward(small, next(ids_f), scale=scale, pos_table=pt, pos_ids=pos,
@@ -167,7 +165,7 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
     grad = torch.is_grad_enabled()
     torch.set_grad_enabled(bool(p))                        # inference: no autograd graph anywhere
     try:
-        times = time_interleaved(impls, reps)
+        times = time_interleaved(impls, reps, model_op(D))
     finally:
         torch.set_grad_enabled(grad)
     return bench_rows(case, times, 2 * B * L * D * esize, notes=notes, limit=LIMITS) + note_rows(case, notes)
@@ -232,7 +230,7 @@ def rope_case(cfg: dict, reps: int, compile_: bool) -> list[BenchRow]:
     add_impl(impls, notes, f"tokenpos numpy, {PACKED} (public layer)", numpy_packed)
     add_impl(impls, notes, f"tokenpos torch, {PACKED} (public layer)", torch_packed)
     with torch.no_grad():
-        times = time_interleaved(impls, reps)
+        times = time_interleaved(impls, reps, model_op(H * Dh))
     return bench_rows("rope", times, 2 * 2 * q.numel() * 4, notes=notes) + note_rows("rope", notes)
 
 
@@ -257,7 +255,7 @@ def compiled_model_case(cfg: dict, reps: int) -> list[BenchRow]:
         return lambda: fn(next(it))
     add_impl(impls, notes, COMPILE, make)
     with torch.no_grad():
-        times = time_interleaved(impls, reps)
+        times = time_interleaved(impls, reps, model_op(D))
     times = {("eager model (TransformerEmbedding + layer_norm)" if k == EAGER else
               "torch.compile(model)" if k == COMPILE else k): v for k, v in times.items()}
     return bench_rows("compiled", times, 2 * B * L * D * 4, notes=notes,

@@ -62,31 +62,39 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-SETTLE = 0.025     # seconds before each timed call: the previous impl's idle threads stop spinning
-WARM_CALLS = 3     # untimed calls after the settle: the core is back to its busy speed (measured)
+MODEL_FLOP = 1 << 30   # the torch op before each timed call: a matmul of about this many flops
 
 
-def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int, settle: float = SETTLE,
-                     warm: int = WARM_CALLS) -> dict[str, list[float]]:
+def model_op(dim: int) -> Callable[[], Any]:
+    """A torch parallel op of a model's size: ``(m, dim) @ (dim, dim)`` into a preallocated output,
+    ``m`` chosen for about :data:`MODEL_FLOP` flops (at least 16 rows): a layer's projection of
+    model dim ``dim`` (D for the embedding, H * Dh for RoPE's q/k projection).
+
+    After it returns, torch's OpenMP threads spin for about 10 ms (default wait policy,
+    ``benchmarks/experiments/exp_spin.py``), as they do between the layers of a model."""
+    import torch
+    m = max(16, MODEL_FLOP // (2 * dim * dim))
+    a, b, out = torch.randn(m, dim), torch.randn(dim, dim), torch.empty(m, dim)
+    return lambda: torch.mm(a, b, out=out)
+
+
+def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int,
+                     before: Callable[[], Any] | None = None) -> dict[str, list[float]]:
     """Warm each impl once, then ``reps`` interleaved rounds in a shuffled order; seconds per call.
 
     The order changes every round (fixed seed) so that no impl always runs right after the same
-    neighbour: a call is slower right after one that evicted the caches and page tables.
+    neighbour, and no impl runs twice in a row.
 
-    Before each timed call the machine settles for ``settle`` seconds, then the impl runs ``warm``
-    times untimed, then the timed call (both untimed steps are skipped with ``settle=0``). After a
-    parallel op, torch's OpenMP threads spin for about 10 ms (measured: 10 ms of CPU during a sleep
-    after ``index_select``) and TBB's for about 1 ms; a numba kernel timed inside that window shares
-    the cores with the spinners and took 2-3x longer in the median (benchmarks/HISTORY.md), and a call whose
-    own threads were asleep pays their wake-up. Settling lets the previous impl's threads go to
-    sleep; the untimed calls wake the impl's own. One untimed call is not enough: a core that slept
-    25 ms runs slower for a few ms after it wakes (measured on the reference VM, 15 reps each, fp32
-    forward shapes: the in-cache compute floor took 1.14 ms after one untimed call, 0.71-0.73 ms after
-    two or three, 0.70-0.72 ms with no sleep at all; the gather 1.47, 1.32 and 1.10-1.12 ms), and
-    the arithmetic-heavy rows paid more of it than the gather they are compared with. Each impl is
-    then timed in its steady state, whichever impl ran before it.
+    Model conditions (the bench's): ``before`` (:func:`model_op`) runs, untimed, right before each
+    timed call of every impl, references included. A model calls its layers right after torch's
+    parallel ops, with torch's OpenMP threads still spinning on the cores and the caches holding
+    that op's data; every impl is timed in that state, with the default OpenMP wait policy (the
+    bench until issue 29 slept 25 ms and made three untimed calls first: a lab condition no model
+    runs in). ``before=None``: the impls back to back (the experiments' plain interleaving).
     """
     for fn in impls.values():
+        if before is not None:
+            before()
         fn()
     times: dict[str, list[float]] = {k: [] for k in impls}
     names = list(impls)
@@ -99,10 +107,8 @@ def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int, settle: flo
         last = order[-1]
         for name in order:
             fn = impls[name]
-            if settle:
-                time.sleep(settle)
-                for _ in range(warm):
-                    fn()
+            if before is not None:
+                before()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

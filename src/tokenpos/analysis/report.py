@@ -125,20 +125,34 @@ def _bench_section(ctx: ReportContext, enabled: bool) -> str:
     except Exception as exc:  # the report must still be written; the failure is shown in it
         ctx.on_note(f"benchmark failed: {type(exc).__name__}: {exc}")
         return H.paragraphs([f"Benchmark failed: {type(exc).__name__}: {exc}"], "warn")
-    return bench_html(rep, ctx.mode)
+    return bench_html(rep, ctx.mode, ctx.out_dir, DPI[ctx.mode], ctx.images)
 
 
 def _num(x: Any, fmt: str) -> str:
     return "" if x is None or x != x else format(x, fmt)  # None and NaN: empty cell
 
 
-def bench_html(rep: Any, mode: str) -> str:
-    """The BenchReport as a table: time per call, throughput, and the ratios measured in the same run."""
+def _pair(best: Any, median: Any) -> str:
+    return "" if best is None else f"{_num(best, '.2f')} / {_num(median, '.2f')}"
+
+
+def bench_html(rep: Any, mode: str, out_dir: Path | None = None, dpi: int = 110,
+               images: list[Path] | None = None) -> str:
+    """The BenchReport at a glance: the chart of tokenpos's ratios (when ``out_dir`` is given), then
+    the table of the same rows: public layers and the block, no experiment rows (:mod:`.bench_chart`)."""
+    from tokenpos.analysis.bench_chart import headline_rows, plot_bench, ratio_points
     from tokenpos.analysis.bench_timing import busy_note
 
-    rows = [[r.case, r.impl, _num(None if r.seconds is None else r.seconds * 1e3, ".3f"), _num(r.gbps, ".2f"),
-             _num(r.ratio_vs_copy, ".2f"), _num(r.ratio_vs_reference, ".2f"), getattr(r, "note", "") or ""]
-            for r in rep.rows]
+    shown = headline_rows(rep.rows)
+    rows = []
+    for r in shown:
+        m = getattr(r, "median_ratios", None)
+        m = {} if m is None else m
+        med = getattr(r, "median_seconds", None)
+        rows.append([r.case, r.impl, _num(r.seconds * 1e3, ".3f"), _num(None if med is None else med * 1e3, ".3f"),
+                     _pair(getattr(r, "ratio_vs_limit", None), m.get("limit")),
+                     _pair(r.ratio_vs_reference, m.get("eager")), _pair(getattr(r, "ratio_vs_compile", None),
+                                                                        m.get("compile"))])
     meta = [{"quick": f"quick run, cases {', '.join(BENCH_QUICK_CASES)} only", "default": "quick run",
              "full": "full run"}[mode]]
     for name in ("machine", "command"):
@@ -148,13 +162,19 @@ def bench_html(rep: Any, mode: str) -> str:
     busy = busy_note(rep.rows)
     if busy:
         meta.append(busy)
-    return (H.paragraphs(["; ".join(str(m) for m in meta)], "note")
-            + H.table(["case", "impl", "ms / call", "GB/s", "x copy", "x reference", "note"], rows,
-                      numeric={2, 3, 4, 5},
-                      caption="Embedding lookup benchmark (tokenpos bench): best of interleaved reps. x copy = copy "
-                              "time / this time, x reference = torch eager time / this time (higher is faster); "
-                              "both references were measured side by side in this run. GB/s = 2 x output bytes / "
-                              "time."))
+    chart = ""
+    if out_dir is not None and ratio_points(rep.rows):
+        png = plot_bench(rep.rows, out_dir / "bench.png", dpi=dpi)
+        if images is not None:
+            images.append(png)
+        chart = H.figure(png, "tokenpos against the limit, torch eager and torch.compile, each call timed right "
+                              "after a torch op as in a model; bar: median ratio, whisker: best", alt="bench chart")
+    return (H.paragraphs(["; ".join(str(m) for m in meta)], "note") + chart
+            + H.table(["case", "tokenpos", "best ms", "median ms", "x limit", "x eager", "x compile"], rows,
+                      numeric={2, 3, 4, 5, 6},
+                      caption="tokenpos bench in model conditions: ratios are reference time / tokenpos time, "
+                              "best / median (> 1: tokenpos faster); every reference was timed in the same run. "
+                              "Limit: the random-row gather (embedding) or copy bandwidth (RoPE)."))
 
 
 def _tradeoff_section(ctx: ReportContext) -> str:

@@ -26,10 +26,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help=HELP, description=HELP + ".",
         epilog="GB/s = 2 x output bytes / time. Each row is the best of interleaved, shuffled reps, each "
-               "timed after a 25 ms settle and three untimed calls (a steady state, whatever ran before); ratios "
+               "timed in model conditions: right after a torch matmul of the model's size, with torch's "
+               "threads still spinning (default OpenMP wait policy), references timed the same way; ratios "
                "are reference time / row time, 'best/median' (> 1: faster than the reference). The limit "
                "is the random-row gather (embedding cases) or the copy bandwidth (rope). "
-               "Cases: forward, dropout, bf16, rope, compiled, train_lazy, train_exact, jit. "
+               "Cases: forward, dropout, bf16, rope, block, compiled, train_lazy, train_exact, jit. "
                "Example: tokenpos bench --quick --cases forward,rope",
     )
     p.add_argument("--quick", action="store_true",

@@ -10,7 +10,7 @@ Embedding (:mod:`.embedding`), N ids of any shape (...), D model dim, P position
 
 - ``embedding_forward(weight (V, D), ids (...), *, scale=1.0, pos_table=None (P, D),
   pos_ids=None ((...) or a trailing part), dropout_p=0.0, seed=0, dropout_offset=0, out=None,
-  bf16=False, stream=False) -> (..., D)``: gather * scale + positional row, then
+  bf16=False) -> (..., D)``: gather * scale + positional row, then
   counter-based dropout (``x * m``), in one pass; every argument checked first (the shared
   messages); ``bf16=True`` takes bf16 bits as uint16 arrays.
 - ``embedding.forward_rows(w, ids, pt, pos, scale, p, seed, out)``: the same pass on inputs a layer
@@ -44,17 +44,16 @@ optimisers' twins are dense (``adam_dense_ref``, ``sgd_dense_ref``) and lazy (``
 Dropout masks equal :func:`tokenpos.tables.formulas.dropout.dropout_keep_mask` bit for bit; forwards equal
 their twins bit for bit; sums and optimiser steps agree to float rounding.
 
-Machinery (private): :mod:`._threading` (the numba threading layer, chosen once at import: TBB,
-which is fork-safe and thread-safe), :mod:`._forward` (the compiled forward core, float and bf16),
-:mod:`._stream` (opt-in non-temporal stores, ``stream=True``), :mod:`._rng` (the hash),
-:mod:`._prefetch` (software prefetch), :mod:`._launch` (dynamic chunks for the backward and
-optimiser loops). ``out=None`` takes a fresh output from :data:`tokenpos._config.OUTPUTS` (reused
-released blocks, no page faults); callers may pass ``out=``. tokenpos never changes numba's thread
-count.
+Machinery (private): :mod:`._threading` (the numba threading layer, chosen once at import: torch's
+own OpenMP pool when torch is loaded, else TBB; fork-safe and thread-safe), :mod:`._forward` (the
+compiled forward core, float and bf16), :mod:`._rng` (the hash), :mod:`._prefetch` (software
+prefetch), :mod:`._launch` (dynamic chunks for the backward and optimiser loops). ``out=None``
+takes a fresh output from :data:`tokenpos._config.OUTPUTS` (reused released blocks, no page faults);
+callers may pass ``out=``. tokenpos never changes numba's thread count.
 
 Numba's on-disk cache (``cache=True``) lives in ``__pycache__`` next to these files (or numba's
 user cache directory when that is not writable). It is keyed on each file's own source, so after
-editing ``_rng.py`` / ``_prefetch.py`` / ``_stream.py`` / ``_forward.py`` clear ``__pycache__``
+editing ``_rng.py`` / ``_prefetch.py`` / ``_forward.py`` clear ``__pycache__``
 (functions inlined from them are not tracked across files).
 """
 

@@ -21,9 +21,9 @@ Per row:
 ``m`` is a multiply (never a select), so NaN and Inf propagate through dropped elements as they
 do in ``torch.nn.Dropout``. A row whose position is outside [0, P), or whose id is outside [0, V),
 is skipped (the core's memory bound) and counted; the core returns that count and the caller raises the
-shared :class:`PositionError` / :class:`TokenIdError` message. With
-``stream`` (opt-in) each row is built in an L1 scratch row and written with non-temporal stores
-(:mod:`._stream`); the result is the same bits either way.
+shared :class:`PositionError` / :class:`TokenIdError` message. (Non-temporal stores, opt-in with
+``stream=True`` until issue 29, never paid: 0.54-1.09x the plain stores in 16 runs, and no better in
+model conditions; removed, benchmarks/HISTORY.md, 2026-11-27.)
 
 bf16 (uint16 tables; :func:`row` picks :func:`_row_bf16` by the table's dtype): each value is
 widened exactly (``bits << 16`` is the float32 with the same value), the row is computed in
@@ -41,7 +41,6 @@ from numba.extending import intrinsic, overload
 from tokenpos.kernels._lines import lanes, line, line_drop, line_pos, line_pos_drop
 from tokenpos.kernels._prefetch import prefetch_line, prefetch_line_l2
 from tokenpos.kernels._rng import keep_bits, key_of
-from tokenpos.kernels._stream import store_fence, stream_row
 
 
 def _tail(w, pe, has_pos, scale, key, thr, inv, base, o, d0):  # pragma: no cover - compiled
@@ -169,61 +168,34 @@ def _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offs
     return 0
 
 
-@njit(cache=True)
-def _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, out_addr, ahead,
-              far, out, n0, n1):  # pragma: no cover - compiled
-    """Rows [n0, n1), each built in an L1 scratch row and written with non-temporal stores; returns
-    how many were skipped as bad."""
-    D = weight.shape[1]
-    row_bytes = np.uint64(D * out.itemsize)
-    tmp = np.empty(D, out.dtype)
-    nbad = 0
-    for n in range(n0, n1):
-        bad = _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, ahead, far, n,
-                      tmp)
-        if not bad:
-            stream_row(out[n], tmp, out_addr + np.uint64(n) * row_bytes)
-        nbad += bad
-    store_fence()
-    return nbad
-
-
 @njit(parallel=True, cache=True)
 def forward_core(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset,
-                 stream, out_addr, rows, ahead, far, out):  # pragma: no cover - compiled
+                 ahead, far, out):  # pragma: no cover - compiled
     """out (N, D) = dropout(weight[ids] * scale + pos_table[pos_ids]); returns the count of rows with
     a bad id or position (nothing is read outside the tables).
 
     One ``prange`` over the output rows in order (numba splits it into one contiguous block per
     thread); while a row is computed, the token rows ``ahead`` rows on (into L1) and ``far`` rows on
-    (into L2) are prefetched line by line (0: none). With ``stream``, a ``prange`` over tasks of
-    ``rows`` consecutive rows, one scratch row each (:func:`_streamed`).
+    (into L2) are prefetched line by line (0: none).
     """
     N = ids.shape[0]
     key = key_of(seed)                                  # the dropout key of the seed bits (thr 0: unused)
     nbad = 0
-    if stream:
-        for task in prange((N + rows - 1) // rows):
-            nbad += _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset,
-                              out_addr, ahead, far, out, task * rows, min(N, task * rows + rows))
-    else:
-        for n in prange(N):
-            nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, ahead,
-                            far, n, out[n])
+    for n in prange(N):
+        nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, ahead,
+                        far, n, out[n])
     return nbad
 
 
 @njit(cache=True)
 def forward_core_serial(weight, ids, scale, pos_table, pos_ids, has_pos, seed, thr, inv, offset,
-                        stream, out_addr, rows, ahead, far, out):  # pragma: no cover - compiled
+                        ahead, far, out):  # pragma: no cover - compiled
     """:func:`forward_core` on the calling thread: for outputs too small to pay for a parallel launch
-    (``embedding.PARALLEL_BYTES``; measured: benchmarks/HISTORY.md). It takes the same arguments, so the
-    caller can pick either; ``rows`` is unused."""
+    (``embedding.PARALLEL_BYTES``; measured: benchmarks/HISTORY.md), and in a forked child of a process
+    on numba's omp pool (:func:`._threading.parallel`). It takes the same arguments, so the caller
+    can pick either."""
     N = ids.shape[0]
     key = key_of(seed)
-    if stream:
-        return _streamed(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, out_addr,
-                         ahead, far, out, 0, N)
     nbad = 0
     for n in range(N):
         nbad += _row_at(weight, ids, scale, pos_table, pos_ids, has_pos, key, thr, inv, offset, ahead, far,

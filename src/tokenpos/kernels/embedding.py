@@ -33,7 +33,7 @@ from tokenpos.kernels._backward import _group, _segment_sum_core, _unique_invers
 from tokenpos.kernels._forward import forward_core, forward_core_serial
 from tokenpos.kernels._launch import launch
 from tokenpos.kernels._rng import dropout_params
-from tokenpos.kernels._threading import parallel_guard
+from tokenpos.kernels._threading import parallel, parallel_guard
 from tokenpos.tables.checks.validation import check_positions, check_probability, check_token_ids
 from tokenpos.tables.errors import ConfigError, KernelBoundError
 
@@ -41,7 +41,6 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _BITS16 = (np.dtype(np.uint16), np.dtype(np.int16))
 PREFETCH_AHEAD = 2        # backward: gathered grad rows prefetched ahead into L1 (0 turns it off)
 PREFETCH_FAR = 16         # ... and this far ahead into L2 (0 turns it off)
-TASK_BYTES = 1 << 16      # forward with streaming stores: output bytes per parallel task (one scratch row each)
 PARALLEL_BYTES = 1 << 18  # forward: smaller outputs (half with dropout) run on the calling thread
 PREFETCH_BYTES = 12 << 10  # forward: the token row about this many table bytes on is prefetched into L1, a line
                           # per line computed (whole rows, at least one; 0 turns it off)
@@ -149,7 +148,7 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: np.dtype, bf16: bool) -> 
 
 def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: Any = None,
                       pos_ids: Any = None, dropout_p: float = 0.0, seed: int = 0, dropout_offset: int = 0,
-                      out: np.ndarray | None = None, bf16: bool = False, stream: bool = False) -> np.ndarray:
+                      out: np.ndarray | None = None, bf16: bool = False) -> np.ndarray:
     """Gather + scale + positional add + dropout in one pass: the checked kernel API.
 
     Args:
@@ -171,9 +170,6 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
             works. Without it a new array is returned (from :data:`tokenpos._config.OUTPUTS`).
         bf16: weight, pos_table and out are bf16 bits; computed in float32 and rounded once to
             bf16 (round to nearest even), see :mod:`._forward`.
-        stream: write the output with non-temporal stores (:mod:`._stream`), bypassing the
-            caches. Off by default: measured slower, or at best as fast, on both machines the
-            bench has run on (:mod:`._stream`, benchmarks/HISTORY.md). The result is the same bits either way.
 
     Returns:
         (..., D) array of the weight dtype (bf16: uint16 bits, or ``out`` as given).
@@ -182,19 +178,18 @@ def embedding_forward(weight: Any, ids: Any, *, scale: float = 1.0, pos_table: A
     D = w.shape[1]
     shape = idx.shape + (D,)
     out = OUTPUTS.empty(shape, w.dtype) if out is None else check_out(out, shape, w.dtype, bf16)
-    forward_rows(w, idx, pt, pid, scale, p, seed, out.view(np.uint16) if bf16 else out, offset=dropout_offset,
-                 stream=stream)
+    forward_rows(w, idx, pt, pid, scale, p, seed, out.view(np.uint16) if bf16 else out, offset=dropout_offset)
     return out
 
 
 def forward_rows(w: np.ndarray, ids: np.ndarray, pt: np.ndarray | None, pos: np.ndarray | None, scale: float,
-                 p: float, seed: int, out: np.ndarray, *, offset: int = 0, stream: bool = False) -> np.ndarray:
+                 p: float, seed: int, out: np.ndarray, *, offset: int = 0) -> np.ndarray:
     """:func:`embedding_forward` on checked inputs: the one entry to the compiled core, which both
     backends' ops and the checked API call.
 
     w (V, D) float32 / float64 (uint16: bf16 bits), ids (...) integer in [0, V), pt (P, D) of w's
     dtype with pos (the ids' shape or a trailing part) in [0, P), or both None; out (..., D) C-contiguous
-    of w's dtype (uint16 bits for bf16), returned; ``offset`` and ``stream`` as in
+    of w's dtype (uint16 bits for bf16), returned; ``offset`` as in
     :func:`embedding_forward`. Nothing is validated here, only the layout normalised; outputs under
     :data:`PARALLEL_BYTES` of work run on the calling thread. The core still bounds every row (its
     memory safety): rows it skipped for a bad id or position raise ``KernelBoundError``.
@@ -208,17 +203,14 @@ def forward_rows(w: np.ndarray, ids: np.ndarray, pt: np.ndarray | None, pos: np.
     if not has_pos:
         pt, pos = w[:1], _ONE_POSITION                                    # never read (has_pos False)
     rows = out.reshape(N, D)
-    addr = rows.__array_interface__["data"][0] if stream else 0
-    stream = bool(stream) and addr % out.itemsize == 0
     args = (np.ascontiguousarray(w), np.ascontiguousarray(ids, dtype=np.int64).reshape(-1), typ(scale),
             np.ascontiguousarray(pt), np.ascontiguousarray(pos, dtype=np.int64).reshape(-1), has_pos,
-            bits, thr, typ(inv), np.uint64(offset), stream, np.uint64(addr),
-            max(1, TASK_BYTES // (D * out.itemsize)), *prefetch_rows(D * w.itemsize), rows)
+            bits, thr, typ(inv), np.uint64(offset), *prefetch_rows(D * w.itemsize), rows)
     if out.nbytes * (2 if p else 1) < PARALLEL_BYTES:              # the dropout hash: about twice the work
         skipped = forward_core_serial(*args)
     else:
         with parallel_guard():
-            skipped = forward_core(*args)
+            skipped = parallel(forward_core, forward_core_serial)(*args)
     if skipped:
         raise KernelBoundError(f"the embedding kernel skipped {skipped} rows whose id or position lies outside "
                                f"its table; its inputs must be checked first (tokenpos layers check them at "
@@ -279,7 +271,7 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
     if rows.size:
         starts, order = _group(inverse, uniq.shape[0], 0)
         with launch(uniq.shape[0], max_chunk=16):
-            _segment_sum_core(g2, order, starts, bits, thr, off, float(scale) * inv, PREFETCH_AHEAD,
+            parallel(_segment_sum_core)(g2, order, starts, bits, thr, off, float(scale) * inv, PREFETCH_AHEAD,
                               PREFETCH_FAR, rows)
     pos_grad = None
     if has_pos:
@@ -287,6 +279,6 @@ def embedding_backward(grad_out: Any, ids: Any, *, scale: float = 1.0, dropout_p
         if N and D:
             starts, order = _group(pid, P, N)
             with launch(P, max_chunk=4):
-                _segment_sum_core(g2, order, starts, bits, thr, off, inv, PREFETCH_AHEAD, PREFETCH_FAR,
+                parallel(_segment_sum_core)(g2, order, starts, bits, thr, off, inv, PREFETCH_AHEAD, PREFETCH_FAR,
                                   pos_grad)
     return uniq, rows, pos_grad

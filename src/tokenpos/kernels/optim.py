@@ -49,6 +49,7 @@ from tokenpos.kernels._optim_cores import (
     sgd_lazy_core,
     sparse_adam_core,
 )
+from tokenpos.kernels._threading import parallel
 from tokenpos.tables.checks.validation import check_choice
 from tokenpos.tables.errors import ConfigError
 
@@ -117,11 +118,11 @@ def sparse_adam_update(param: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.nd
     if mode == "lazy":
         if idx.size:
             with launch(idx.size, 7 * idx.size * D * isz):
-                adam_lazy_core(param, m, v, idx, r, *args)
+                parallel(adam_lazy_core)(param, m, v, idx, r, *args)
     elif param.size:
         chunk = _chunk(param.shape[0])
         with launch(-(-param.shape[0] // chunk), 6 * param.size * isz, max_chunk=1):
-            adam_exact_core(param, m, v, idx, r, *args, chunk)  # type: ignore[call-arg]
+            parallel(adam_exact_core)(param, m, v, idx, r, *args, chunk)  # type: ignore[call-arg]
 
 
 def sparse_adam_step_size(lr: float, beta1: float, beta2: float, step: int) -> float:
@@ -139,7 +140,7 @@ def _sparse_adam(param: np.ndarray, m: np.ndarray, v: np.ndarray, idx: np.ndarra
     typ = param.dtype.type              # element math in the parameter dtype, as SparseAdam on that dtype
     args = (typ(-sparse_adam_step_size(lr, beta1, beta2, step)), typ(1.0 - beta1), typ(1.0 - beta2), typ(eps))
     with launch(idx.size, 7 * idx.size * param.shape[1] * param.itemsize):
-        sparse_adam_core(param, m, v, idx, r, *args)
+        parallel(sparse_adam_core)(param, m, v, idx, r, *args)
 
 
 def sparse_sgd_update(param: np.ndarray, indices: Any, rows: Any, *, lr: float, momentum: float = 0.0,
@@ -168,8 +169,8 @@ def sparse_sgd_update(param: np.ndarray, indices: Any, rows: Any, *, lr: float, 
     if mode == "lazy" or not dense_needed:
         if idx.size:
             with launch(idx.size, 5 * idx.size * D * isz):
-                sgd_lazy_core(param, buf, idx, r, *args)
+                parallel(sgd_lazy_core)(param, buf, idx, r, *args)
     elif param.size:
         chunk = _chunk(param.shape[0])
         with launch(-(-param.shape[0] // chunk), 4 * param.size * isz, max_chunk=1):
-            sgd_exact_core(param, buf, idx, r, *args, chunk)
+            parallel(sgd_exact_core)(param, buf, idx, r, *args, chunk)

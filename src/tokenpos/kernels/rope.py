@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from tokenpos._config import OUTPUTS
-from tokenpos.kernels._threading import parallel_guard
+from tokenpos.kernels._threading import parallel, parallel_guard
 from tokenpos.tables.checks.ops import check_rope_indexed_tables, check_rope_tables, rope_rank_message
 from tokenpos.tables.checks.validation import check_choice, check_positions
 from tokenpos.tables.errors import ConfigError
@@ -216,8 +216,8 @@ def run_rope(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, int
     if q.nbytes + k.nbytes < PARALLEL_BYTES:   # a parallel launch costs more than it gives
         _rope_core_serial(*args)
         return
-    with parallel_guard():                     # TBB balances the tasks (no chunk size: benchmarks/HISTORY.md)
-        _rope_core(*args)
+    with parallel_guard():                     # the pool balances the tasks (no chunk size: benchmarks/HISTORY.md)
+        parallel(_rope_core, _rope_core_serial)(*args)
 
 
 def rope_apply(q: Any, k: Any, cos: Any, sin: Any, *, layout: str = "half", out_q: np.ndarray | None = None,

@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from tokenpos.kernels._launch import launch
+from tokenpos.kernels._threading import parallel
 from tokenpos.tables.errors import ConfigError
 
 BLOCK_V = 1024                  # columns per step of the online log-sum-exp
@@ -185,8 +186,9 @@ def block_pass(z: np.ndarray, t: np.ndarray, coef: np.ndarray | None, lse: np.nd
     dummy = np.empty(0, z.dtype)
     if c and z.shape[1]:
         with launch(c, z.nbytes, max_chunk=4):
-            _block_core(z, t, dummy if coef is None else coef, dummy if lse is None else lse, stats, float(eps),
-                        int(vocab_size), 0.0 if softcap is None else float(softcap), mode, *_EXP_ARGS[z.dtype])
+            parallel(_block_core)(z, t, dummy if coef is None else coef, dummy if lse is None else lse, stats,
+                                  float(eps), int(vocab_size), 0.0 if softcap is None else float(softcap), mode,
+                                  *_EXP_ARGS[z.dtype])
     return stats
 
 
