@@ -48,7 +48,9 @@ PREREGISTERED = (
 
 
 def _per_seed(doc: dict[str, Any], scheme: str, eval_len: int, protocol: str) -> dict[int, float]:
-    rows = doc.get("seed_results") or [dict(r, seed=doc["config"]["seed"]) for r in doc["results"]]
+    rows = doc.get("seed_results")
+    if rows is None:                                                     # a one-seed document of v2
+        rows = [dict(r, seed=doc["config"]["seed"]) for r in doc["results"]]
     return {r["seed"]: r["ratio"] for r in rows if r["scheme"] == scheme and r["eval_len"] == eval_len
             and r.get("protocol", "nonoverlap") == protocol and r["ratio"] is not None}
 

@@ -153,7 +153,7 @@ def plot_curves(result: Any, path: str | Path) -> Path:
     from matplotlib.figure import Figure
 
     data = _doc(result)
-    curves = data.get("curves") or []
+    curves = data.get("curves", [])
     if not curves:
         raise ValueError("the document has no curves; run with --eval nonoverlap or both")
     longest = max(c["eval_len"] for c in curves)

@@ -101,7 +101,9 @@ def fmt_p(p: float | None) -> str:
 def comparison_table(data: Any) -> tuple[list[str], list[list[str]]]:
     """The pre-registered comparisons: claim, source, mean difference [95 % interval], p, Holm p, verdict."""
     data = as_document(data)
-    block = data.get("comparisons") or {"entries": []}
+    block = data.get("comparisons")
+    if block is None:
+        block = {"entries": []}
     rows = []
     for e in block["entries"]:
         diff = "-" if e["difference"] is None else _with_ci(e["difference"], e["ci"], lambda x: f"{x:+.4f}")

@@ -26,7 +26,8 @@ def _run_facts(doc: dict[str, Any]) -> list[str]:
     c = doc["config"]
     seeds = c["seeds"] or [c["seed"]]
     task = c.get("task")
-    lines = [f"- Command: `{doc.get('command') or 'not recorded'}`",
+    command = doc.get("command")
+    lines = [f"- Command: `{'not recorded' if command is None else command}`",
              f"- Wall time of the command {doc['seconds']:.0f} s on {doc['threads']} thread(s) of a shared 2-core "
              f"machine (units already checkpointed are loaded, not rerun); training time summed over the "
              f"{len(doc['runs'])} models: {sum(r['train_seconds'] for r in doc['runs']):.0f} s"
