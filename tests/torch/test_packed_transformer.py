@@ -108,3 +108,19 @@ def test_a_bad_cu_seqlens_on_cuda_fails_a_device_assert() -> None:
     dev = fake_cuda_module(make("learned", torch.float32))
     with no_host_sync(), pytest.raises(RuntimeError, match="device-side assert"):
         dev(to_fake_cuda(ids), cu_seqlens=to_fake_cuda(torch.tensor([0, 5, 3, T])))
+
+
+def test_a_document_longer_than_the_position_table() -> None:
+    """Learned positions (P rows): a document of P + 1 tokens is refused with the position and the
+    table named, before anything changes; a table that extends (sinusoidal) serves it exactly."""
+    ids = torch.randint(1, V, (P + 3,), generator=torch.Generator().manual_seed(0))
+    cu = torch.tensor([0, 2, P + 3])                                   # documents of 2 and P + 1 tokens
+    emb = make("learned", torch.float32).train()
+    before = emb.generator.get_state() if emb.generator is not None else None
+    with pytest.raises(tpt.PositionError, match=rf"position {P} at index \({P + 2},\) is out of range \[0, {P}\)"):
+        emb(ids, cu_seqlens=cu)
+    if before is not None:
+        assert torch.equal(emb.generator.get_state(), before)
+    sin = make("sinusoidal", torch.float64).eval()
+    out = sin(ids, cu_seqlens=cu)
+    torch.testing.assert_close(out[2:], sin(ids[2:][None])[0], **TOL["exact"])  # positions 0..P in one document

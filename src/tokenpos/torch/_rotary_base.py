@@ -121,9 +121,9 @@ class RotaryBase(TokenposModule):
         return x.transpose(1, 2) if self.qk_layout == "blhd" else x
 
     def _packed_positions(self, q: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any,
-                          cu_seqlens: Any) -> torch.Tensor:
-        """Positions (T,) restarting per document for q (1, H, T, Dh), on q's device (no host sync);
-        every other argument checked."""
+                          cu_seqlens: Any) -> tuple[torch.Tensor, int]:
+        """Positions (T,) restarting per document for q (1, H, T, Dh), on q's device (no host sync), and
+        a bound of ``max(positions) + 1`` (:func:`.packing.document_positions`); every other argument checked."""
         if not self.packs:
             raise ConfigError(rotary_packed_message(type(self).__name__))
         return document_positions(cu_seqlens, check_packed_rotary_args(tuple(q.shape), positions, start_pos,
@@ -166,8 +166,9 @@ class RotaryBase(TokenposModule):
         ck, sk = self._op_tables(tables_k[0], k), self._op_tables(tables_k[1], k)
         return ops.rotate(q, cq, sq, interleaved), ops.rotate(k, ck, sk, interleaved)
 
-    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k (1, H, T, Dh) rotated at packed positions (T,) (each in [0, T)): the per-token path."""
+    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (1, H, T, Dh) rotated at packed positions (T,) (each in [0, end)): the per-token path."""
         return self._rotate_bhld(q, k, pos, 0, None)
 
     def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
@@ -189,8 +190,8 @@ class RotaryBase(TokenposModule):
             return super().apply(q)
         q, k = self._qk(q, k)
         if cu_seqlens is not None:
-            q_out, k_out = self._rotate_packed(q, k, self._packed_positions(q, positions, start_pos, key_positions,
-                                                                            cu_seqlens))
+            q_out, k_out = self._rotate_packed(q, k, *self._packed_positions(q, positions, start_pos, key_positions,
+                                                                             cu_seqlens))
         else:
             q_out, k_out = self._rotate_bhld(q, k, positions, start_pos, key_positions)
         return self._out(q_out), self._out(k_out)

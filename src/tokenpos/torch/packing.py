@@ -26,7 +26,8 @@ from tokenpos.tables.checks.packing import (
     cu_seqlens_shape_message,
 )
 from tokenpos.tables.errors import ConfigError, DtypeError
-from tokenpos.torch._checks import check_position_tensor, values_readable
+from tokenpos.tables.formulas import packing as formulas
+from tokenpos.torch._checks import check_position_tensor, is_compiling, values_readable
 
 
 def check_cu_seqlens_tensor(cu_seqlens: Any, total: Any = None, *, device: torch.device | None = None
@@ -61,8 +62,11 @@ def check_cu_seqlens_tensor(cu_seqlens: Any, total: Any = None, *, device: torch
 
 
 def packed_positions(cu: torch.Tensor, total: int) -> torch.Tensor:
-    """Positions (T,) int64 of checked ``cu`` (N + 1,) ending at ``total``: tensor ops of a size known on
+    """Positions (T,) int64 of checked ``cu`` (N + 1,) ending at ``total``. On the CPU: the NumPy formula
+    (``tables.formulas.packing``, one pass). Elsewhere, and while compiling: tensor ops of a size known on
     the host (a scatter and a cumsum give each token its document), so no host sync."""
+    if cu.is_cpu and not is_compiling() and values_readable(cu):
+        return torch.from_numpy(formulas.restarting_positions(cu.numpy().astype(np.int64, copy=False)))
     cu = cu.long()
     inner = cu[1:-1]                                                   # where documents 2..N start
     marks = torch.zeros(total + 1, dtype=torch.long, device=cu.device).index_add_(0, inner, torch.ones_like(inner))
@@ -70,12 +74,18 @@ def packed_positions(cu: torch.Tensor, total: int) -> torch.Tensor:
     return torch.arange(total, device=cu.device) - cu.index_select(0, doc)
 
 
-def document_positions(cu_seqlens: Any, total: int, device: torch.device) -> torch.Tensor:
+def document_positions(cu_seqlens: Any, total: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """The layers' packed positions: ``cu_seqlens`` checked (:func:`check_cu_seqlens_tensor`, on ``device``,
-    ending at ``total``) -> positions (T,) int64 restarting at 0 in every document, no host sync.
-    ``total`` is T as the caller's own packed check returned it (``tables.checks.packing.check_packed_*_args``:
-    TransformerEmbedding's ids, the rotary layers' q)."""
-    return packed_positions(check_cu_seqlens_tensor(cu_seqlens, total, device=device), total)
+    ending at ``total``) -> (positions (T,) int64 restarting at 0 in every document, ``end``), no host
+    sync. ``end`` bounds ``max(positions) + 1``: the longest document on the CPU (its values are read
+    there anyway), ``total`` elsewhere (known without reading the device), so the caller needs no
+    second look at the positions. ``total`` is T as the caller's own packed check returned it
+    (``tables.checks.packing.check_packed_*_args``: TransformerEmbedding's ids, the rotary layers' q)."""
+    cu = check_cu_seqlens_tensor(cu_seqlens, total, device=device)
+    end = total
+    if cu.is_cpu and not is_compiling() and values_readable(cu):
+        end = int(np.diff(cu.numpy()).max(initial=0))
+    return packed_positions(cu, total), end
 
 
 def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None) -> torch.Tensor:

@@ -53,7 +53,7 @@ from tokenpos.tables.formulas.rope_state import rope_cache_rows, rope_variant, r
 from tokenpos.tables.hf.rope import RopeFromHFConfig
 from tokenpos.torch import ops
 from tokenpos.torch._checks import calc_dtype as _calc_dtype
-from tokenpos.torch._checks import check_position_tensor, is_compiling, values_readable
+from tokenpos.torch._checks import check_position_tensor, is_compiling
 from tokenpos.torch._rotary_base import RotaryBase
 from tokenpos.torch._rotary_base import to_bhld as to_bhld
 
@@ -330,18 +330,17 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         cos, sin = self._pairs_of(x, positions, start_pos, seq_len)
         return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), self.interleaved))
 
-    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k (1, H, T, Dh) at packed positions (T,): one op pass reading the cached (P, F) cos / sin
-        at the positions (flash-attn's rotary cache; no per-call table), when one static frequency
-        variant serves every position and the cache holds them all: rows up to ``max(pos) + 1`` on the
-        CPU (read), up to T elsewhere (a bound known without reading the device). Otherwise (dynamic
-        NTK, longrope, positions past the cache, q and k of two dtypes) the per-token formula path of
-        :meth:`_rotate_bhld`."""
+    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (1, H, T, Dh) at packed positions (T,) in [0, end): one op pass reading the cached (P, F)
+        cos / sin at the positions (flash-attn's rotary cache; no per-call table), when one static
+        frequency variant serves every position and the cache holds the first ``end`` rows (``end``: the
+        longest document on the CPU, T elsewhere, :func:`.packing.document_positions`). Otherwise
+        (dynamic NTK, longrope, positions past the cache, q and k of two dtypes) the per-token formula
+        path of :meth:`_rotate_bhld`."""
         if self.freqs.length_dependent or q.dtype != k.dtype:
             return self._rotate_bhld(q, k, pos, 0, None)
-        need = q.shape[2]
-        if pos.is_cpu and values_readable(pos):
-            need = int(pos.max()) + 1 if pos.numel() else 0
+        need = end
         tables = None
         with self._guard():
             if need <= self.cos_cached.shape[0] and self._cover(need) is None:

@@ -184,12 +184,14 @@ class TransformerEmbedding(TokenposModule):
         ids = check_token_id_tensor(ids, token.vocab_size, device=token.weight.device)
         if ids.dim() not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
-        if cu_seqlens is not None:                                  # packed: positions restart per document
-            total = check_packed_embedding_args(tuple(ids.shape), positions, start_pos, self.position_ids)
-            positions = document_positions(cu_seqlens, total, ids.device)
         shape, L = tuple(ids.shape), ids.shape[-1]
         limit = table_limit(position)
-        if positions is not None:                                   # given: used as they are
+        if cu_seqlens is not None:                                  # packed: positions restart per document
+            total = check_packed_embedding_args(shape, positions, start_pos, self.position_ids)
+            pos, end = document_positions(cu_seqlens, total, ids.device)
+            if limit is not None and end > limit:                   # a document may run past the table
+                check_position_tensor(pos, limit, broadcast_to=shape)
+        elif positions is not None:                                   # given: used as they are
             check_start_pos_with_positions(start_pos, positions)
             pos = check_position_tensor(positions, device=ids.device)
             if pos.shape != ids.shape and pos.shape != ids.shape[-1:]:

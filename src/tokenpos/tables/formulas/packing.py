@@ -21,9 +21,13 @@ def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None) -> np.n
 
     ``total`` (T), when given, must equal ``cu_seqlens[-1]``. Example: ``[0, 3, 5] -> [0, 1, 2, 0, 1]``.
     """
-    cu = check_cu_seqlens(cu_seqlens, total)
-    T = int(cu[-1])
-    return np.arange(T, dtype=np.int64) - np.repeat(cu[:-1], np.diff(cu))       # (T,)
+    return restarting_positions(check_cu_seqlens(cu_seqlens, total))
+
+
+def restarting_positions(cu: np.ndarray) -> np.ndarray:
+    """Checked ``cu`` (N + 1,) int64 -> positions (T,) int64 (the formula of
+    :func:`positions_from_cu_seqlens`, for callers that checked ``cu`` already)."""
+    return np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], np.diff(cu))       # (T,)
 
 
 def cu_seqlens_from_positions(positions: Any) -> np.ndarray:
