@@ -44,12 +44,17 @@ def _prefill(model: Any, ids: torch.Tensor) -> Callable[[], Any]:
 
 
 def _decode(model: Any, prompt: torch.Tensor, steps: int) -> Callable[[], Any]:
+    import inspect
+
+    # transformers 5.24 renamed the KV cache argument and output to ``cache`` (``past_key_values`` before)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
     def run() -> Any:
         out = model(prompt, use_cache=True)
-        cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        cache, tok = out[name], out.logits[:, -1:].argmax(-1)
         for _ in range(steps):
-            out = model(tok, past_key_values=cache, use_cache=True)
-            cache, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            out = model(tok, use_cache=True, **{name: cache})
+            cache, tok = out[name], out.logits[:, -1:].argmax(-1)
         return tok
     return run
 

@@ -97,7 +97,8 @@ def _runs(model: Any, causal: bool, full: bool = True) -> dict[str, Any]:
         packed = torch.cat([torch.arange(5), torch.arange(7)])[None]     # two documents in one row
         out["packed"] = model(ids[:1], position_ids=packed).logits
         first = model(ids[:, :8], use_cache=True)
-        out["cached"] = model(ids[:, 8:10], past_key_values=first.past_key_values, use_cache=True).logits
+        name = "cache" if "cache" in first else "past_key_values"      # transformers 5.24 renamed it
+        out["cached"] = model(ids[:, 8:10], use_cache=True, **{name: first[name]}).logits
         out["greedy"] = model.generate(ids[:, :4], max_new_tokens=32, do_sample=False, min_new_tokens=32)
     return out
 
