@@ -279,3 +279,34 @@ def test_double_backward_with_padding_idx_makes_no_host_tensor(kernels: bool, mo
         (gg,) = torch.autograd.grad((gw * torch.ones_like(gw)).sum(), g, create_graph=True)
         assert not made and gg.shape == g.shape
         assert torch.autograd.gradcheck(fn, (g,))
+
+
+def test_dense_token_gradient_reuses_released_memory_and_never_a_live_one() -> None:
+    """The CPU backward's dense (V, D) gradient comes from released output blocks (``tokenpos._outputs``):
+    a gradient that was dropped (``zero_grad(set_to_none=True)``) lends its memory to the next step, so a
+    large table does not page-fault every step; a gradient still alive is never handed out again."""
+    V, D = 4096, 64                                                          # 1 MiB: cached
+    weight = torch.randn(V, D, requires_grad=True)
+    ids = torch.randint(0, V, (3, 5), generator=torch.Generator().manual_seed(0))
+
+    def step() -> torch.Tensor:
+        with use_kernels(True):
+            ops.embed(weight, ids, scale=2.0).sum().backward()
+        g, weight.grad = weight.grad, None
+        assert g is not None
+        return g
+
+    first = step()
+    kept = first.clone()
+    second = step()                                                          # first still alive
+    assert second.data_ptr() != first.data_ptr()
+    torch.testing.assert_close(first, kept, rtol=0, atol=0)
+    torch.testing.assert_close(second, kept, rtol=0, atol=0)
+    from tokenpos._config import OUTPUTS
+    free = OUTPUTS.free_bytes()
+    del first, second                                                        # back to the cache ...
+    assert OUTPUTS.free_bytes() == free + 2 * V * D * 4
+    third = step()                                                           # ... and lent again
+    assert OUTPUTS.free_bytes() == free + V * D * 4
+    want = torch.zeros(V, D).index_add_(0, ids.reshape(-1), torch.full((ids.numel(), D), 2.0))
+    torch.testing.assert_close(third, want, rtol=0, atol=0)                 # zeroed, not stale rows

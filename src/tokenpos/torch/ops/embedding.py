@@ -147,7 +147,9 @@ def _backward_numba(grad: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor | N
                                   pos_ids=np_view(pos) if with_pos else None,   # type: ignore[arg-type]
                                   num_positions=num_positions if with_pos else None)
     D = grad.shape[-1]
-    gw = torch.zeros(num_weights, D, dtype=grad.dtype)                       # dense, like F.embedding
+    # dense, like F.embedding; reused memory (``cpu_empty``): a fresh (V, D) torch.zeros page-faults on every
+    # step where the gradient was set to None (zero_grad's default): 30 ms against 5 ms for GPT-2's table
+    gw = cpu_empty((num_weights, D), grad.dtype)[0].zero_()
     gw.index_copy_(0, torch.from_numpy(uniq), torch.from_numpy(rows))
     gt = torch.from_numpy(pos_grad) if pos_grad is not None else torch.zeros(num_positions, D, dtype=grad.dtype)
     return gw, gt
