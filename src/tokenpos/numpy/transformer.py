@@ -34,7 +34,7 @@ from tokenpos.tables.checks.validation import (
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.dropout import draw_seed
 from tokenpos.tables.formulas.init import resolve_rng
-from tokenpos.tables.formulas.packing import positions_from_cu_seqlens
+from tokenpos.tables.formulas.packing import document_positions
 from tokenpos.tables.formulas.positions import positions_from_padding, shared_default_positions
 from tokenpos.tables.plan import Batch, plan_embedding, table_limit
 
@@ -146,12 +146,14 @@ class TransformerEmbedding(Module):
         ids = check_token_ids(ids, token.vocab_size)
         if ids.ndim not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
-        if cu_seqlens is not None:                                  # packed: positions restart per document
-            total = check_packed_embedding_args(ids.shape, positions, start_pos, self.position_ids)
-            positions = positions_from_cu_seqlens(cu_seqlens, total)
         L = ids.shape[-1]
         limit = table_limit(position)
-        if positions is not None:                                   # given: used as they are
+        if cu_seqlens is not None:                                  # packed: positions restart per document
+            total = check_packed_embedding_args(ids.shape, positions, start_pos, self.position_ids)
+            pos, end = document_positions(cu_seqlens, total)        # end: the longest document
+            if limit is not None and end > limit:                   # a document may run past the table
+                check_positions_at(pos, ids.shape, limit)
+        elif positions is not None:                                   # given: used as they are
             check_start_pos_with_positions(start_pos, positions)
             pos = check_positions(positions)
             if pos.shape not in (ids.shape, ids.shape[-1:]):

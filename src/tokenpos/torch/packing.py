@@ -27,7 +27,7 @@ from tokenpos.tables.checks.packing import (
 )
 from tokenpos.tables.errors import ConfigError, DtypeError
 from tokenpos.tables.formulas import packing as formulas
-from tokenpos.torch._checks import check_position_tensor, is_compiling, values_readable
+from tokenpos.torch._checks import check_position_tensor, values_readable
 
 
 def check_cu_seqlens_tensor(cu_seqlens: Any, total: Any = None, *, device: torch.device | None = None
@@ -43,12 +43,7 @@ def check_cu_seqlens_tensor(cu_seqlens: Any, total: Any = None, *, device: torch
     total = check_total(total)
     if not isinstance(cu_seqlens, torch.Tensor):
         return torch.as_tensor(check_cu_seqlens(cu_seqlens, total), device=device)
-    if cu_seqlens.dtype not in (torch.int32, torch.int64):
-        raise DtypeError(cu_seqlens_dtype_message(cu_seqlens.dtype))
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
-        raise ConfigError(cu_seqlens_shape_message(tuple(cu_seqlens.shape)))
-    if device is not None and cu_seqlens.device != torch.device(device):
-        raise ConfigError(cu_seqlens_device_message(cu_seqlens.device, device))
+    _check_layout(cu_seqlens, device)
     if cu_seqlens.is_meta or not values_readable(cu_seqlens):
         return cu_seqlens
     if cu_seqlens.is_cpu or device_checks_enabled():
@@ -61,12 +56,19 @@ def check_cu_seqlens_tensor(cu_seqlens: Any, total: Any = None, *, device: torch
     return cu_seqlens
 
 
+def _check_layout(cu_seqlens: torch.Tensor, device: torch.device | None) -> None:
+    """What a ``cu_seqlens`` tensor must be before its values matter: int32 / int64, (N + 1,), on ``device``."""
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise DtypeError(cu_seqlens_dtype_message(cu_seqlens.dtype))
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        raise ConfigError(cu_seqlens_shape_message(tuple(cu_seqlens.shape)))
+    if device is not None and cu_seqlens.device != torch.device(device):
+        raise ConfigError(cu_seqlens_device_message(cu_seqlens.device, device))
+
+
 def packed_positions(cu: torch.Tensor, total: int) -> torch.Tensor:
-    """Positions (T,) int64 of checked ``cu`` (N + 1,) ending at ``total``. On the CPU: the NumPy formula
-    (``tables.formulas.packing``, one pass). Elsewhere, and while compiling: tensor ops of a size known on
+    """Positions (T,) int64 of checked ``cu`` (N + 1,) ending at ``total``: tensor ops of a size known on
     the host (a scatter and a cumsum give each token its document), so no host sync."""
-    if cu.is_cpu and not is_compiling() and values_readable(cu):
-        return torch.from_numpy(formulas.restarting_positions(cu.numpy().astype(np.int64, copy=False)))
     cu = cu.long()
     inner = cu[1:-1]                                                   # where documents 2..N start
     marks = torch.zeros(total + 1, dtype=torch.long, device=cu.device).index_add_(0, inner, torch.ones_like(inner))
@@ -75,17 +77,19 @@ def packed_positions(cu: torch.Tensor, total: int) -> torch.Tensor:
 
 
 def document_positions(cu_seqlens: Any, total: int, device: torch.device) -> tuple[torch.Tensor, int]:
-    """The layers' packed positions: ``cu_seqlens`` checked (:func:`check_cu_seqlens_tensor`, on ``device``,
-    ending at ``total``) -> (positions (T,) int64 restarting at 0 in every document, ``end``), no host
-    sync. ``end`` bounds ``max(positions) + 1``: the longest document on the CPU (its values are read
-    there anyway), ``total`` elsewhere (known without reading the device), so the caller needs no
-    second look at the positions. ``total`` is T as the caller's own packed check returned it
+    """The layers' packed positions: ``cu_seqlens`` checked (:func:`check_cu_seqlens_tensor`'s rules, on
+    ``device``, ending at ``total``) -> (positions (T,) int64 restarting at 0 in every document, ``end``), no
+    host sync. ``end`` bounds ``max(positions) + 1``: on the CPU the longest document (NumPy's
+    ``tables.formulas.packing.document_positions``, which checks and computes in one pass over values it
+    reads anyway); elsewhere ``total`` (known without reading the device). So the caller needs no second
+    look at the positions. ``total`` is T as the caller's own packed check returned it
     (``tables.checks.packing.check_packed_*_args``: TransformerEmbedding's ids, the rotary layers' q)."""
-    cu = check_cu_seqlens_tensor(cu_seqlens, total, device=device)
-    end = total
-    if cu.is_cpu and not is_compiling() and values_readable(cu):
-        end = int(np.diff(cu.numpy()).max(initial=0))
-    return packed_positions(cu, total), end
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.is_cpu and not cu_seqlens.is_meta \
+            and values_readable(cu_seqlens):
+        _check_layout(cu_seqlens, device)
+        pos, end = formulas.document_positions(cu_seqlens.numpy(), check_total(total))
+        return torch.from_numpy(pos), end
+    return packed_positions(check_cu_seqlens_tensor(cu_seqlens, total, device=device), total), total
 
 
 def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None) -> torch.Tensor:

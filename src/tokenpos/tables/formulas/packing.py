@@ -21,13 +21,16 @@ def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None) -> np.n
 
     ``total`` (T), when given, must equal ``cu_seqlens[-1]``. Example: ``[0, 3, 5] -> [0, 1, 2, 0, 1]``.
     """
-    return restarting_positions(check_cu_seqlens(cu_seqlens, total))
+    return document_positions(cu_seqlens, total)[0]
 
 
-def restarting_positions(cu: np.ndarray) -> np.ndarray:
-    """Checked ``cu`` (N + 1,) int64 -> positions (T,) int64 (the formula of
-    :func:`positions_from_cu_seqlens`, for callers that checked ``cu`` already)."""
-    return np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], np.diff(cu))       # (T,)
+def document_positions(cu_seqlens: Any, total: int | None = None) -> tuple[np.ndarray, int]:
+    """The layers' packed positions: ``cu_seqlens`` checked (``check_cu_seqlens``) -> (positions (T,) int64 of
+    :func:`positions_from_cu_seqlens`, the longest document's length: ``max(positions) + 1``, 0 for none), so
+    a layer bounds the positions without reading them again."""
+    cu = check_cu_seqlens(cu_seqlens, total)
+    lengths = np.diff(cu)
+    return np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], lengths), int(lengths.max(initial=0))
 
 
 def cu_seqlens_from_positions(positions: Any) -> np.ndarray:
