@@ -148,6 +148,7 @@ class TransformerEmbedding(Module):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
         L = ids.shape[-1]
         limit = table_limit(position)
+        end: int | None                                             # max(positions) + 1; None: not read
         if cu_seqlens is not None:                                  # packed: positions restart per document
             total = check_packed_embedding_args(ids.shape, positions, start_pos, self.position_ids)
             pos, end = document_positions(cu_seqlens, total)        # end: the longest document
