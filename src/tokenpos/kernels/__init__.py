@@ -26,6 +26,11 @@ table read at ``positions`` (L,) / (1, L) / (B, L) in [0, P):
 - ``rope_apply(q, k, cos, sin, *, layout="half"|"interleaved", out_q=None, out_k=None, positions=None) -> (q, k)``
 - ``rope_apply_backward(grad_q, grad_k, cos, sin, *, layout, out_q=None, out_k=None, positions=None) -> (gq, gk)``
 
+Packed documents (:mod:`.packing`), ``cu_seqlens`` (N + 1,):
+
+- ``packing.document_positions(cu_seqlens, total) -> (positions (T,) int64, longest document)``: the
+  layers' packed positions, checked, in one compiled pass (twin: ``tables.formulas.packing``).
+
 Row-sparse optimisers (:mod:`.optim`), in place, ``mode="exact"|"lazy"``:
 
 - ``sparse_adam_update(param, exp_avg, exp_avg_sq, indices, rows, *, step, lr, beta1=0.9,

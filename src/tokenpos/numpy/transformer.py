@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.kernels.packing import document_positions
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.numpy.norm import build_norm
@@ -34,7 +35,6 @@ from tokenpos.tables.checks.validation import (
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.dropout import draw_seed
 from tokenpos.tables.formulas.init import resolve_rng
-from tokenpos.tables.formulas.packing import document_positions
 from tokenpos.tables.formulas.positions import positions_from_padding, shared_default_positions
 from tokenpos.tables.plan import Batch, plan_embedding, table_limit
 

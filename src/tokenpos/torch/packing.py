@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from tokenpos._config import device_checks_enabled
+from tokenpos.kernels import packing as kernels
 from tokenpos.tables.checks.packing import (
     check_cu_seqlens,
     check_restarting_positions,
@@ -26,7 +27,6 @@ from tokenpos.tables.checks.packing import (
     cu_seqlens_shape_message,
 )
 from tokenpos.tables.errors import ConfigError, DtypeError
-from tokenpos.tables.formulas import packing as formulas
 from tokenpos.torch._checks import check_position_tensor, values_readable
 
 
@@ -79,15 +79,15 @@ def packed_positions(cu: torch.Tensor, total: int) -> torch.Tensor:
 def document_positions(cu_seqlens: Any, total: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """The layers' packed positions: ``cu_seqlens`` checked (:func:`check_cu_seqlens_tensor`'s rules, on
     ``device``, ending at ``total``) -> (positions (T,) int64 restarting at 0 in every document, ``end``), no
-    host sync. ``end`` bounds ``max(positions) + 1``: on the CPU the longest document (NumPy's
-    ``tables.formulas.packing.document_positions``, which checks and computes in one pass over values it
-    reads anyway); elsewhere ``total`` (known without reading the device). So the caller needs no second
+    host sync. ``end`` bounds ``max(positions) + 1``: on the CPU the longest document
+    (``kernels.packing.document_positions``, which checks and computes in one pass over values it reads
+    anyway); elsewhere ``total`` (known without reading the device). So the caller needs no second
     look at the positions. ``total`` is T as the caller's own packed check returned it
     (``tables.checks.packing.check_packed_*_args``: TransformerEmbedding's ids, the rotary layers' q)."""
     if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.is_cpu and not cu_seqlens.is_meta \
             and values_readable(cu_seqlens):
         _check_layout(cu_seqlens, device)
-        pos, end = formulas.document_positions(cu_seqlens.numpy(), check_total(total))
+        pos, end = kernels.document_positions(cu_seqlens.numpy(), total)
         return torch.from_numpy(pos), end
     return packed_positions(check_cu_seqlens_tensor(cu_seqlens, total, device=device), total), total
 

@@ -1,0 +1,58 @@
+"""Packed documents: per-token positions from ``cu_seqlens`` in one compiled pass.
+
+Shapes: N documents, T tokens; ``cu_seqlens`` (N + 1,) int32 / int64: 0, the cumulative lengths, T.
+The formula and its rules are ``tables.formulas.packing.document_positions`` (the twin, which the
+kernels-off path runs): positions restart at 0 in every document, and the longest document's
+length bounds them. A layer computes these on every packed call, where a dozen NumPy calls on
+fresh arrays cost about 130 us with the caches cold right after a model's matmul, against about 40 us for
+this one call (benchmarks/HISTORY.md, 2026-11-27).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from tokenpos._config import kernels_enabled
+from tokenpos.tables.checks.packing import CU_SEQLENS_DTYPES, check_cu_seqlens, check_total
+from tokenpos.tables.formulas import packing as formulas
+
+
+@njit(cache=True)
+def _positions_core(cu, total):  # pragma: no cover - compiled
+    """cu (N + 1,) int32 / int64 -> (positions (total,) int64, longest document), or (_, -1) when ``cu``
+    breaks a rule (not 0 first, decreasing, not ending at ``total``): the caller then raises."""
+    out = np.empty(total, np.int64)
+    n = cu.shape[0]
+    if cu[0] != 0 or cu[n - 1] != total:
+        return out, -1
+    longest = 0
+    for d in range(n - 1):
+        start, end = cu[d], cu[d + 1]
+        if end < start:
+            return out, -1
+        longest = max(longest, end - start)
+        for t in range(start, end):
+            out[t] = t - start
+    return out, longest
+
+
+def document_positions(cu_seqlens: Any, total: int) -> tuple[np.ndarray, int]:
+    """``cu_seqlens`` (N + 1,) checked, ending at ``total`` -> (positions (T,) int64 restarting at 0 in
+    every document, the longest document's length): ``tables.formulas.packing.document_positions``,
+    compiled when the kernels are on.
+
+    Raises:
+        DtypeError, ConfigError, PositionError: the rules and messages of
+            ``tables.checks.packing.check_cu_seqlens``.
+    """
+    cu = np.asarray(cu_seqlens)
+    if not kernels_enabled() or cu.dtype.name not in CU_SEQLENS_DTYPES or cu.ndim != 1 or not cu.size:
+        return formulas.document_positions(cu, total)          # the twin; it raises for a bad layout
+    total = check_total(total)
+    positions, longest = _positions_core(cu, total)
+    if longest < 0:
+        check_cu_seqlens(cu, total)                            # raises the shared, located message
+    return positions, int(longest)

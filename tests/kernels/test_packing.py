@@ -1,0 +1,46 @@
+"""kernels.packing.document_positions: the compiled pass equals its twin
+(tables.formulas.packing.document_positions) on every cu_seqlens, and refuses what the twin refuses
+with the same typed error and message, kernels on and off."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tokenpos import use_kernels
+from tokenpos.kernels.packing import document_positions
+from tokenpos.tables.errors import ConfigError, DtypeError, PositionError
+from tokenpos.tables.formulas import packing as formulas
+
+
+@given(lengths=st.lists(st.integers(0, 40), max_size=12), dtype=st.sampled_from([np.int32, np.int64]),
+       kernels=st.booleans())
+def test_equals_the_formula(lengths: list[int], dtype: type, kernels: bool) -> None:
+    cu = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(dtype)   # empty documents too
+    total = int(cu[-1])
+    with use_kernels(kernels):
+        pos, longest = document_positions(cu, total)
+    want, want_longest = formulas.document_positions(cu, total)
+    assert pos.dtype == np.int64 and longest == want_longest == max(lengths, default=0)
+    np.testing.assert_array_equal(pos, want)
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize("cu, total, error", [
+    ([1, 3, 5], 5, PositionError),            # not 0 first
+    ([0, 4, 3, 5], 5, PositionError),         # decreasing
+    ([0, 3, 5], 6, PositionError),            # not ending at T
+    ([0.0, 5.0], 5, DtypeError),              # not int32 / int64
+    ([[0, 5]], 5, ConfigError),               # not (N + 1,)
+    ([], 0, ConfigError),
+])
+def test_refusals_are_the_formulas(cu: list, total: int, error: type, kernels: bool) -> None:
+    arr = np.asarray(cu, None if not cu or not isinstance(cu[0], int) else np.int64)
+    with pytest.raises(error) as want:
+        formulas.document_positions(arr, total)
+    with use_kernels(kernels), pytest.raises(error, match=re.escape(str(want.value))):
+        document_positions(arr, total)
