@@ -51,8 +51,8 @@ def document_positions(cu_seqlens: Any, total: int) -> tuple[np.ndarray, int]:
     cu = np.asarray(cu_seqlens)
     if not kernels_enabled() or cu.dtype.name not in CU_SEQLENS_DTYPES or cu.ndim != 1 or not cu.size:
         return formulas.document_positions(cu, total)          # the twin; it raises for a bad layout
-    total = check_total(total)
-    positions, longest = _positions_core(cu, total)
+    check_total(total)                                         # an int >= 0, else ConfigError
+    positions, longest = _positions_core(cu, int(total))
     if longest < 0:
         check_cu_seqlens(cu, total)                            # raises the shared, located message
     return positions, int(longest)
