@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenpos.tables.checks.rope import check_positions_shape, check_qk_layout, check_qk_lengths
-from tokenpos.tables.checks.validation import check_int, check_start_pos, check_start_pos_with_positions
+from tokenpos.tables.checks.rope import check_qk_layout, check_qk_lengths
+from tokenpos.tables.checks.validation import check_int, check_start_pos
 from tokenpos.tables.formulas.rope import rope_angles
 from tokenpos.tables.formulas.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.formulas.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
@@ -53,7 +53,7 @@ from tokenpos.tables.formulas.rope_state import rope_cache_rows, rope_variant, r
 from tokenpos.tables.hf.rope import RopeFromHFConfig
 from tokenpos.torch import ops
 from tokenpos.torch._checks import calc_dtype as _calc_dtype
-from tokenpos.torch._checks import check_position_tensor, is_compiling
+from tokenpos.torch._checks import is_compiling
 from tokenpos.torch._rotary_base import RotaryBase
 from tokenpos.torch._rotary_base import to_bhld as to_bhld
 
@@ -305,19 +305,13 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         """"interleaved" or "half"."""
         return "interleaved" if self.interleaved else "half"
 
-    # -- checks ----------------------------------------------------------------------------------
-    def _positions(self, positions: Any, batch: int, length: int) -> torch.Tensor:
-        pos = check_position_tensor(positions, device=self.inv_freq.device)
-        return pos[0] if check_positions_shape(tuple(pos.shape), batch, length) else pos
-
     def _pairs_of(self, x: torch.Tensor, positions: Any, start_pos: Any, seq_len: int | None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (L, F) | (B, L, F) for x (B, H, L, Dh) at ``positions`` (default start_pos + arange(L))."""
         if positions is None:
             return self._pairs_range(self._start(start_pos), x.shape[2], seq_len,
                                      torch.float64 if x.dtype == torch.float64 else torch.float32)
-        check_start_pos_with_positions(start_pos, positions)
-        pos = self._positions(positions, x.shape[0], x.shape[2])
+        pos = self._positions(positions, start_pos, x.shape[0], x.shape[2])
         with self._guard():
             return self._pairs_positions(pos, seq_len)
 
@@ -357,17 +351,10 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         uses q's positions (one ``tokenpos::rope_qk`` call). One frequency variant serves both
         (chosen by the largest position). Given ``positions`` need ``start_pos=0`` (ConfigError otherwise).
         """
-        if key_positions is None:
-            check_qk_lengths(tuple(q.shape), tuple(k.shape))
         if key_positions is None and q.dtype == k.dtype:
+            check_qk_lengths(tuple(q.shape), tuple(k.shape))
             return self._rotate_pair(q, k, self._pairs_of(q, positions, start_pos, None), None, self.interleaved)
-        if positions is None:
-            start_pos = check_start_pos(start_pos, q.shape[2])
-            pos_q = torch.arange(start_pos, start_pos + q.shape[2], device=self.inv_freq.device)
-        else:
-            check_start_pos_with_positions(start_pos, positions)
-            pos_q = self._positions(positions, q.shape[0], q.shape[2])
-        pos_k = pos_q if key_positions is None else self._positions(key_positions, k.shape[0], k.shape[2])
+        pos_q, pos_k = self._qk_positions(q, k, positions, start_pos, key_positions)
         need = torch.maximum(pos_q.max(), pos_k.max()) + 1 \
             if self.freqs.length_dependent and pos_q.numel() and pos_k.numel() else 0
         with self._guard():                                              # one variant for q and k
