@@ -186,6 +186,7 @@ class TransformerEmbedding(TokenposModule):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
         shape, L = tuple(ids.shape), ids.shape[-1]
         limit = table_limit(position)
+        end: int | None                                             # max(positions) + 1; None: not read
         if cu_seqlens is not None:                                  # packed: positions restart per document
             total = check_packed_embedding_args(shape, positions, start_pos, self.position_ids)
             pos, end = document_positions(cu_seqlens, total, ids.device)
