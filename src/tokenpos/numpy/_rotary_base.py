@@ -86,6 +86,10 @@ class RotaryBase(Module):
     num_heads: int | None
     _last: Any
     packs = False                    # positions one index per token: cu_seqlens accepted (RotaryEmbedding)
+    # q and k are rotated only together, in one call: k's tables differ from q's and depend on the call
+    # (xPos: k scaled down, q up, around one centre). The attention functions then rotate q and the keys in
+    # one apply (keys at their positions) and refuse rotate_keys=False (tables.checks.attention.check_rotated_keys).
+    rotates_qk_together = False
 
     def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
         """Nothing to reset (no parameters, no cache)."""

@@ -74,6 +74,10 @@ class RotaryBase(TokenposModule):
     num_heads: int | None
     inv_freq: torch.Tensor
     packs = False                    # positions one index per token: cu_seqlens accepted (RotaryEmbedding)
+    # q and k are rotated only together, in one call: k's tables differ from q's and depend on the call
+    # (xPos: k scaled down, q up, around one centre). The attention functions then rotate q and the keys in
+    # one apply (keys at their positions) and refuse rotate_keys=False (tables.checks.attention.check_rotated_keys).
+    rotates_qk_together = False
 
     # -- buffers -----------------------------------------------------------------------------------
     def _register_empty(self, device: Any, **buffers: tuple[tuple[int, ...], torch.dtype | None]) -> None:

@@ -33,6 +33,7 @@ class XPosRotaryEmbedding(RotaryBase):
 
     kind = "rotary"
     name = "xpos"
+    rotates_qk_together = True       # k scaled down, q up, around one centre of the call
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512.0,
                  rotary_dim: int | None = None, interleaved: bool = True, center: float | None = None,
