@@ -1,7 +1,7 @@
 """The new rotary schemes inside both backends' attention functions: NumPy forward/backward vs torch autograd
 through the one parity helper (M-RoPE with 3-D and text positions, 2-D RoPE, xPos), and the typed refusals
 (key positions other than the queries', xPos with rotated keys); xPos decoding over a KV cache equals
-the full call."""
+the full call; attention treats a layer by its ``rotates_qk_together`` attribute, never by its name."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ from tokenpos.numpy.attention import scaled_dot_product_attention_backward as np
 from tokenpos.numpy.attention import scaled_dot_product_attention_forward as np_forward
 from tokenpos.numpy.mrope import MRotaryEmbedding as NpMRope
 from tokenpos.numpy.rope2d import RotaryEmbedding2D as NpRope2D
+from tokenpos.numpy.rotary import RotaryEmbedding as NpRope
 from tokenpos.numpy.xpos import XPosRotaryEmbedding as NpXPos
 from tokenpos.tables import ConfigError
 from tokenpos.torch.attention import scaled_dot_product_attention
 from tokenpos.torch.mrope import MRotaryEmbedding
 from tokenpos.torch.rope2d import RotaryEmbedding2D
+from tokenpos.torch.rotary import RotaryEmbedding as TRope
 from tokenpos.torch.xpos import XPosRotaryEmbedding
 
 RNG = np.random.default_rng(0)
@@ -60,9 +62,9 @@ def test_refusals_are_typed_and_the_same_in_both_backends() -> None:
     q = np.zeros((1, 1, 4, 8))
     qt = torch.zeros(1, 1, 4, 8)
     for np_s, t_s in ((NpXPos(8), XPosRotaryEmbedding(8)),):            # keys rotated earlier: no centre to match
-        with pytest.raises(ConfigError, match="xPos with rotate_keys=False"):
+        with pytest.raises(ConfigError, match="XPosRotaryEmbedding with rotate_keys=False: it rotates q and k"):
             np_forward(q, q, q, positional=np_s, rotate_keys=False)
-        with pytest.raises(ConfigError, match="xPos with rotate_keys=False"):
+        with pytest.raises(ConfigError, match="XPosRotaryEmbedding with rotate_keys=False: it rotates q and k"):
             scaled_dot_product_attention(qt, qt, qt, positional=t_s, rotate_keys=False)
         with pytest.raises(ConfigError, match="xPos scales q up and k down"):
             t_s.rotate(qt)                                                   # one tensor: q or k?
@@ -134,3 +136,62 @@ def test_xpos_apply_with_key_positions_matches_the_reference_over_the_whole_cach
                                                                  key_positions=torch.arange(L))
     torch.testing.assert_close(got_q, want_q[:, :, -lq:], rtol=1e-6, atol=1e-6)   # the reference: float32 angles
     torch.testing.assert_close(got_k, want_k, rtol=1e-6, atol=1e-6)
+
+
+# -- rotates_qk_together: the attribute, not the scheme's name, decides (a new scheme needs no edit) ----------
+
+def _never_one_tensor(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    raise AssertionError("a layer that rotates q and k together was rotated one tensor at a time")
+
+
+# (NumPy class, torch class), each pair under one class name (the refusal names the class)
+RENAMED_XPOS = tuple(type("RenamedXPos", (base,), {"name": "xpos-variant"}) for base in (NpXPos, XPosRotaryEmbedding))
+TOGETHER_ROPE = (type("TogetherRope", (NpRope,), {"name": "rope-together", "rotates_qk_together": True}),
+                 type("TogetherRope", (TRope,), {"name": "rope-together", "rotates_qk_together": True,
+                                                 "rotate": _never_one_tensor}))   # attention must call apply
+
+
+def test_the_property_is_false_on_the_base_and_set_by_xpos_alone() -> None:
+    from tokenpos.tables.registry import SCHEMES, scheme_class
+
+    together = {name for name, entry in SCHEMES.items() if entry.kind == "rotary" for backend in ("numpy", "torch")
+                if scheme_class(name, backend).rotates_qk_together}
+    assert together == {"xpos"}
+
+
+@pytest.mark.parametrize("np_cls, t_cls", [RENAMED_XPOS, TOGETHER_ROPE], ids=["renamed-xpos", "rope-with-the-property"])
+def test_a_layer_that_rotates_qk_together_refuses_rotated_keys_whatever_its_name(np_cls, t_cls) -> None:  # noqa: ANN001
+    """``rotate_keys=False`` is refused (ConfigError naming the class, the same text in both backends) for
+    every layer whose class sets ``rotates_qk_together``, not for the name "xpos" alone; nothing is kept."""
+    q = np.random.default_rng(1).standard_normal((1, 2, 4, 8))
+    qt = torch.from_numpy(q)
+    messages = []
+    for call in (lambda: np_forward(q, q, q, positional=np_cls(8), rotate_keys=False),
+                 lambda: scaled_dot_product_attention(qt, qt, qt, positional=t_cls(8), rotate_keys=False)):
+        with pytest.raises(ConfigError) as err:
+            call()
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+    assert messages[0].startswith(f"{np_cls.__name__} with rotate_keys=False: it rotates q and k together")
+
+
+@pytest.mark.parametrize("lq", [1, 3])
+def test_a_layer_that_rotates_qk_together_decodes_through_one_apply_whatever_its_name(lq: int) -> None:
+    """A decode step over a KV cache (Lq < Lk, no positions) rotates q and the keys in one ``apply`` (keys at
+    their positions) for every layer whose class sets ``rotates_qk_together``: a renamed xPos gives the full
+    call's last rows in both backends, and RoPE declaring the property gives plain RoPE's result without
+    its one-tensor ``rotate`` ever being called."""
+    rng = np.random.default_rng(11)
+    L = 9
+    q, k, v = (rng.standard_normal((2, 2, L, 8)) for _ in range(3))
+    qt, kt, vt = (torch.from_numpy(x) for x in (q, k, v))
+    full, _ = np_forward(q, k, v, positional=NpXPos(8, scale_base=16.0))
+    step, _ = np_forward(q[:, :, -lq:], k, v, positional=RENAMED_XPOS[0](8, scale_base=16.0))
+    np.testing.assert_allclose(step, full[:, :, -lq:], rtol=1e-12, atol=1e-12)
+    t_step = scaled_dot_product_attention(qt[:, :, -lq:], kt, vt, positional=RENAMED_XPOS[1](8, scale_base=16.0))
+    torch.testing.assert_close(t_step, torch.from_numpy(full[:, :, -lq:]), rtol=1e-12, atol=1e-12)
+    plain = scaled_dot_product_attention(qt[:, :, -lq:], kt, vt, positional=TRope(8, max_seq_len=16))
+    together = scaled_dot_product_attention(qt[:, :, -lq:], kt, vt, positional=TOGETHER_ROPE[1](8, max_seq_len=16))
+    torch.testing.assert_close(together, plain, rtol=1e-12, atol=1e-12)
+    np_together, _ = np_forward(q[:, :, -lq:], k, v, positional=TOGETHER_ROPE[0](8, max_seq_len=16))
+    torch.testing.assert_close(torch.from_numpy(np_together), plain, rtol=1e-12, atol=1e-12)

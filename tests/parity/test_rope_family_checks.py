@@ -8,7 +8,7 @@ import torch
 
 from tokenpos.numpy.rope2d import RotaryEmbedding2D as NpRope2D
 from tokenpos.numpy.xpos import XPosRotaryEmbedding as NpXPos
-from tokenpos.tables import ConfigError
+from tokenpos.tables import ConfigError, PositionError
 from tokenpos.torch.rope2d import RotaryEmbedding2D as TRope2D
 from tokenpos.torch.xpos import XPosRotaryEmbedding as TXPos
 
@@ -111,3 +111,44 @@ def test_start_pos_with_positions_is_refused_alike_and_changes_nothing(name: str
     assert messages and set(messages) == {f"start_pos=3 given with positions: positions are used as given, so "
                                           f"start_pos would be ignored; expected {expected} (add the offset to "
                                           f"positions instead)"}
+
+
+# -- 1-D positions: one helper (RotaryBase._positions / _qk_positions), the same refusals everywhere ----------
+
+_Q5, _K7 = _RNG.standard_normal((2, 2, 5, 8)), _RNG.standard_normal((2, 2, 7, 8))
+BAD_POSITIONS = {   # name: (q, k, apply's arguments), each refused alike by RoPE and xPos of both backends
+    "positions-length": (_Q5, _Q5, {"positions": np.arange(4)}),
+    "positions-batch": (_Q5, _Q5, {"positions": np.zeros((3, 5), dtype=np.int64)}),
+    "positions-rank": (_Q5, _Q5, {"positions": np.zeros((1, 2, 5), dtype=np.int64)}),
+    "positions-negative": (_Q5, _Q5, {"positions": np.array([0, 1, -2, 3, 4])}),
+    "positions-float": (_Q5, _Q5, {"positions": np.arange(5.0)}),
+    "start_pos-negative": (_Q5, _Q5, {"start_pos": -1}),
+    "start_pos-float": (_Q5, _Q5, {"start_pos": 1.5}),
+    "start_pos-overflow": (_Q5, _Q5, {"start_pos": 2 ** 63 - 3}),
+    "k-length": (_Q5, _K7, {}),
+    "k-length-before-positions": (_Q5, _K7, {"positions": np.arange(4)}),     # the lengths are checked first
+    "key_positions-length": (_Q5, _K7, {"key_positions": np.arange(6)}),
+    "key_positions-negative": (_Q5, _K7, {"key_positions": np.arange(7) - 1}),
+    "key_positions-after-positions": (_Q5, _K7, {"positions": np.arange(4), "key_positions": np.arange(6)}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_POSITIONS))
+def test_rope_and_xpos_refuse_bad_positions_alike_in_both_backends(case: str) -> None:
+    """RoPE and xPos read their 1-D positions through one helper of the rotary base class (``_positions``,
+    ``_qk_positions``), so each bad call gets the same error type and text from all four layers, and a
+    NumPy layer keeps nothing for backward."""
+    import tokenpos.numpy as tpn
+    import tokenpos.torch as tpt
+
+    q, k, kwargs = BAD_POSITIONS[case]
+    got = set()
+    for module, conv in ((tpn, np.asarray), (tpt, torch.from_numpy)):
+        for layer in (module.RotaryEmbedding(8, max_seq_len=16), module.XPosRotaryEmbedding(8)):
+            last = getattr(layer, "_last", None)
+            with pytest.raises((ConfigError, PositionError)) as err:
+                layer.apply(conv(q), conv(k), **{n: conv(v) if isinstance(v, np.ndarray) else v
+                                                 for n, v in kwargs.items()})
+            assert getattr(layer, "_last", None) is last
+            got.add((type(err.value).__name__, str(err.value)))
+    assert len(got) == 1, got

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,6 +89,38 @@ def test_every_scheme_class_of_a_backend_has_an_entry(package):
         assert cls.name in SCHEMES, f"{cls.__module__}.{cls.__qualname__} (name {cls.name!r}) has no registry entry"
         registered = scheme_class(cls.name, backend)
         assert issubclass(cls, registered), f"{cls.__qualname__} is not the registered {registered.__qualname__}"
+
+
+def _name_read(node: ast.expr) -> bool:
+    """``x.name`` or ``getattr(x, "name", ...)``: a scheme object's name."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "name"
+    return isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2 \
+        and isinstance(node.args[1], ast.Constant) and node.args[1].value == "name"
+
+
+def _scheme_literals(node: ast.expr) -> set[str]:
+    """The registered scheme names a compared operand spells out ("xpos", or ("rope", "xpos"))."""
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return {e.value for e in items if isinstance(e, ast.Constant) and e.value in SCHEMES}
+
+
+def test_no_code_branches_on_a_scheme_name():
+    """What a layer needs from its caller is a class attribute that says it (``kind``, ``packs``,
+    ``rotates_qk_together``), never its ``name`` compared with a registered name (the xPos special case of
+    the attention functions was one): a new scheme with the same property then needs no edit elsewhere.
+    Only the registry spells scheme names."""
+    src = Path(tpn.__file__).resolve().parents[1]
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        if path.name == "registry.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                if any(map(_name_read, operands)) and set().union(*map(_scheme_literals, operands)):
+                    found.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert not found, f"code that branches on a scheme's name (use a class attribute): {found}"
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMES))

@@ -553,7 +553,7 @@ def test_training_step_under_reduce_overhead_draws_fresh_dropout_masks() -> None
 def test_dynamic_frequencies_by_tensor_ops_match_the_tables(head_dim: int) -> None:
     """The device / compiled path's frequencies are ``tables``' dynamic formula to float64 rounding (the
     eager CPU path uses the tables' values themselves; torch's and NumPy's ``pow`` differ by <= 1 ulp)."""
-    from tokenpos.torch.rotary import dynamic_inv_freq_torch
+    from tokenpos.torch._rope_tables import dynamic_inv_freq_torch
 
     layer = tpt.RotaryEmbedding(head_dim, max_seq_len=32, scaling={"rope_type": "dynamic", "factor": 3.0})
     for n in (32, 33, 50, 1000, 4097, 123457):

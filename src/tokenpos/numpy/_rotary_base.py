@@ -33,10 +33,13 @@ from tokenpos.numpy.module import Module
 from tokenpos.tables.checks.packing import check_packed_rotary_args
 from tokenpos.tables.checks.rope import (
     check_heads,
+    check_positions_shape,
+    check_qk_lengths,
     rope_dtype_message,
     rope_layout_shape_message,
     rotary_packed_message,
 )
+from tokenpos.tables.checks.validation import check_positions, check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.packing import positions_from_cu_seqlens
 
@@ -83,6 +86,10 @@ class RotaryBase(Module):
     num_heads: int | None
     _last: Any
     packs = False                    # positions one index per token: cu_seqlens accepted (RotaryEmbedding)
+    # q and k are rotated only together, in one call: k's tables differ from q's and depend on the call
+    # (xPos: k scaled down, q up, around one centre). The attention functions then rotate q and the keys in
+    # one apply (keys at their positions) and refuse rotate_keys=False (tables.checks.attention.check_rotated_keys).
+    rotates_qk_together = False
 
     def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
         """Nothing to reset (no parameters, no cache)."""
@@ -98,6 +105,29 @@ class RotaryBase(Module):
         if self.qk_layout == "thd":
             return x[0].transpose(1, 0, 2)
         return x.transpose(0, 2, 1, 3) if self.qk_layout == "blhd" else x
+
+    # -- positions ---------------------------------------------------------------------------------
+    def _positions(self, positions: Any, start_pos: Any, batch: int, length: int) -> np.ndarray:
+        """The positions of a (B, H, L, Dh) array: ``start_pos + arange(L)`` (L,) int64 when ``positions`` is
+        None (``check_start_pos``), else the given integers >= 0 of shape (L,) | (1, L) | (B, L) (HF's
+        (1, L) read as (L,)), which need ``start_pos`` 0 (ConfigError otherwise). M-RoPE overrides it
+        (three position axes)."""
+        if positions is None:
+            start = check_start_pos(start_pos, length)
+            return np.arange(start, start + length, dtype=np.int64)
+        check_start_pos_with_positions(start_pos, positions)
+        pos = check_positions(positions)
+        return pos[0] if check_positions_shape(pos.shape, batch, length) else pos
+
+    def _qk_positions(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """(q's positions, k's positions) for q (B, Hq, Lq, Dh), k (B, Hk, Lk, Dh) by :meth:`_positions`: k at
+        ``key_positions`` (a KV cache of keys before rotation, used as given), else at q's (Lq == Lk, checked
+        first: ConfigError)."""
+        if key_positions is None:
+            check_qk_lengths(q.shape, k.shape)
+        pos_q = self._positions(positions, start_pos, q.shape[0], q.shape[2])
+        return pos_q, pos_q if key_positions is None else self._positions(key_positions, 0, k.shape[0], k.shape[2])
 
     def _packed_positions(self, q: np.ndarray, positions: Any, start_pos: Any, key_positions: Any,
                           cu_seqlens: Any) -> np.ndarray:

@@ -43,11 +43,11 @@ from tokenpos.tables.checks.attention import (
     attention_shape_message,
     check_bias_shape,
     check_mask_shape,
+    check_rotated_keys,
     check_scheme,
     key_start_message,
 )
 from tokenpos.tables.checks.packing import check_packed_attention_args
-from tokenpos.tables.checks.rotary_layers import XPOS_ROTATED_KEYS_MESSAGE
 from tokenpos.tables.checks.validation import check_float_array, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.formulas.attention import causal_keep_mask, resolve_query_start
@@ -123,8 +123,7 @@ def _rotate(positional: Any, q: np.ndarray, k: np.ndarray, positions: Any, start
             raise PositionError(key_start_message(q_start, lq, lk))
         key_positions = np.arange(k_start, k_start + lk, dtype=np.int64)
     if not rotate_keys:   # the keys are rotated already: rotate q alone (k stands in for the shape)
-        if getattr(positional, "name", None) == "xpos":
-            raise ConfigError(XPOS_ROTATED_KEYS_MESSAGE)
+        check_rotated_keys(positional)
         q_rot, _, rc = positional.apply_forward(q, q, positions, start_pos=q_start)
         return q_rot, k, rc
     return positional.apply_forward(q, k, positions, start_pos=q_start, key_positions=key_positions)

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
-from tokenpos.tables.checks.rope import check_qk_lengths
 from tokenpos.tables.checks.rotary_layers import check_mrope_positions_shape
 from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.formulas.mrope import MRopeSettings, mrope_angles, mrope_cos_sin, mrope_positions
@@ -66,7 +65,10 @@ class MRotaryEmbedding(RotaryBase):
         return mrope_cos_sin(mrope_positions(positions), self.inv_freq, self.axis_map,
                              attention_factor=self.attention_factor)
 
-    def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> np.ndarray:
+    def _positions(self, positions: Any, start_pos: Any, batch: int, length: int) -> np.ndarray:
+        """M-RoPE's positions (3, ..., L) of a (B, H, L, Dh) array (the base's, on three axes): start_pos +
+        arange(L) on every axis when ``positions`` is None, else (3, B | 1, L) or text positions (B | 1, L) |
+        (L,) repeated on the three axes; given ones need ``start_pos`` 0."""
         if positions is None:
             start_pos = check_start_pos(start_pos, length)
             return mrope_positions(np.arange(start_pos, start_pos + length, dtype=np.int64))
@@ -84,14 +86,11 @@ class MRotaryEmbedding(RotaryBase):
         """q, k (B, H, L, Dh) rotated: one functional pass over q and k at the same positions; with
         ``key_positions`` (Lk,) | (3, B, Lk) | ... (a KV cache, as the attention functions pass) k is
         rotated at its own positions. Given ``positions`` need ``start_pos=0`` (else ConfigError)."""
-        if key_positions is None:
-            check_qk_lengths(q.shape, k.shape)
-        pos = self._positions(positions, start_pos, q.shape[0], q.shape[2])
-        tables_q = self._tables(pos, q.dtype)
+        pos_q, pos_k = self._qk_positions(q, k, positions, start_pos, key_positions)
+        tables_q = self._tables(pos_q, q.dtype)
         if key_positions is None and q.dtype == k.dtype:
             return self._rotate_pair(q, k, tables_q, None, False)
-        kpos = pos if key_positions is None else self._positions(key_positions, 0, k.shape[0], k.shape[2])
-        return self._rotate_pair(q, k, tables_q, self._tables(kpos, k.dtype), False)
+        return self._rotate_pair(q, k, tables_q, self._tables(pos_k, k.dtype), False)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, mrope_section={self.settings.mrope_section}, "

@@ -21,8 +21,8 @@ import numpy as np
 from tokenpos.numpy import functional as F
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.numpy._rotary_base import to_bhld as to_bhld
-from tokenpos.tables.checks.rope import check_positions_shape, check_qk_layout, check_qk_lengths
-from tokenpos.tables.checks.validation import check_positions, check_start_pos, check_start_pos_with_positions
+from tokenpos.tables.checks.rope import check_qk_layout
+from tokenpos.tables.checks.validation import check_positions
 from tokenpos.tables.formulas.rope import expand_to_layout, rope_angles
 from tokenpos.tables.formulas.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.formulas.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
@@ -192,15 +192,6 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         """"interleaved" or "half"."""
         return "interleaved" if self.interleaved else "half"
 
-    # -- checks ----------------------------------------------------------------------------------
-    def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> np.ndarray:
-        if positions is None:
-            start_pos = check_start_pos(start_pos, length)
-            return np.arange(start_pos, start_pos + length, dtype=np.int64)
-        check_start_pos_with_positions(start_pos, positions)
-        pos = check_positions(positions)
-        return pos[0] if check_positions_shape(pos.shape, batch, length) else pos
-
     # -- rotation ---------------------------------------------------------------------------------
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: int | None = None) -> np.ndarray:
         """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L);
@@ -234,12 +225,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         chosen by the largest position of the call. Given ``positions`` need ``start_pos=0`` (ConfigError
         otherwise: it would be ignored); ``key_positions`` are used as given.
         """
-        pos_q = self._positions(positions, start_pos, q.shape[0], q.shape[2])
-        if key_positions is None:
-            check_qk_lengths(q.shape, k.shape)
-            pos_k = pos_q
-        else:
-            pos_k = self._positions(key_positions, 0, k.shape[0], k.shape[2])
+        pos_q, pos_k = self._qk_positions(q, k, positions, start_pos, key_positions)
         seq_len = max(int(pos_q.max(initial=-1)), int(pos_k.max(initial=-1))) + 1
         start = start_pos if positions is None else None
         if key_positions is None and q.dtype == k.dtype:            # one pass over q and k

@@ -15,12 +15,10 @@ import numpy as np
 
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.tables.checks.rope import (
-    check_positions_shape,
     check_qk_layout,
-    check_qk_lengths,
 )
 from tokenpos.tables.checks.rotary_layers import xpos_layer_args
-from tokenpos.tables.checks.validation import check_positions, check_start_pos, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_positions
 from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq
 from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale, xpos_scaled_tables
 
@@ -46,6 +44,7 @@ class XPosRotaryEmbedding(RotaryBase):
 
     kind = "rotary"
     name = "xpos"
+    rotates_qk_together = True       # k scaled down, q up, around one centre of the call
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512.0,
                  rotary_dim: int | None = None, interleaved: bool = True, center: float | None = None,
@@ -76,22 +75,11 @@ class XPosRotaryEmbedding(RotaryBase):
         positions (Lq == Lk) or at ``key_positions`` (a KV cache of keys before rotation). One centre
         for both (``center``, or ``Lk // 2``), so a score depends on the distance only and a decode
         step over the cache gets the tables of the full call."""
-        b = q.shape[0]
-        if key_positions is None:
-            check_qk_lengths(q.shape, k.shape)
-        if positions is None:
-            start_pos = check_start_pos(start_pos, q.shape[2])
-            pos = np.arange(start_pos, start_pos + q.shape[2], dtype=np.int64)
-        else:
-            check_start_pos_with_positions(start_pos, positions)
-            pos = check_positions(positions)
-            pos = pos[0] if check_positions_shape(pos.shape, b, q.shape[2]) else pos
+        pos_q, pos_k = self._qk_positions(q, k, positions, start_pos, key_positions)
         centre = xpos_center(self.center, k.shape[2])
-        cq, sq, ck, sk = self._tables_at(pos, centre)
+        cq, sq, ck, sk = self._tables_at(pos_q, centre)
         if key_positions is not None:
-            kp = check_positions(key_positions)
-            kp = kp[0] if check_positions_shape(kp.shape, k.shape[0], k.shape[2]) else kp
-            _, _, ck, sk = self._tables_at(kp, centre)
+            _, _, ck, sk = self._tables_at(pos_k, centre)
         cq, sq, ck, sk = cq.astype(q.dtype), sq.astype(q.dtype), ck.astype(k.dtype), sk.astype(k.dtype)
         return self._rotate_pair(q, k, (cq, sq), (ck, sk), self.interleaved)   # backward: the transposed maps
 

@@ -31,11 +31,14 @@ import torch
 from tokenpos.tables.checks.packing import check_packed_rotary_args
 from tokenpos.tables.checks.rope import (
     check_heads,
+    check_positions_shape,
+    check_qk_lengths,
     check_same_key_positions,
     rope_dtype_message,
     rope_layout_shape_message,
     rotary_packed_message,
 )
+from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError
 from tokenpos.torch import ops
 from tokenpos.torch._checks import calc_dtype, check_position_tensor
@@ -71,6 +74,10 @@ class RotaryBase(TokenposModule):
     num_heads: int | None
     inv_freq: torch.Tensor
     packs = False                    # positions one index per token: cu_seqlens accepted (RotaryEmbedding)
+    # q and k are rotated only together, in one call: k's tables differ from q's and depend on the call
+    # (xPos: k scaled down, q up, around one centre). The attention functions then rotate q and the keys in
+    # one apply (keys at their positions) and refuse rotate_keys=False (tables.checks.attention.check_rotated_keys).
+    rotates_qk_together = False
 
     # -- buffers -----------------------------------------------------------------------------------
     def _register_empty(self, device: Any, **buffers: tuple[tuple[int, ...], torch.dtype | None]) -> None:
@@ -119,6 +126,29 @@ class RotaryBase(TokenposModule):
         if self.qk_layout == "thd":
             return x[0].transpose(0, 1)
         return x.transpose(1, 2) if self.qk_layout == "blhd" else x
+
+    # -- positions ---------------------------------------------------------------------------------
+    def _positions(self, positions: Any, start_pos: Any, batch: int, length: int) -> torch.Tensor:
+        """The positions of a (B, H, L, Dh) tensor, on the layer's device: ``start_pos + arange(L)`` (L,)
+        when ``positions`` is None (``check_start_pos``), else the given integers >= 0 of shape (L,) |
+        (1, L) | (B, L) (HF's (1, L) read as (L,)), which need ``start_pos`` 0 (ConfigError otherwise).
+        M-RoPE overrides it (three position axes)."""
+        if positions is None:
+            start = check_start_pos(start_pos, length)
+            return torch.arange(start, start + length, device=self.inv_freq.device)
+        check_start_pos_with_positions(start_pos, positions)
+        pos = check_position_tensor(positions, device=self.inv_freq.device)
+        return pos[0] if check_positions_shape(tuple(pos.shape), batch, length) else pos
+
+    def _qk_positions(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q's positions, k's positions) for q (B, Hq, Lq, Dh), k (B, Hk, Lk, Dh) by :meth:`_positions`: k at
+        ``key_positions`` (a KV cache of keys before rotation, used as given), else at q's (Lq == Lk, checked
+        first: ConfigError)."""
+        if key_positions is None:
+            check_qk_lengths(tuple(q.shape), tuple(k.shape))
+        pos_q = self._positions(positions, start_pos, q.shape[0], q.shape[2])
+        return pos_q, pos_q if key_positions is None else self._positions(key_positions, 0, k.shape[0], k.shape[2])
 
     def _packed_positions(self, q: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any,
                           cu_seqlens: Any) -> tuple[torch.Tensor, int]:

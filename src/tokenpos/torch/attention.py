@@ -31,12 +31,12 @@ from tokenpos.tables.checks.attention import (
     attention_shape_message,
     check_bias_shape,
     check_mask_shape,
+    check_rotated_keys,
     check_scheme,
     check_temperature,
     key_start_message,
 )
 from tokenpos.tables.checks.packing import check_packed_attention_args
-from tokenpos.tables.checks.rotary_layers import XPOS_ROTATED_KEYS_MESSAGE
 from tokenpos.tables.checks.validation import check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.formulas.attention import resolve_query_start
@@ -68,14 +68,13 @@ def _rotate(positional: Any, q: torch.Tensor, k: torch.Tensor, positions: Any, s
         raise ConfigError(key_start_message(None, lq, lk))
     q_start = 0 if positions is not None else resolve_query_start(start_pos, lq, lk)
     if not rotate_keys:
-        if getattr(positional, "name", None) == "xpos":
-            raise ConfigError(XPOS_ROTATED_KEYS_MESSAGE)
+        check_rotated_keys(positional)
         return positional.rotate(q, positions, start_pos=q_start), k
     if positions is None and key_positions is None:
         k_start = q_start - (lk - lq)
         if k_start < 0:
             raise PositionError(key_start_message(q_start, lq, lk))
-        if getattr(positional, "name", None) == "xpos":     # q and k together (one scale centre), keys by position
+        if getattr(positional, "rotates_qk_together", False):   # one call for q and the keys, keys by position
             return positional.apply(q, k, start_pos=q_start,
                                     key_positions=torch.arange(k_start, k_start + lk, device=q.device))
         need = q_start + lq

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from tokenpos.tables.checks.rope import check_qk_lengths
 from tokenpos.tables.checks.rotary_layers import check_mrope_positions_shape
 from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.formulas.mrope import MRopeSettings
@@ -70,7 +69,10 @@ class MRotaryEmbedding(RotaryBase):
         cos, sin = self._pairs(positions)
         return torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
 
-    def _positions(self, positions: Any, start_pos: int, batch: int, length: int) -> torch.Tensor:
+    def _positions(self, positions: Any, start_pos: Any, batch: int, length: int) -> torch.Tensor:
+        """M-RoPE's positions (3, ..., L) of a (B, H, L, Dh) tensor (the base's, on three axes): start_pos +
+        arange(L) on every axis when ``positions`` is None, else (3, B | 1, L) or text positions (B | 1, L) |
+        (L,) repeated on the three axes; given ones need ``start_pos`` 0."""
         if positions is None:
             start_pos = check_start_pos(start_pos, length)
             pos = torch.arange(start_pos, start_pos + length, device=self.inv_freq.device)
@@ -91,13 +93,11 @@ class MRotaryEmbedding(RotaryBase):
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k (B, H, L, Dh) rotated (one ``tokenpos::rope_qk`` call); ``key_positions`` rotates k at its
         own positions (a KV cache)."""
-        if key_positions is None:
-            check_qk_lengths(tuple(q.shape), tuple(k.shape))
-        tables_q = self._pairs(self._positions(positions, start_pos, q.shape[0], q.shape[2]))  # (B|1, L, F) | (L, F)
+        pos_q, pos_k = self._qk_positions(q, k, positions, start_pos, key_positions)
+        tables_q = self._pairs(pos_q)                                        # (B|1, L, F) | (L, F)
         if key_positions is None:
             return self._rotate_pair(q, k, tables_q, None if q.dtype == k.dtype else tables_q, False)
-        return self._rotate_pair(q, k, tables_q, self._pairs(self._positions(key_positions, 0, k.shape[0],
-                                                                              k.shape[2])), False)
+        return self._rotate_pair(q, k, tables_q, self._pairs(pos_k), False)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, mrope_section={self.settings.mrope_section}, "

@@ -13,13 +13,11 @@ from typing import Any
 
 import torch
 
-from tokenpos.tables.checks.rope import check_positions_shape, check_qk_layout, check_qk_lengths
+from tokenpos.tables.checks.rope import check_qk_layout
 from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, xpos_layer_args
-from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope import rope_inv_freq
 from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale_of, xpos_scaled_tables, xpos_zeta
-from tokenpos.torch._checks import check_position_tensor
 from tokenpos.torch._rotary_base import RotaryBase
 
 
@@ -35,6 +33,7 @@ class XPosRotaryEmbedding(RotaryBase):
 
     kind = "rotary"
     name = "xpos"
+    rotates_qk_together = True       # k scaled down, q up, around one centre of the call
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512.0,
                  rotary_dim: int | None = None, interleaved: bool = True, center: float | None = None,
@@ -79,24 +78,12 @@ class XPosRotaryEmbedding(RotaryBase):
         before rotation. One centre for q and k (``center``, or ``Lk // 2``: a decode step over the
         cache gets the tables of the full call over the same keys), so a score depends on the
         distance only."""
-        b = q.shape[0]
-        if key_positions is None:
-            check_qk_lengths(tuple(q.shape), tuple(k.shape))
-        if positions is None:
-            start_pos = check_start_pos(start_pos, q.shape[2])
-            pos_q = torch.arange(start_pos, start_pos + q.shape[2], device=self.inv_freq.device)
-        else:
-            check_start_pos_with_positions(start_pos, positions)
-            pos_q = self._positions(positions, b, q.shape[2])
+        pos_q, pos_k = self._qk_positions(q, k, positions, start_pos, key_positions)
         centre = xpos_center(self.center, k.shape[2])
         cq, sq, ck, sk = self._tables_at(pos_q, centre)
         if key_positions is not None:
-            _, _, ck, sk = self._tables_at(self._positions(key_positions, k.shape[0], k.shape[2]), centre)
+            _, _, ck, sk = self._tables_at(pos_k, centre)
         return self._rotate_pair(q, k, (cq, sq), (ck, sk), self.interleaved)
-
-    def _positions(self, positions: Any, batch: int, length: int) -> torch.Tensor:
-        pos = check_position_tensor(positions, device=self.inv_freq.device)
-        return pos[0] if check_positions_shape(tuple(pos.shape), batch, length) else pos
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "

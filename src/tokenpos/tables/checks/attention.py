@@ -1,5 +1,6 @@
 """Checks of what enters scaled_dot_product_attention (both backends): q/k/v shapes, key positions, the scheme
-object, mask and bias shapes, and the ``attn_temperature`` option (Llama 4).
+object, keys rotated earlier (``rotate_keys=False``), mask and bias shapes, and the ``attn_temperature`` option
+(Llama 4).
 
 Shapes: B batch, H heads, Lq query length, Lk key length. Messages say what, got, expected.
 """
@@ -26,6 +27,22 @@ def key_start_message(q_start: int | None, q_len: int, k_len: int) -> str:
                 f"(the positions of the {k_len} keys)")
     return (f"start_pos {q_start} is too small for {k_len} keys ending with {q_len} queries: the first key would "
             f"sit at position {q_start - (k_len - q_len)}; expected start_pos >= {k_len - q_len}")
+
+
+def rotated_keys_message(layer: str) -> str:
+    """``rotate_keys=False`` with a layer that rotates q and k together (``rotates_qk_together``)."""
+    return (f"{layer} with rotate_keys=False: it rotates q and k together (rotates_qk_together: k's tables differ "
+            f"from q's and depend on the call, as xPos's scale centre), so keys rotated by an earlier call cannot be "
+            f"matched to this one; keep the cache's keys before rotation and pass rotate_keys=True (q and the "
+            f"cached keys are then rotated together)")
+
+
+def check_rotated_keys(positional: Any) -> None:
+    """``rotate_keys=False`` (the KV cache holds keys rotated by earlier calls) rotates q alone, which a
+    rotary layer whose class sets ``rotates_qk_together`` (xPos) cannot do: ConfigError
+    (:func:`rotated_keys_message`). Read by both backends' attention functions."""
+    if getattr(positional, "rotates_qk_together", False):
+        raise ConfigError(rotated_keys_message(type(positional).__name__))
 
 
 def scheme_object_message(positional: Any) -> str:

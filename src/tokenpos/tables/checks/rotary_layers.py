@@ -30,9 +30,6 @@ from tokenpos.tables.errors import ConfigError
 
 XPOS_TOGETHER_MESSAGE = ("xPos scales q up and k down: rotate q and k together, apply(q, k, positions, "
                          "key_positions=...) (scaled_dot_product_attention does so)")
-XPOS_ROTATED_KEYS_MESSAGE = ("xPos with rotate_keys=False: keys rotated and scaled earlier cannot be matched "
-                             "to this call's scale centre; keep the cache's keys before rotation and pass "
-                             "rotate_keys=True (xPos rotates q and the cached keys together, one centre)")
 
 
 def xpos_layer_args(head_dim: Any, rotary_dim: Any, scale_base: Any, center: Any, interleaved: Any, *,
