@@ -6,10 +6,13 @@ Usage:
 GPT-2's output layer by default: V = 50,257, D = 768, N = 8,192 tokens, float32, forward + backward
 (loss "mean", d loss = 1), gradients for h and the tied table:
 
-- torch: ``tokenpos.torch.tied_cross_entropy(h, W, t)`` vs ``F.cross_entropy(h @ W.T, t)`` (eager autograd);
-- numpy: ``functional.tied_cross_entropy_forward / _backward`` vs the same formula on the whole (N, V) logits;
-- both: "fused" runs the numba block kernel (``tokenpos.use_kernels(True)``), "plain" the same chunked loss
-  in plain torch / NumPy ops (kernels off), so the kernel's own gain is a ratio of the same run.
+- torch: "fused" ``tokenpos.torch.tied_cross_entropy(h, W, t)`` vs "eager" ``F.cross_entropy(h @ W.T, t)``
+  (eager autograd);
+- numpy: "fused" ``functional.tied_cross_entropy_forward / _backward`` vs "eager", the same formula on the
+  whole (N, V) logits.
+
+The fused loss runs plain torch / NumPy ops on each block on the CPU (a numba block kernel measured no
+faster and was deleted, issue 33: ``benchmarks/HISTORY.md``).
 
 Time: interleaved rounds (fused, eager, fused, eager, ...), best and median of each, the ratio eager / fused
 (> 1: the fused loss is faster). Peak extra memory (above the inputs, outputs included: dh and dW count for
@@ -45,16 +48,11 @@ def _torch_step(path: str, h: Any, w: Any, t: Any) -> Callable[[], Any]:
     import torch
     import torch.nn.functional as F
 
-    import tokenpos
     import tokenpos.torch as tpt
 
     def run() -> Any:
         a, b = h.detach().requires_grad_(), w.detach().requires_grad_()
-        if path == "eager":
-            loss = F.cross_entropy(a @ b.T, t)
-        else:
-            with tokenpos.use_kernels(path == "fused"):
-                loss = tpt.tied_cross_entropy(a, b, t)
+        loss = F.cross_entropy(a @ b.T, t) if path == "eager" else tpt.tied_cross_entropy(a, b, t)
         loss.backward()
         return loss.item(), a.grad, b.grad
 
@@ -95,13 +93,11 @@ def torch_memory(path: str, n: int, v: int, d: int) -> tuple[int, float]:
 
 
 def _numpy_step(path: str, h: np.ndarray, w: np.ndarray, t: np.ndarray) -> Callable[[], Any]:
-    import tokenpos
     from tokenpos.numpy import functional as F
 
     def fused() -> Any:
-        with tokenpos.use_kernels(path == "fused"):
-            loss, cache = F.tied_cross_entropy_forward(h, w, t, with_grad=True)
-            return (loss, *F.tied_cross_entropy_backward(1.0, cache))
+        loss, cache = F.tied_cross_entropy_forward(h, w, t, with_grad=True)
+        return (loss, *F.tied_cross_entropy_backward(1.0, cache))
 
     def eager() -> Any:
         z = h @ w.T                                                           # (N, V) logits
@@ -131,7 +127,7 @@ def numpy_memory(path: str, h: np.ndarray, w: np.ndarray, t: np.ndarray) -> tupl
 
 # -- driver --------------------------------------------------------------------------------------
 
-PATHS = ("fused", "plain", "eager")
+PATHS = ("fused", "eager")
 
 
 def _time(steps: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
@@ -148,14 +144,12 @@ def _report(backend: str, mem: dict[str, tuple[int, float]], times: dict[str, li
     print(f"\n{backend}: peak extra memory (forward + backward, outputs included)")
     for name, (peak, loss) in mem.items():
         print(f"  {name:6s} {peak / 2**20:9.1f} MiB   loss {loss:.6f}")
-    print(f"  fused / eager memory: {mem['fused'][0] / mem['eager'][0]:.3f}   "
-          f"plain / eager: {mem['plain'][0] / mem['eager'][0]:.3f}")
+    print(f"  fused / eager memory: {mem['fused'][0] / mem['eager'][0]:.3f}")
     print(f"{backend}: forward + backward time, {len(times['fused'])} interleaved rounds")
     for name, ts in times.items():
         print(f"  {name:6s} best {min(ts):7.3f} s   median {statistics.median(ts):7.3f} s")
-    for ref, path in (("eager", "fused"), ("eager", "plain"), ("plain", "fused")):
-        print(f"  {ref} / {path} (best): {min(times[ref]) / min(times[path]):.2f}   "
-              f"(median): {statistics.median(times[ref]) / statistics.median(times[path]):.2f}")
+    print(f"  eager / fused (best): {min(times['eager']) / min(times['fused']):.2f}   "
+          f"(median): {statistics.median(times['eager']) / statistics.median(times['fused']):.2f}")
 
 
 def main() -> None:

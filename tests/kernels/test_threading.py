@@ -136,8 +136,8 @@ def test_workqueue_fallback_serialises_launches(monkeypatch) -> None:
 @pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
 def test_every_parallel_kernel_runs_in_a_forked_child_on_torchs_pool() -> None:
     """torch imported first: the kernels run on numba's omp layer bound to torch's libgomp; a forked
-    child runs every kernel (forward, backward, RoPE, the tied-loss block, each optimiser) on its calling
-    thread, with the parent's results (numba's omp pool would kill it with SIGTERM)."""
+    child runs every kernel (forward, backward, RoPE, each optimiser) on its calling thread, with the
+    parent's results (numba's omp pool would kill it with SIGTERM)."""
     out = run_script(torch_first=True, body="""
         import os
         from tokenpos.kernels import _threading
@@ -145,15 +145,10 @@ def test_every_parallel_kernel_runs_in_a_forked_child_on_torchs_pool() -> None:
         q = rng.standard_normal((2, 4, 300, 32)).astype(np.float32)
         c = rng.standard_normal((300, 16)).astype(np.float32)
 
-        import tokenpos.kernels.tied_loss  # noqa: F401  (K.tied_loss)
-        Z, T = rng.standard_normal((64, 700)).astype(np.float32), rng.integers(0, 700, 64)
-
         def everything():
             res = [call(), *K.embedding_backward(g, IDS, dropout_p=0.1, seed=1, pos_ids=np.arange(300),
                                                  num_positions=300)]
             res += list(K.rope_apply(q, q, c, c))
-            z = Z.copy()                                   # overwritten by the kernel (the gradient)
-            res += [K.tied_loss.tied_loss_block(z, T), z]
             u, rows = res[1], res[2]
             for mode in ("lazy", "exact", "sparse_adam"):
                 w, m, v = W.copy(), np.zeros_like(W), np.zeros_like(W)
@@ -228,7 +223,7 @@ def test_every_parallel_kernel_is_launched_through_threading_parallel() -> None:
 
     cores = {fn.name for tree in trees.values() for fn in ast.walk(tree)
              if isinstance(fn, ast.FunctionDef) and any(is_parallel_njit(d) for d in fn.decorator_list)}
-    assert {"forward_core", "_rope_core", "_block_core"} <= cores, cores
+    assert {"forward_core", "_rope_core"} <= cores, cores
     direct = [f"{f.relative_to(root)}:{node.lineno} {node.func.id}" for f, tree in trees.items()
               for node in ast.walk(tree)
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in cores]

@@ -54,14 +54,14 @@ def test_opcheck_on_cuda(i: int) -> None:  # pragma: no cover - GPU only
     opcheck(op, args, kwargs)
 
 
-# float64 sums vs index_add_; the tied loss's block kernel (its own exp, float64 sums) vs torch's exp and sums
-ROUNDING_ONLY = ("embedding_backward", "tied_cross_entropy", "tied_cross_entropy_backward")
+# float64 sums vs index_add_ (the tied loss has one CPU path, plain torch: bit for bit, issue 33)
+ROUNDING_ONLY = ("embedding_backward",)
 
 
 @pytest.mark.parametrize("i", range(len(SAMPLES)))
 def test_kernel_forward_equals_plain_path_bit_for_bit(i: int) -> None:
-    """Same values without dropout, the same dropout masks with it (kernels vs plain torch); sums and the tied
-    loss's exponentials (a polynomial in the numba kernel) to rounding."""
+    """Same values without dropout, the same dropout masks with it (kernels vs plain torch); the embedding
+    backward's sums to rounding."""
     op, args, kwargs = SAMPLES[i]
     args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
     fused = _outputs(op(*args, **kwargs))

@@ -38,11 +38,9 @@ Row-sparse optimisers (:mod:`.optim`), in place, ``mode="exact"|"lazy"``:
 - ``sparse_sgd_update(param, indices, rows, *, lr, momentum=0.0, dampening=0.0, nesterov=False,
   weight_decay=0.0, momentum_buffer=None, first_step=False, mode="lazy")``
 
-Tied loss (:mod:`.tied_loss`), one block z (c, Vl) of logits ``h @ W.T`` (the caller's matmul):
-
-- ``tied_loss.tied_loss_block(z, t, *, coef=None, lse=None, eps=0.0, vocab_size=None, softcap=None)
-  -> stats (c, 4)``: soft-cap, online log-sum-exp statistics and the gradient, in place (``block_pass``:
-  the same on checked arrays, the entry both backends' tied losses call).
+The tied loss has no CPU kernel: both backends run its blocks as plain torch / NumPy ops (a numba
+block kernel measured no faster and was deleted, issue 33); its CUDA block kernel is
+``triton.tied_loss``, whose NumPy twin ``reference.tied_loss_block_ref`` is that kernel's test oracle.
 
 Every kernel ``f`` has a twin ``f_ref`` in :mod:`.reference` with the same signature; the
 optimisers' twins are dense (``adam_dense_ref``, ``sgd_dense_ref``) and lazy (``*_lazy_ref``).

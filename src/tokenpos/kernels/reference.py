@@ -16,6 +16,7 @@ from tokenpos.kernels.embedding import _flat_pos_ids, _float_array, prepare_forw
 from tokenpos.kernels.optim import prepare_sparse
 from tokenpos.kernels.rope import prepare_rope
 from tokenpos.tables.checks.validation import check_probability, check_token_ids
+from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.dropout import dropout_multiplier
 
 # ----------------------------------------------------------------------------------------------
@@ -222,14 +223,45 @@ def sgd_lazy_ref(param: np.ndarray, indices: Any, rows: Any, *, lr: float, momen
 # ----------------------------------------------------------------------------------------------
 
 
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _check_block(z: np.ndarray, t: np.ndarray, coef: np.ndarray | None, lse: np.ndarray | None) -> None:
+    """z (c, Vl) writeable C-contiguous float32 / float64, t (c,) int64 in [-1, Vl), coef and lse (c,) of z's
+    dtype, lse only with coef.
+
+    Raises:
+        ConfigError: any other array, naming it, its dtype and shape.
+    """
+    if z.ndim != 2 or z.dtype not in _FLOATS or not z.flags.c_contiguous or not z.flags.writeable:
+        raise ConfigError(f"z must be a writeable C-contiguous float32/float64 array of shape (c, Vl), got "
+                          f"{z.dtype} {z.shape}")
+    c, Vl = z.shape
+    if t.shape != (c,) or t.dtype != np.int64 or (c and (int(t.max()) >= Vl or int(t.min()) < -1)):
+        raise ConfigError(f"t must be an int64 array of shape ({c},) with values in [-1, {Vl}), got {t.dtype} "
+                          f"{t.shape}")
+    for name, a in (("coef", coef), ("lse", lse)):
+        if a is not None and (a.shape != (c,) or a.dtype != z.dtype):
+            raise ConfigError(f"{name} must be a {z.dtype} array of shape ({c},), got {a.dtype} {a.shape}")
+    if lse is not None and coef is None:
+        raise ConfigError("lse is only used with coef (the gradient from a given lse)")
+
+
 def tied_loss_block_ref(z: np.ndarray, t: np.ndarray, *, coef: np.ndarray | None = None,
                         lse: np.ndarray | None = None, eps: float = 0.0, vocab_size: int | None = None,
                         softcap: float | None = None) -> np.ndarray:
-    """Twin of :func:`tokenpos.kernels.tied_loss.tied_loss_block`: the same formulas on whole rows (no online
-    log-sum-exp); z (c, Vl) overwritten, stats (c, 4) or (0, 4) returned."""
-    from tokenpos.kernels.tied_loss import _check
+    """Twin of :func:`tokenpos.kernels.triton.tied_loss.tied_loss_block` (its module doc has the formulas) on
+    NumPy arrays: the same formulas on whole rows (no online log-sum-exp), the Triton kernel's test oracle.
 
-    _check(z, t, coef, lse)
+    z (c, Vl) float32 / float64 logits, overwritten (soft-capped; the gradient when ``coef`` is given), t (c,)
+    int64 target columns (-1: none here), coef (c,) each token's gradient weight, lse (c,) a given log-sum-exp
+    -> stats (c, 4) = (max, sum of exp(z - max), z at the target or 0, sum of z) of the capped logits, or
+    (0, 4) with ``lse``. ``vocab_size`` (default Vl) divides the label smoothing ``eps``.
+
+    Raises:
+        ConfigError: arrays of other shapes or dtypes, a target column out of [-1, Vl) (``_check_block``).
+    """
+    _check_block(z, t, coef, lse)
     c, Vl = z.shape
     V = Vl if vocab_size is None else int(vocab_size)
     typ = z.dtype.type

@@ -1,4 +1,4 @@
-"""The tied loss's Triton block kernel against the numba kernel's NumPy twin, and run to run on one device."""
+"""The tied loss's Triton block kernel against its NumPy twin (``kernels.reference``), and run to run on one device."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ Dh head dim, F rotary pairs (rotary dim R = 2F <= Dh).
   ``cross_entropy(logits, targets, ignore_index=-100) -> (loss, lse)``.
 - Tied loss (:mod:`.tied_loss`): ``tied_loss_block(z (c, Vl), t (c,), *, coef=None, lse=None, eps=0.0,
   vocab_size=None, softcap=None) -> stats (c, 4)``, one block of logits turned into its log-sum-exp
-  statistics and gradient in place (the numba kernel's contract, :mod:`tokenpos.kernels.tied_loss`).
+  statistics and gradient in place (CUDA only: the CPU runs plain torch ops; NumPy twin
+  ``kernels.reference.tied_loss_block_ref``).
 
 Every launch passes ``enable_fp_fusion=False``: products and sums round separately, as in the NumPy
 references, so forwards match them bit for bit on any backend.

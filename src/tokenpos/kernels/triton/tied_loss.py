@@ -1,16 +1,24 @@
 """The tied cross-entropy's work on one block of logits, in place, on CUDA (Liger-Kernel's design: the caller's
 cuBLAS matmul makes a (c, Vl) block of logits, this kernel turns it into the block's statistics and gradient).
 
-Same contract as the numba kernel, :mod:`tokenpos.kernels.tied_loss` (its module doc has the formulas):
-z (c, Vl) float32 logits, C-contiguous, overwritten; t (c,) int64 target columns (-1: none here); coef (c,)
-each token's gradient weight; lse (c,) a given log-sum-exp; stats (c, 4) = (max, sum of exp(z - max),
-z at the target or 0, sum of z) of the soft-capped logits.
+z (c, Vl) float32 logits ``h_block @ weight.T``, C-contiguous, overwritten; t (c,) int64 target columns (-1:
+none here: ignored, or another shard's); coef (c,) each token's gradient weight (0 for an ignored token); lse
+(c,) a given log-sum-exp. Per row n (formulas: :mod:`tokenpos.tables.formulas.tied_loss`), eps = label
+smoothing, V the full vocab (Vl <= V: a vocab shard, or all V):
+
+    z <- softcap * tanh(z / softcap)                                  (when softcap is given)
+    stats[n] = (m, s, z_t, sum_v z_v):  m = max_v z_v,  s = sum_v exp(z_v - m),  z_t = z[n, t_n] (t_n >= 0, else 0)
+    g[n, v]  = coef_n * (exp(z_v - lse_n) - (1 - eps) [v == t_n] - eps / V) * (1 - tanh^2)   written over z
+
+MODE 0 (no ``coef``): the stats only (z left soft-capped); 1 (``coef``, no ``lse``): the stats, then
+lse = m + log s, then the gradient; 2 (``coef`` and ``lse``): the gradient from that lse (the backward, or a
+vocab-parallel shard). Its NumPy twin, the tests' oracle: :func:`tokenpos.kernels.reference.tied_loss_block_ref`.
 
 One program per row, column blocks of ``BLOCK`` in order: an online log-sum-exp (per-lane running max and
 sum, combined across lanes at the end), then the gradient pass. No atomics and a fixed reduction order, so
 on one GPU the same inputs give the same bits run to run; Triton's ``exp`` and ``log`` are the GPU's fast
 approximations and its lane-combining ``tl.max`` / ``tl.sum`` tree depends on BLOCK and the compiler, so
-the results match the torch and numba paths to float tolerance, not bit for bit.
+the results match the plain torch path (the CPU's) to float tolerance, not bit for bit.
 """
 
 from __future__ import annotations

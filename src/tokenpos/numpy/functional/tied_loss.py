@@ -5,10 +5,9 @@ Shapes: h (..., D) flattened to (N, D), weight (V, D), targets (...) flattened t
     loss = F.cross_entropy(cap(h @ weight.T), targets, ignore_index=..., label_smoothing=..., reduction=...)
 
 without ever holding the (N, V) logits: one (c, V) block of logits at a time, written into one reused
-buffer, reduced to each token's log-sum-exp (N,) (with kernels on, float32 / float64: by the numba block
-kernel ``kernels.tied_loss``, which also writes the block's gradient in place; else plain NumPy). Each
-block's gradient (``tables.formulas.tied_loss``) adds ``block_grad @ weight`` to dh and
-``block_grad.T @ h_block`` to dweight, block after block in token
+buffer and reduced to each token's log-sum-exp (N,) by plain NumPy ops (a numba block kernel measured no
+faster and was deleted, issue 33). Each block's gradient (``tables.formulas.tied_loss``) adds
+``block_grad @ weight`` to dh and ``block_grad.T @ h_block`` to dweight, block after block in token
 order (a fixed order: the same inputs give bit-identical results).
 
 - ``with_grad=True`` (reductions "mean" and "sum"; ``TokenEmbedding.loss`` in training mode): the forward
@@ -29,8 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenpos.kernels.tied_loss import block_pass
-from tokenpos.numpy.functional._dispatch import compute_dtype, kept, use_kernel
+from tokenpos.numpy.functional._dispatch import compute_dtype, kept
 from tokenpos.tables.formulas.tied_loss import (
     default_chunk_size,
     reduce_weights,
@@ -68,14 +66,12 @@ class _Blocks:
         V, D = weight.shape
         self.w = weight.astype(dt, copy=False)
         self.z = np.empty((min(c, n), V), dt)
-        self.kernel = use_kernel(self.z)         # the numba kernel caps, reduces and differentiates each block
-        self.th = np.empty_like(self.z) if softcap is not None and not self.kernel else None
+        self.th = np.empty_like(self.z) if softcap is not None else None
         self.tmp = np.empty((min(_ROWS, V), D), dt)
         self.softcap = softcap
 
     def logits(self, hc: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """hc (c, D) -> (capped logits (c, V), tanh (c, V) or None), views of the buffers; the raw logits
-        when the kernel runs (it caps them itself)."""
+        """hc (c, D) -> (capped logits (c, V), tanh (c, V) or None), views of the buffers."""
         z = np.matmul(hc, self.w.T, out=self.z[:hc.shape[0]])
         if self.th is None or self.softcap is None:
             return z, None
@@ -83,7 +79,8 @@ class _Blocks:
 
     def grad(self, g: np.ndarray, th: np.ndarray | None, safe: np.ndarray, coef: np.ndarray, eps: float,
              hc: np.ndarray, dh: np.ndarray, dweight: np.ndarray) -> None:
-        """softmax block g (c, V) -> its gradient in place; writes its dh rows, adds its dweight (fixed order)."""
+        """softmax block g (c, V) -> its gradient in place; writes its dh rows (c, D) = g @ w and adds
+        g.T @ hc to dweight (V, D) (blocks in token order: a fixed order)."""
         V = g.shape[1]
         g[np.arange(g.shape[0]), safe] -= 1.0 - eps
         if eps > 0.0:
@@ -91,11 +88,6 @@ class _Blocks:
         g *= coef[:, None]
         if th is not None:
             soft_cap_grad(g, th)
-        self.matmuls(g, hc, dh, dweight)
-
-    def matmuls(self, g: np.ndarray, hc: np.ndarray, dh: np.ndarray, dweight: np.ndarray) -> None:
-        """A block's gradient g (c, V) -> its dh rows (c, D) = g @ w, and dweight (V, D) += g.T @ hc."""
-        V = g.shape[1]
         dh[...] = (self.w.T @ g.T).T         # = g @ w; OpenBLAS runs this layout ~3x faster for short blocks
         for v in range(0, V, _ROWS):                                           # dweight += g.T @ hc, by row
             part = self.tmp[:min(_ROWS, V - v)]                                # block
@@ -127,18 +119,10 @@ def tied_cross_entropy_forward(h: np.ndarray, weight: np.ndarray, targets: np.nd
     dh = np.empty((N, D), dt) if grads else None
     dweight = np.zeros((V, D), dt) if grads else None
     blocks = _Blocks(N, weight, dt, c, softcap)
-    cols = np.where(valid, t, -1)                                             # (N,) -1: no target column
     for i in range(0, N, c):
         hc = h2[i:i + c].astype(dt, copy=False)
         z, th = blocks.logits(hc)
         j = i + z.shape[0]
-        if blocks.kernel:                                                      # stats (and gradient) in place
-            st = block_pass(z, cols[i:j], None if coef is None else coef[i:j], None, eps, V, softcap)
-            lse[i:j] = st[:, 0] + np.log(st[:, 1])
-            per[i:j] = smoothed_loss(lse[i:j], st[:, 2], st[:, 3], eps, V)
-            if coef is not None and dh is not None and dweight is not None:
-                blocks.matmuls(z, hc, dh[i:j], dweight)
-            continue
         z_t = z[np.arange(j - i), safe[i:j]]
         z_sum = z.sum(axis=1) if eps > 0.0 else None
         m = z.max(axis=1)
@@ -178,15 +162,10 @@ def tied_cross_entropy_backward(dloss: np.ndarray | float, cache: TiedLossCache)
     dh = np.empty((t.shape[0], D), dt)
     dweight = np.zeros((V, D), dt)
     blocks = _Blocks(t.shape[0], weight, dt, c, cache.softcap)
-    cols = np.where(valid, t, -1)                                             # (N,) -1: no target column
     for i in range(0, t.shape[0], c):
         hc = h2[i:i + c].astype(dt, copy=False)
         z, th = blocks.logits(hc)
         j = i + z.shape[0]
-        if blocks.kernel:                                                      # the gradient in place
-            block_pass(z, cols[i:j], coef[i:j], cache.lse[i:j], cache.label_smoothing, V, cache.softcap)
-            blocks.matmuls(z, hc, dh[i:j], dweight)
-            continue
         g = np.exp(np.subtract(z, cache.lse[i:j, None], out=z), out=z)         # softmax, in place
         blocks.grad(g, th, safe[i:j], coef[i:j], cache.label_smoothing, hc, dh[i:j], dweight)
     return dh.reshape(cache.shape).astype(h2.dtype, copy=False), dweight.astype(weight.dtype, copy=False)

@@ -12,14 +12,14 @@ targets, all ignored -> 0). Arithmetic in float32 (fp16 / bf16 inputs, the table
 float64; loss and lse in that compute dtype, gradients in the inputs' dtype.
 
 Every device runs the same chunked loop: each block is a matmul (BLAS on the CPU, cuBLAS on CUDA; the
-matmuls are the work), then the block's soft-cap, log-sum-exp and gradient in place, by the block kernel
-(:func:`block_kernel`: the numba kernel ``kernels.tied_loss`` on the CPU, the Triton kernel
-``kernels.triton.tied_loss`` on CUDA, Liger-Kernel's design) or, with kernels off, dtypes no kernel takes
-and under ``torch.func``, plain torch ops (the reference the kernels are tested against). Blocks run in
-token order and dweight is accumulated block after block (``addmm_``), so the CPU result is bit-identical
-run to run (the numba kernel reduces each row on one thread). On CUDA: one launch per op per block, no host
-sync (the token count of "mean" stays on the device); the Triton kernel uses no atomics, but cuBLAS may
-pick split reductions, so bit-identity there is cuBLAS's (``torch.use_deterministic_algorithms``).
+matmuls are the work), then the block's soft-cap, log-sum-exp and gradient in place: on CUDA by the Triton
+block kernel ``kernels.triton.tied_loss`` (:func:`block_kernel`, Liger-Kernel's design); on the CPU, with
+kernels off, for dtypes the kernel does not take and under ``torch.func``, by plain torch ops (the
+reference the Triton kernel is tested against; a numba CPU kernel measured no faster and was deleted,
+issue 33). Blocks run in token order and dweight is accumulated block after block (``addmm_``), so the
+CPU result is bit-identical run to run. On CUDA: one launch per op per block, no host sync (the token
+count of "mean" stays on the device); the Triton kernel uses no atomics, but cuBLAS may pick split
+reductions, so bit-identity there is cuBLAS's (``torch.use_deterministic_algorithms``).
 
 Each op (and its fake) checks shapes, dtypes and devices first (``tables.checks.tied_loss``); the target
 values are checked in the op's implementation (a TokenIdError on the CPU, a device-side assert elsewhere).
@@ -42,7 +42,7 @@ from tokenpos.tables.checks.tied_loss import (
 from tokenpos.tables.errors import ConfigError, TokenIdError
 from tokenpos.tables.formulas.tied_loss import default_chunk_size
 from tokenpos.torch._checks import _INT_DTYPES, check_target_values
-from tokenpos.torch.ops._dispatch import cpu_path, np_view, transforms_active, triton_kernels
+from tokenpos.torch.ops._dispatch import transforms_active, triton_kernels
 
 # ----------------------------------------------------------------------------------------------
 # checks
@@ -174,26 +174,13 @@ BlockKernel = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", "torc
 
 
 def block_kernel(h: torch.Tensor) -> BlockKernel | None:
-    """The kernel that turns a block of logits (h's compute dtype, h's device) into its stats and gradient in
-    place (``kernels.tied_loss`` on the CPU, ``kernels.triton.tied_loss`` on CUDA), or None: plain torch ops.
-    The choice is ``ops._dispatch``'s (kernels switched on, a dtype the kernel takes); plain torch under
-    ``torch.func`` transforms (a tensor's values cannot reach a kernel there)."""
-    if transforms_active():
-        return None
-    if h.device.type == "cpu":
-        return _numba_block if cpu_path(h) == "numba" else None
-    if h.device.type == "cuda" and triton_kernels(h) is not None:
+    """The kernel that turns a block of logits (h's compute dtype, on CUDA) into its stats and gradient in
+    place (``kernels.triton.tied_loss``), or None: plain torch ops (the CPU, every other device, kernels off,
+    a dtype the kernel does not take: ``ops._dispatch.triton_kernels``'s choice; and under ``torch.func``
+    transforms, where a tensor's values cannot reach a kernel)."""
+    if h.device.type == "cuda" and not transforms_active() and triton_kernels(h) is not None:
         return _triton_block
     return None
-
-
-def _numba_block(z: torch.Tensor, t: torch.Tensor, coef: torch.Tensor | None, lse: torch.Tensor | None,
-                 eps: float, vocab_size: int, softcap: float | None) -> torch.Tensor:
-    from tokenpos.kernels.tied_loss import block_pass
-
-    st = block_pass(np_view(z), np_view(t), None if coef is None else np_view(coef),
-                    None if lse is None else np_view(lse), eps, vocab_size, softcap)
-    return torch.from_numpy(st)
 
 
 def _triton_block(z: torch.Tensor, t: torch.Tensor, coef: torch.Tensor | None, lse: torch.Tensor | None,
