@@ -44,7 +44,7 @@ def tied_cross_entropy(h: Any, weight: Any, targets: Any, *, ignore_index: int =
     targets (...) -> loss () ("mean", "sum") or (...) ("none"), in float32 (float16 inputs) or the inputs' dtype.
 
     ``softcap``: logits become ``softcap * tanh(z / softcap)`` first (Gemma 2). ``chunk_size``: tokens per
-    block of logits (default: a block of at most 32 MiB). "mean" averages over the non-ignored targets;
+    block of logits (default: a block of at most 64 MiB). "mean" averages over the non-ignored targets;
     all ignored gives 0. For gradients use ``functional.tied_cross_entropy_forward`` / ``_backward`` or
     ``TokenEmbedding.loss`` / ``loss_backward``.
 

@@ -29,7 +29,7 @@ def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: Any, *, i
     with gradients for h and weight.
 
     ``softcap``: logits become ``softcap * tanh(z / softcap)`` first (Gemma 2). ``chunk_size``: tokens per
-    block of logits (default: a float32 block of at most 32 MiB). "mean" averages over the non-ignored
+    block of logits (default: a float32 block of at most 64 MiB). "mean" averages over the non-ignored
     targets; all ignored gives loss 0 and gradient 0 (``F.cross_entropy`` gives NaN).
 
     Raises:

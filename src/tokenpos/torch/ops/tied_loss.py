@@ -85,7 +85,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 class _Blocks:
     """The one or two (c, Vl) buffers a call's blocks are written into (``out=``), reused block after block: a
-    fresh 32 MiB tensor per block would page-fault its memory every time (as slow as the matmul on the CPU)."""
+    fresh 64 MiB tensor per block would page-fault its memory every time (as slow as the matmul on the CPU)."""
 
     def __init__(self, h: torch.Tensor, w: torch.Tensor, step: int, softcap: float | None) -> None:
         rows = min(step, h.shape[0])
