@@ -55,6 +55,7 @@ def test_packed_equals_padded_per_token_with_equal_gradients(case: str, dtype: t
         ref = call(padded, ids_pad, tt_pad)                                     # (N, L, D)
         torch.testing.assert_close(out, ref[mask], **tol)
         torch.testing.assert_close(call(packed, ids[None], tt[None], cu_seqlens=CU.long()), out[None], **tol)
+        torch.testing.assert_close(call(packed, ids, tt, cu_seqlens=CU.tolist()), out, **tol)     # host values
         g = torch.randn(out.shape, dtype=dtype, generator=torch.Generator().manual_seed(1))
         g_pad = pad(g)
         (out * g).sum().backward()

@@ -154,7 +154,7 @@ class TransformerEmbedding(Module):
             pos, end = document_positions(cu_seqlens, total)        # end: the longest document
             if limit is not None and end > limit:                   # a document may run past the table
                 check_positions_at(pos, ids.shape, limit)
-        elif positions is not None:                                   # given: used as they are
+        elif positions is not None:                                 # given: used as they are
             check_start_pos_with_positions(start_pos, positions)
             pos = check_positions(positions)
             if pos.shape not in (ids.shape, ids.shape[-1:]):

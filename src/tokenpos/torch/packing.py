@@ -79,13 +79,16 @@ def packed_positions(cu: torch.Tensor, total: int) -> torch.Tensor:
 def document_positions(cu_seqlens: Any, total: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """The layers' packed positions: ``cu_seqlens`` checked (:func:`check_cu_seqlens_tensor`'s rules, on
     ``device``, ending at ``total``) -> (positions (T,) int64 restarting at 0 in every document, ``end``), no
-    host sync. ``end`` bounds ``max(positions) + 1``: on the CPU the longest document
-    (``kernels.packing.document_positions``, which checks and computes in one pass over values it reads
+    host sync. ``end`` bounds ``max(positions) + 1``: with values on the host and a CPU layer the longest
+    document (``kernels.packing.document_positions``, which checks and computes in one pass over values it reads
     anyway); elsewhere ``total`` (known without reading the device). So the caller needs no second
     look at the positions. ``total`` is T as the caller's own packed check returned it
     (``tables.checks.packing.check_packed_*_args``: TransformerEmbedding's ids, the rotary layers' q)."""
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.is_cpu and not cu_seqlens.is_meta \
-            and values_readable(cu_seqlens):
+    if not isinstance(cu_seqlens, torch.Tensor):                       # a list, a NumPy array: host values
+        if device.type == "cpu":
+            pos, end = kernels.document_positions(cu_seqlens, total)
+            return torch.from_numpy(pos), end
+    elif cu_seqlens.is_cpu and not cu_seqlens.is_meta and values_readable(cu_seqlens):
         _check_layout(cu_seqlens, device)
         pos, end = kernels.document_positions(cu_seqlens.numpy(), total)
         return torch.from_numpy(pos), end

@@ -192,7 +192,7 @@ class TransformerEmbedding(TokenposModule):
             pos, end = document_positions(cu_seqlens, total, ids.device)
             if limit is not None and end > limit:                   # a document may run past the table
                 check_position_tensor(pos, limit, broadcast_to=shape)
-        elif positions is not None:                                   # given: used as they are
+        elif positions is not None:                                 # given: used as they are
             check_start_pos_with_positions(start_pos, positions)
             pos = check_position_tensor(positions, device=ids.device)
             if pos.shape != ids.shape and pos.shape != ids.shape[-1:]:
