@@ -93,12 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ext.run_chunks(rope_chunk.address, addr.ctypes.data, n, grain)
     want = rope_apply(q, k, c, s)
     assert np.allclose(oq, want[0], atol=1e-5) and np.allclose(ok, want[1], atol=1e-5)
-    from tokenpos.analysis.bench_timing import time_interleaved
-    times = time_interleaved(impls, reps, model_op(H * Dh))
-    ref = times["copy_"]
-    for name, ts in times.items():
-        print(f"{name:48s} best {min(ts) * 1e3:7.2f} ms  median {np.median(ts) * 1e3:7.2f} ms  "
-              f"x copy {min(ref) / min(ts):.2f} / {np.median(ref) / np.median(ts):.2f}")
+    from tokenpos.analysis.bench_timing import time_interleaved, timing_lines
+    print("\n".join(timing_lines(time_interleaved(impls, reps, model_op(H * Dh)), ref="copy_")))
     return 0
 
 

@@ -26,7 +26,7 @@ import torch
 from _cli import FULL, QUICK, parse, parser  # the shared command line (this folder is on sys.path when run)
 
 import tokenpos.torch as tpt
-from tokenpos.analysis.bench_timing import machine, time_interleaved
+from tokenpos.analysis.bench_timing import machine, time_interleaved, timing_lines
 from tokenpos.kernels import embedding_forward
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -63,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 impls[f"{name}: torch.index_select"] = (lambda W=W, o_t=o_t: torch.index_select(
                     W, 0, tids[nxt()], out=o_t))
         times = time_interleaved(impls, reps)
-    for name, ts in times.items():
-        print(f"{name:50s} best {min(ts) * 1e3:6.2f} ms  median {np.median(ts) * 1e3:6.2f} ms")
+    print("\n".join(timing_lines(times)))
     return 0
 
 

@@ -32,7 +32,7 @@ from numba import njit, prange
 
 import tokenpos.kernels as K
 from tokenpos._config import output_cache_bytes, set_output_cache
-from tokenpos.analysis.bench_timing import machine, model_op, time_interleaved
+from tokenpos.analysis.bench_timing import machine, model_op, time_interleaved, timing_lines
 from tokenpos.kernels import embedding as E
 from tokenpos.kernels._forward import tail
 from tokenpos.kernels._rng import key_of
@@ -112,11 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{tag}: plain loop": plain(p),
                       f"{tag}: 4 KiB pages": kern(p, table=w4k_np), f"{tag}: out=None, cache": kern(p, out=None),
                       f"{tag}: out=None, no cache": no_cache(p)})
-    times = time_interleaved(impls, reps, model_op(D))
-    g = times["gather"]
-    for name, ts in times.items():
-        print(f"{name:30s} best {min(ts) * 1e3:7.2f} ms  median {np.median(ts) * 1e3:7.2f} ms  "
-              f"x gather {min(g) / min(ts):.2f} / {np.median(g) / np.median(ts):.2f}")
+    print("\n".join(timing_lines(time_interleaved(impls, reps, model_op(D)), ref="gather")))
     return 0
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from _cli import FULL, QUICK, parse, parser  # the shared command line (this folder is on sys.path when run)
 
-from tokenpos.analysis.bench_timing import machine
+from tokenpos.analysis.bench_timing import machine, timing_lines
 from tokenpos.kernels import embedding_forward
 
 
@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         kernel(i)
         after_kernel.append(time.perf_counter() - t0)
-    for name, ts in (("after index_select", after_torch), ("after itself", after_kernel)):
-        print(f"kernel {name:20s} best {min(ts) * 1e3:6.2f} ms   median {np.median(ts) * 1e3:6.2f} ms")
+    print("\n".join(timing_lines({"kernel after index_select": after_torch, "kernel after itself": after_kernel})))
     return 0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenpos.analysis.bench_timing import model_op, time_interleaved
+from tokenpos.analysis.bench_timing import model_op, time_interleaved, timing_lines
 
 
 def _recorder(log: list[str], name: str):
@@ -40,3 +40,12 @@ def test_model_op_is_a_parallel_torch_matmul_of_the_model_dim() -> None:
     out = model_op(64)()
     assert isinstance(out, torch.Tensor) and out.shape == (2**30 // (2 * 64 * 64), 64)
     assert model_op(8192)().shape == (16, 8192)
+
+
+def test_timing_lines_give_best_median_and_the_ratio_to_the_reference() -> None:
+    times = {"ref": [0.004, 0.002, 0.003], "a much longer name": [0.001, 0.001, 0.002]}
+    plain = timing_lines(times)
+    assert plain == ["ref                 best    2.00 ms  median    3.00 ms",
+                     "a much longer name  best    1.00 ms  median    1.00 ms"]
+    ratio = timing_lines(times, ref="ref")
+    assert ratio[0].endswith("x ref 1.00 / 1.00") and ratio[1].endswith("x ref 2.00 / 3.00")

@@ -115,6 +115,20 @@ def time_interleaved(impls: dict[str, Callable[[], Any]], reps: int,
     return times
 
 
+def timing_lines(times: dict[str, list[float]], ref: str | None = None) -> list[str]:
+    """One line per impl of :func:`time_interleaved`'s ``times``: best and median ms, and with ``ref`` (one of
+    the names) the ratio ref / impl of each (> 1: faster than ref), best / median. The experiments' report."""
+    width = max((len(n) for n in times), default=0)
+    lines = []
+    for name, ts in times.items():
+        line = f"{name:{width}s}  best {min(ts) * 1e3:7.2f} ms  median {np.median(ts) * 1e3:7.2f} ms"
+        if ref is not None:
+            r = times[ref]
+            line += f"  x {ref} {min(r) / min(ts):.2f} / {np.median(r) / np.median(ts):.2f}"
+        lines.append(line)
+    return lines
+
+
 def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandwidth: bool = True,
                notes: dict[str, str] | None = None, limit: tuple[str, ...] = (COPY,),
                eager: str = EAGER, compiled: str = COMPILE) -> list[BenchRow]:
