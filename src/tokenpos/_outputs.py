@@ -94,32 +94,25 @@ class OutputCache:
         nbytes = math.prod(shape) * dtype.itemsize
         if not self.caches(nbytes):
             return np.empty(shape, dtype)
-        block = self._take(nbytes)
-        if block is None:
-            raw = np.empty(nbytes + ALIGN, np.uint8)
-            start = (-raw.__array_interface__["data"][0]) % ALIGN
-            mem = raw[start:start + nbytes]
-            block = (mem, mem.__array_interface__["data"][0])   # the address, read once (~40 us cold)
-        owner = _Owner(block[1], tuple(shape), dtype)
-        ref = weakref.ref(owner, self._give)
-        with self._lock:
-            self._lent[ref] = block
+        with self._lock:                                        # one lock section: take a block, lend it
+            blocks = self._free.get(nbytes)
+            if blocks:
+                block = blocks.pop()
+                self._free_bytes -= nbytes
+                if not blocks:
+                    del self._free[nbytes]
+            else:
+                raw = np.empty(nbytes + ALIGN, np.uint8)
+                start = (-raw.__array_interface__["data"][0]) % ALIGN
+                mem = raw[start:start + nbytes]
+                block = (mem, mem.__array_interface__["data"][0])   # the address, read once (~40 us cold)
+            owner = _Owner(block[1], tuple(shape), dtype)
+            self._lent[weakref.ref(owner, self._give)] = block
         return np.asarray(owner)
 
     def caches(self, nbytes: int) -> bool:
         """Whether an output of ``nbytes`` goes through the cache (large enough, and the cache on)."""
         return nbytes >= self.min_bytes and self.max_bytes > 0
-
-    def _take(self, nbytes: int) -> _Block | None:
-        with self._lock:
-            blocks = self._free.get(nbytes)
-            if not blocks:
-                return None
-            self._free_bytes -= nbytes
-            block = blocks.pop()
-            if not blocks:
-                del self._free[nbytes]
-            return block
 
     def _give(self, ref: weakref.ref) -> None:
         """Called when an owner dies: keep its block if it fits under ``max_bytes``."""

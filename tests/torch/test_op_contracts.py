@@ -341,7 +341,9 @@ def _fake_strides(op: Any, args: tuple[Any, ...]) -> list[tuple[int, ...]]:
 
 
 TRANSFORM_IMPLS: dict[str, Callable[..., Any]] = {
-    "rope": rope_mod.rope_impl, "rope_qk": rope_mod.rope_qk_impl, "embedding": emb_mod.forward_impl,
+    "rope": lambda x, c, s, il, pos=None: rope_mod.rotate_impl(x, c, s, il, False, pos),
+    "rope_qk": lambda q, k, c, s, il, pos=None: rope_mod.rotate_qk_impl(q, k, c, s, il, False, pos),
+    "embedding": emb_mod.forward_impl,
     "rope_backward": lambda x, c, s, il, pos=None: rope_mod.rotate_impl(x, c, s, il, True, pos),
     "rope_qk_backward": lambda q, k, c, s, il, pos=None: rope_mod.rotate_qk_impl(q, k, c, s, il, True, pos),
 }

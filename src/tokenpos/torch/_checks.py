@@ -47,6 +47,8 @@ from tokenpos.tables.checks.validation import (
 )
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, TokenIdError
 
+_transforms_active = torch._C._are_functorch_transforms_active   # torch.func transforms (grad, vmap) running
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # the unsigned 16/32/64-bit dtypes have no min/max kernels in torch: their values are checked through
 # NumPy (which accepts the same dtypes); ``as_index`` widens checked ids and positions to int64
@@ -66,8 +68,10 @@ def is_compiling() -> bool:
 
 def is_wrapped(t: torch.Tensor) -> bool:
     """A tensor wrapped by a ``torch.func`` transform (vmap, grad): its values cannot be read here.
-    Never under torch.compile, whose tracer cannot call the query (and traces transforms its own way)."""
-    return not is_compiling() and bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
+    Only while a transform runs (outside one, no tensor is wrapped: one cheap query decides); never
+    under torch.compile, whose tracer cannot call the query (and traces transforms its own way)."""
+    return (bool(_transforms_active()) and not is_compiling()
+            and bool(torch._C._functorch.is_functorch_wrapped_tensor(t)))
 
 
 def values_readable(t: torch.Tensor) -> bool:
@@ -126,12 +130,15 @@ def _outside(t: torch.Tensor, high: int | None, what: str) -> np.ndarray | None:
     device checks, one device-side assert, :func:`_assert_on_device`). One reduction (``aminmax``;
     the wide unsigned dtypes, which have no min/max kernels, through NumPy). Inside a ``torch.func``
     transform even a plain tensor refuses ``.numpy()``: functorch is set aside to read the values."""
-    if not t.numel() or t.is_meta:
+    if not t.numel():
         return None
-    if not t.is_cpu and not (device_checks_enabled() and values_readable(t)):
-        if not is_wrapped(t):
-            _assert_on_device(t, high, what)
-        return None
+    if not t.is_cpu:
+        if t.is_meta:
+            return None
+        if not (device_checks_enabled() and values_readable(t)):
+            if not is_wrapped(t):
+                _assert_on_device(t, high, what)
+            return None
     if not values_readable(t):
         return None
     wide = t.dtype in _WIDE_UINT_DTYPES

@@ -54,7 +54,8 @@ def triton_kernels(*tensors: torch.Tensor) -> Any:
     return _TRITON[0]
 
 
-_NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.bfloat16: np.uint16}
+_NP_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+              torch.bfloat16: np.dtype(np.uint16)}
 
 
 def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
@@ -78,8 +79,9 @@ def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor,
 
 def np_view(t: torch.Tensor) -> np.ndarray:
     """The zero-copy NumPy view of a CPU tensor (strided when the tensor is not contiguous; bf16 as
-    uint16 bit patterns). Only a tensor that requires grad is detached first: each extra torch call
-    costs 10-30 us when the caches are cold, as they are after a large kernel."""
-    if t.requires_grad:
-        t = t.detach()
-    return (t.view(torch.uint16) if t.dtype == torch.bfloat16 else t).numpy()
+    uint16 bit patterns). ``numpy(force=True)`` detaches inside one C++ call (0.5 us less than a
+    ``detach()`` first); on a CPU tensor of a real dtype it shares the memory like ``numpy()``. Each
+    extra torch call costs 10-30 us when the caches are cold, as they are after a large kernel."""
+    if t.dtype == torch.bfloat16:
+        return (t.detach() if t.requires_grad else t).view(torch.uint16).numpy()
+    return t.numpy(force=True)

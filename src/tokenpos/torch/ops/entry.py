@@ -4,7 +4,7 @@ Each runs its op, reached the cheapest way that keeps the op's semantics:
 
 - under ``torch.compile`` tracing: the custom op itself (``torch.ops.tokenpos.*``), so the graph
   keeps it (and its fake / autograd registrations);
-- in eager mode: the op's own implementation (``forward_impl`` / ``rope_impl``), called directly.
+- in eager mode: the op's own implementation (``forward_impl`` / ``rotate_impl``), called directly.
   With autograd, through a small ``autograd.Function`` whose backward is the backward *op*
   (``tokenpos::embedding_backward`` / ``tokenpos::rope_backward``), so double backward works as with the op.
   This skips the Python the custom-op dispatcher spends per call with autograd (argument binding,
@@ -30,7 +30,7 @@ import torch
 
 from tokenpos.torch.ops._dispatch import transforms_active
 from tokenpos.torch.ops.embedding import forward_impl
-from tokenpos.torch.ops.rope import rope_grads, rope_impl, rope_qk_impl, save_rope
+from tokenpos.torch.ops.rope import rope_grads, rotate_impl, rotate_qk_impl, save_rope
 
 
 class _Embedding(torch.autograd.Function):
@@ -89,7 +89,7 @@ class _Rope(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
                 positions: torch.Tensor | None) -> Any:
         save_rope(ctx, (x,), cos, sin, interleaved, False, positions)
-        return rope_impl(x, cos, sin, interleaved, positions)
+        return rotate_impl(x, cos, sin, interleaved, False, positions)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -102,7 +102,7 @@ class _RopeQK(torch.autograd.Function):
                 interleaved: bool, positions: torch.Tensor | None) -> Any:
         ctx.set_materialize_grads(True)
         save_rope(ctx, (q, k), cos, sin, interleaved, False, positions)
-        oq, ok = rope_qk_impl(q, k, cos, sin, interleaved, positions)
+        oq, ok = rotate_qk_impl(q, k, cos, sin, interleaved, False, positions)
         tables = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
         for out, needs in ((oq, ctx.needs_input_grad[0]), (ok, ctx.needs_input_grad[1])):
             if not (needs or tables):                   # as plain torch: x' requires grad iff x (or a table) does
@@ -126,7 +126,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: b
         return torch.ops.tokenpos.rope(x, cos, sin, interleaved, positions)
     if torch.is_grad_enabled() and not transforms_active() and (x.requires_grad or _tables_need_grad(cos, sin)):
         return _Rope.apply(x, cos, sin, interleaved, positions)  # type: ignore[no-any-return]
-    return rope_impl(x, cos, sin, interleaved, positions)                             # (transforms: torch ops)
+    return rotate_impl(x, cos, sin, interleaved, False, positions)                      # (transforms: torch ops)
 
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -138,4 +138,4 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     if (torch.is_grad_enabled() and not transforms_active()
             and (q.requires_grad or k.requires_grad or _tables_need_grad(cos, sin))):
         return _RopeQK.apply(q, k, cos, sin, interleaved, positions)  # type: ignore[no-any-return]
-    return rope_qk_impl(q, k, cos, sin, interleaved, positions)                       # (transforms: torch ops)
+    return rotate_qk_impl(q, k, cos, sin, interleaved, False, positions)                # (transforms: torch ops)

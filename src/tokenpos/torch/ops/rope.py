@@ -150,9 +150,12 @@ def _float32(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.
     return (cos, sin) if cos.dtype == torch.float32 else (cos.float(), sin.float())
 
 
-def _one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, neg: bool,
-         positions: torch.Tensor | None = None) -> torch.Tensor:
-    """x rotated (by -angle when ``neg``) on its path; arguments already checked."""
+def rotate_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+                neg: bool = False, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The implementation of ``tokenpos::rope`` (``neg``: ``tokenpos::rope_backward``): x (B, H, L, Dh)
+    rotated (by -angle when ``neg``) -> (B, H, L, Dh), on valid arguments (the op checks them first; the
+    layers build them from checked inputs): the numba kernel on the CPU, the Triton kernel on CUDA,
+    else the formula in torch ops."""
     path = _path(x)
     if path == "numba":
         return _rope_numba(x, None, cos, sin, interleaved, neg, positions)[0]
@@ -164,26 +167,12 @@ def _one(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     return _rope_plain(x, cos, sin, interleaved, neg, positions)
 
 
-def rotate_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
-                neg: bool = False, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """The implementation of ``tokenpos::rope`` (``neg``: ``tokenpos::rope_backward``) on valid arguments
-    (the op checks them first; the layers build them from checked inputs): the numba kernel on the
-    CPU, the Triton kernel on CUDA, else the formula in torch ops."""
-    return _one(x, cos, sin, interleaved, neg, positions)
-
-
-def rope_impl(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
-              positions: torch.Tensor | None = None) -> torch.Tensor:
-    """The implementation of ``tokenpos::rope``: x (B, H, L, Dh) -> (B, H, L, Dh)."""
-    return rotate_impl(x, cos, sin, interleaved, False, positions)
-
-
 def rotate_qk_impl(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
                    neg: bool = False, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The implementation of ``tokenpos::rope_qk`` (``neg``: ``rope_qk_backward``) on valid arguments (as
-    :func:`rotate_impl`): one kernel pass over q and k (numba: when k has q's dtype and Dh; Triton: the
-    one launch of ``kernels.triton.rope_qk``, whatever Hk, two launches only when dtype or Dh differ),
-    else one rotation per tensor."""
+    """The implementation of ``tokenpos::rope_qk`` (``neg``: ``rope_qk_backward``): (q', k') of q's and k's
+    shapes, on valid arguments (as :func:`rotate_impl`): one kernel pass over q and k (numba: when k has
+    q's dtype and Dh; Triton: the one launch of ``kernels.triton.rope_qk``, whatever Hk, two launches
+    only when dtype or Dh differ), else one rotation per tensor."""
     path = _path(q, k)
     if path == "numba" and k.shape[3] == q.shape[3]:
         oq, ok = _rope_numba(q, k, cos, sin, interleaved, neg, positions)
@@ -193,13 +182,7 @@ def rotate_qk_impl(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: tor
         cos, sin = _float32(cos, sin)
         fn = tk.rope_qk_backward if neg else tk.rope_qk
         return fn(q, k, cos, sin, interleaved, positions=positions)  # type: ignore[no-any-return]
-    return _one(q, cos, sin, interleaved, neg, positions), _one(k, cos, sin, interleaved, neg, positions)
-
-
-def rope_qk_impl(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 interleaved: bool, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The implementation of ``tokenpos::rope_qk``: (q', k') of q's and k's shapes."""
-    return rotate_qk_impl(q, k, cos, sin, interleaved, False, positions)
+    return rotate_impl(q, cos, sin, interleaved, neg, positions), rotate_impl(k, cos, sin, interleaved, neg, positions)
 
 
 # ----------------------------------------------------------------------------------------------
