@@ -29,13 +29,16 @@ from tokenpos.torch.ops import embed
 from tokenpos.torch.tied_loss import tied_cross_entropy
 
 
-def token_rows(token: TokenEmbedding, ids: torch.Tensor) -> torch.Tensor:
+def token_rows(token: TokenEmbedding, ids: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     """``W[ids] * multiplier`` (...) -> (..., D) for ids from ``check_token_id_tensor``: the
-    ``tokenpos::embedding`` op, or ``F.embedding`` for a ``sparse=True`` table (row-sparse gradient)."""
+    ``tokenpos::embedding`` op, or ``F.embedding`` for a ``sparse=True`` table (row-sparse gradient).
+    ``weight``: ``token.weight`` when the caller has read it already (a parameter read is a
+    ``__getattr__``)."""
+    w = token.weight if weight is None else weight
     if token.sparse:
-        out = F.embedding(ids, token.weight, token.padding_idx, sparse=True)                # (..., D)
+        out = F.embedding(ids, w, token.padding_idx, sparse=True)                           # (..., D)
         return out * token.multiplier if token.scale else out
-    return embed(token.weight, ids, scale=token.multiplier, padding_idx=_pad(token.padding_idx))
+    return embed(w, ids, scale=token.multiplier, padding_idx=_pad(token.padding_idx))
 
 
 def _pad(padding_idx: int | None) -> int:
@@ -108,7 +111,8 @@ class TokenEmbedding(TokenposModule):
     # -- lookup ------------------------------------------------------------------------------
     def forward(self, ids: Any) -> torch.Tensor:
         """ids (...) -> (..., D) = W[ids] * multiplier. Bad ids raise TokenIdError naming the value and the range."""
-        return token_rows(self, check_token_id_tensor(ids, self.vocab_size, device=self.weight.device))
+        weight = self.weight
+        return token_rows(self, check_token_id_tensor(ids, self.vocab_size, device=weight.device), weight)
 
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: torch.Tensor) -> torch.Tensor:

@@ -238,7 +238,7 @@ class TransformerEmbedding(TokenposModule):
                               norm=norm is not None, sparse=token.sparse, dropout=p > 0.0)
         seed = self._dropout_seed(p, weight)
         if token.sparse:                                                             # W[ids] * s, row-sparse
-            x = token_rows(token, batch.ids)
+            x = token_rows(token, batch.ids, weight)
         else:                                                                        # W[ids] * s (+ P[pos])
             x = embed(weight, batch.ids, position.table if plan.table else None,
                       batch.positions if plan.table else None, scale=token.multiplier,
