@@ -118,7 +118,8 @@ def main() -> None:
         times: dict[tuple[str, str], list[float]] = {}
         shares: dict[tuple[str, str], tuple[float, float, float]] = {}
         for r in range(args.rounds + 1):
-            for variant in ("hf", "tokenpos"):
+            # the order alternates by round, so neither model always runs first (after the other's work)
+            for variant in (("hf", "tokenpos") if r % 2 == 0 else ("tokenpos", "hf")):
                 if variant == "tokenpos":
                     patch(model)
                 for name, fn in work.items():
