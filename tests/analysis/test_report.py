@@ -211,14 +211,15 @@ def test_report_without_a_run_of_ones_own_shows_the_checked_in_study_with_interv
     assert "checked-in study" in page and "sliding" in page              # both protocols' tables
 
 
-@pytest.mark.parametrize("slow_rep, busy", [(1.2, False), (3.0, True)])
-def test_the_bench_section_says_when_the_machine_was_busy(slow_rep: float, busy: bool) -> None:
-    from tokenpos.analysis.bench_timing import COPY, GATHER, BenchReport, bench_rows
+@pytest.mark.parametrize("other_cpu_seconds, busy", [(None, False), (0.5, False), (30.0, True)])
+def test_the_bench_section_says_when_other_processes_competed(other_cpu_seconds: float | None, busy: bool) -> None:
+    from tokenpos.analysis.bench_timing import COPY, GATHER, BenchReport, Competition, bench_rows
     from tokenpos.analysis.report import bench_html
 
-    rows = bench_rows("forward", {COPY: [1.0, slow_rep], GATHER: [1.0, 1.0]}, 1e6, limit=(GATHER,))
-    page = bench_html(BenchReport("m", "tokenpos bench --quick", {}, rows), "default")
-    assert ("the machine was busy during this run" in page) == busy
+    rows = bench_rows("forward", {COPY: [1.0, 3.0, 3.0], GATHER: [1.0, 1.0, 1.0]}, 1e6, limit=(GATHER,))
+    measured = None if other_cpu_seconds is None else Competition(other_cpu_seconds, 10.0, 16)
+    page = bench_html(BenchReport("m", "tokenpos bench --quick", {}, rows, measured), "default")
+    assert ("other processes kept 3.00 of the 16 CPUs busy" in page) == busy
 
 
 def test_the_bench_section_charts_the_headline_ratios_and_leaves_the_experiment_rows_out(tmp_path: Path) -> None:

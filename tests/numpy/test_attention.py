@@ -74,15 +74,14 @@ def test_backward_matches_finite_differences(name: str, lq: int, lk: int, causal
             x[i] = old
             numeric[i] = (plus - minus) / (2 * eps)
         np.testing.assert_allclose(grad, numeric, **TOL["fd.nonlinear"])
-    if name == "t5":
-        w = layer.weight
+    for key, w in ([] if layer is None else layer.named_parameters()):   # a scheme's own parameters (T5's weight)
         numeric = np.zeros_like(w.data)
         for i in np.ndindex(w.data.shape):
             fresh_p, fresh_m = make(), make()
-            fresh_p.weight.data[i] += eps
-            fresh_m.weight.data[i] -= eps
+            dict(fresh_p.named_parameters())[key].data[i] += eps
+            dict(fresh_m.named_parameters())[key].data[i] -= eps
             numeric[i] = (loss(q, k, v, fresh_p) - loss(q, k, v, fresh_m)) / (2 * eps)
-        np.testing.assert_allclose(w.grad, numeric, **TOL["fd.nonlinear"])
+        np.testing.assert_allclose(w.grad, numeric, **TOL["fd.nonlinear"], err_msg=key)
 
 
 @pytest.mark.parametrize("name", ["none", "rope", "alibi", "t5"])
@@ -91,9 +90,10 @@ def test_forward_matches_naive(name: str) -> None:
     q, k, v = data(3, 6, seed=2)
     keep = np.arange(6)[None, :] <= (3 + np.arange(3))[:, None]
     bias = None
-    if name == "rope":
+    kind = getattr(layer, "kind", "none")
+    if kind == "rotary":
         q, k, _ = layer.apply_forward(q, k, np.arange(3, 6), key_positions=np.arange(6))
-    elif name in ("alibi", "t5"):
+    elif kind == "bias":
         bias = layer.bias(3, 6)[None]
     out = scaled_dot_product_attention(*data(3, 6, seed=2), positional=layer)
     np.testing.assert_allclose(out, naive(q, k, v, bias=bias, keep=keep), **TOL["forward.float64"])

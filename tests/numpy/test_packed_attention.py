@@ -67,9 +67,8 @@ def test_packed_equals_padded_outputs_and_gradients(name: str, causal: bool) -> 
     packed, pad = SCHEMES[name](), SCHEMES[name]()
     out, cache = scaled_dot_product_attention_forward(q, k, v, positional=packed, causal=causal, cu_seqlens=CU)
     keys = MASK[:, None, None, :]                                              # (N, 1, 1, L): no pad key
-    at = {"positions": np.arange(L)} if name == "xpos" else {}                    # xPos needs them given
     ref, ref_cache = scaled_dot_product_attention_forward(padded(q), padded(k), padded(v), positional=pad,
-                                                          causal=causal, attn_mask=keys, **at)
+                                                          causal=causal, attn_mask=keys)
     assert out.shape == (T, H, DH)
     np.testing.assert_allclose(out, real(ref), **TOL["forward.float64"])
     dq, dk, dv = scaled_dot_product_attention_backward(g, cache)

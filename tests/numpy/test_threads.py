@@ -42,9 +42,10 @@ def call(name: str, layer: tpn.Module, length: int) -> np.ndarray:
     rng = np.random.default_rng(length)
     if name in ("layernorm", "rmsnorm"):
         return layer(rng.standard_normal((2, length, D)).astype(np.float32))
-    if name in ("t5", "alibi"):
+    kind = getattr(layer, "kind", None)                  # a positional scheme's kind; None for the other layers
+    if kind == "bias":
         return layer.bias(length, length + 1)
-    if name in ("learned", "sinusoidal"):
+    if kind == "additive":
         return layer(length)
     return layer(rng.integers(0, 50, (2, length)))
 

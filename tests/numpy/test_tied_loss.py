@@ -62,7 +62,7 @@ def test_loss_and_gradients_equal_the_materialised_logits_float64(V: int, case: 
     h, w, t = _inputs(V, (2, 3) if V > 2000 else (3, 5))
     loss, cache = F.tied_cross_entropy_forward(h, w, t, reduction=reduction, label_smoothing=eps, softcap=cap,
                                                chunk_size=2, with_grad=with_grad)
-    assert (cache.grads is not None) == (with_grad and reduction != "none")
+    assert bool(cache.grads) == (with_grad and reduction != "none")
     ref, dh_ref, dw_ref = materialised(h, w, t, reduction=reduction, label_smoothing=eps, softcap=cap)
     dh, dw = F.tied_cross_entropy_backward(np.ones(t.shape) if reduction == "none" else 1.0, cache)
     assert loss.shape == ref.shape and loss.dtype == np.float64
@@ -213,3 +213,72 @@ def test_bit_identical_run_to_run() -> None:
         runs = [_pair(h, w, t, with_grad, **kw) for _ in range(3)]
         for r in runs[1:]:
             assert all(a.tobytes() == b.tobytes() for a, b in zip(r, runs[0], strict=True))
+
+
+# -- the forward's gradients are handed over, never copied, never aliased -----------------------------
+
+
+def _cache_arrays(cache: F.TiedLossCache) -> list[np.ndarray]:
+    """Every array the cache holds now (its fields and the kept gradients)."""
+    arrays = [v for v in vars(cache).values() if isinstance(v, np.ndarray)]
+    return arrays + [g for pair in cache.grads for g in pair]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("case", [(0.0, None), (0.1, 2.0)], ids=["plain", "smoothed-capped"])
+def test_a_second_backward_of_a_with_grad_cache_recomputes_the_same_gradients(reduction: str, case: tuple) -> None:
+    """The first backward takes the forward's gradients out of the cache (scaled by dloss in place); a second
+    one recomputes them from lse through the chunked path: both equal the materialised float64 gradients
+    times their dloss, and the second equals the first."""
+    eps, cap = case
+    h, w, t = _inputs(1003, (3, 5))
+    _, cache = F.tied_cross_entropy_forward(h, w, t, reduction=reduction, label_smoothing=eps, softcap=cap,
+                                            chunk_size=4, with_grad=True)
+    _, dh_ref, dw_ref = materialised(h, w, t, reduction=reduction, label_smoothing=eps, softcap=cap)
+    first = F.tied_cross_entropy_backward(2.5, cache)
+    assert not cache.grads                                               # handed over: the cache keeps none
+    second = F.tied_cross_entropy_backward(2.5, cache)
+    third = F.tied_cross_entropy_backward(-0.5, cache)
+    for grads, scale in ((first, 2.5), (second, 2.5), (third, -0.5)):
+        for got, want in zip(grads, (dh_ref, dw_ref), strict=True):
+            np.testing.assert_allclose(got, scale * want, rtol=1e-10, atol=1e-10)
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("with_grad", [True, False])
+def test_the_backward_never_returns_memory_the_cache_or_the_inputs_hold(with_grad: bool, reduction: str,
+                                                                        dtype: type) -> None:
+    """Outputs never alias state: neither backward's dh / dweight shares memory with any array the cache holds
+    (before or after the call), with the inputs, or with the other backward's outputs."""
+    h, w, t = _inputs(300, (2, 7), D=8, dtype=dtype)
+    _, cache = F.tied_cross_entropy_forward(h, w, t, reduction=reduction, chunk_size=3, with_grad=with_grad)
+    dloss = np.ones(t.shape) if reduction == "none" else 1.0
+    held_before = _cache_arrays(cache)
+    first = F.tied_cross_entropy_backward(dloss, cache)
+    second = F.tied_cross_entropy_backward(dloss, cache)
+    assert first[0].dtype == second[0].dtype == first[1].dtype == np.dtype(dtype)
+    for out in (*first, *second):
+        for held in (*_cache_arrays(cache), h, w, t):
+            assert not np.shares_memory(out, held)
+    for a, b in zip(first, second, strict=True):
+        assert not np.shares_memory(a, b)
+    if dtype != np.float16:               # compute dtype = input dtype: the forward's arrays handed over, not copied
+        handed = any(np.shares_memory(first[1], held) for held in held_before)
+        assert handed == (with_grad and reduction != "none")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_backward_of_a_with_grad_cache_allocates_no_gradient_sized_array(dtype: type) -> None:
+    """tracemalloc, structural: after a with_grad forward, the backward's peak extra allocation is below one
+    (N, D) array of dh, itself smaller than the (V, D) table (the old backward copied both, a (V, D) + (N, D)
+    peak); a second backward recomputes and allocates its outputs."""
+    h, w, t = _inputs(20000, (64, 8), D=32, dtype=dtype)                # (N, D) = (512, 32) < (V, D) = (20000, 32)
+    _, cache = F.tied_cross_entropy_forward(h, w, t, with_grad=True)
+    tracemalloc.start()
+    dh, dw = F.tied_cross_entropy_backward(1.0, cache)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < dh.nbytes < dw.nbytes

@@ -71,25 +71,27 @@ def test_t5_bias_forward_and_weight_gradient(bidirectional: bool, dtype) -> None
                      np_params=dict(np_layer.named_parameters()), torch_params=dict(t_layer.named_parameters()))
 
 
-def _pair(name: str, dtype):
-    if name == "rope":
-        kw = {"max_seq_len": 8, "scaling": SCALINGS["yarn"], "rotary_dim": 6}
-        return NpRotary(DH, **kw), TRotary(DH, **kw)
-    if name == "alibi":
-        return NpALiBi(2, dtype=dtype), TALiBi(2, dtype=getattr(torch, np.dtype(dtype).name))
-    if name == "t5":
-        np_layer = NpT5(2, num_buckets=8, max_distance=6, dtype=dtype, seed=0)
-        t_layer = TT5(2, num_buckets=8, max_distance=6, dtype=getattr(torch, np.dtype(dtype).name), seed=1)
-        t_layer.load_state_dict(np_layer.state_dict())
-        return np_layer, t_layer
-    return None, None
+def _t5_pair(dtype):
+    np_layer = NpT5(2, num_buckets=8, max_distance=6, dtype=dtype, seed=0)
+    t_layer = TT5(2, num_buckets=8, max_distance=6, dtype=getattr(torch, np.dtype(dtype).name), seed=1)
+    t_layer.load_state_dict(np_layer.state_dict())
+    return np_layer, t_layer
+
+
+_ROPE_KW = {"max_seq_len": 8, "scaling": SCALINGS["yarn"], "rotary_dim": 6}
+PAIRS = {  # name -> dtype -> (NumPy layer, torch layer), the torch one holding the NumPy one's state
+    "none": lambda dtype: (None, None),
+    "rope": lambda dtype: (NpRotary(DH, **_ROPE_KW), TRotary(DH, **_ROPE_KW)),
+    "alibi": lambda dtype: (NpALiBi(2, dtype=dtype), TALiBi(2, dtype=getattr(torch, np.dtype(dtype).name))),
+    "t5": _t5_pair,
+}
 
 
 @pytest.mark.parametrize("name", ["none", "rope", "alibi", "t5"])
 @pytest.mark.parametrize(("lq", "lk", "causal"), [(5, 5, True), (2, 6, True), (4, 4, False)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_attention_forward_and_backward(name: str, lq: int, lk: int, causal: bool, dtype) -> None:
-    np_layer, t_layer = _pair(name, dtype)
+    np_layer, t_layer = PAIRS[name](dtype)
     q, k, v = _rand((2, 2, lq, DH), dtype, 2), _rand((2, 2, lk, DH), dtype, 3), _rand((2, 2, lk, DH), dtype, 4)
     mask = _rand((1, 1, lq, lk), dtype, 5)
     saved = {}
@@ -99,8 +101,8 @@ def test_attention_forward_and_backward(name: str, lq: int, lk: int, causal: boo
                                                                    attn_mask=mask)
         return out
 
-    np_params = dict(np_layer.named_parameters()) if name == "t5" else None
-    t_params = dict(t_layer.named_parameters()) if name == "t5" else None
+    np_params = None if np_layer is None else dict(np_layer.named_parameters())     # T5's weight; {} for the rest
+    t_params = None if t_layer is None else dict(t_layer.named_parameters())
     assert_fn_parity(np_call, lambda g: scaled_dot_product_attention_backward(g, saved["cache"]),
                      lambda a, b, c: t_sdpa(a, b, c, positional=t_layer, causal=causal,
                                             attn_mask=torch.from_numpy(mask)),

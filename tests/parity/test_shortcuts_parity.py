@@ -65,15 +65,15 @@ def test_transformer_embedding_forward_agrees(name, call):
 SHIFT_ONLY = {"out_bias"}
 
 
+GRID = np.stack(np.meshgrid(np.arange(2), np.arange(3), indexing="ij"), -1).reshape(-1, 2)   # (6, 2) (row, col)
+# what a scheme's attention call needs beyond the defaults (data keyed by name, not a branch): 2-D RoPE has no
+# default positions, it reads (row, col) patch positions; every other scheme (xPos too) takes the defaults
+ATTENTION_POSITIONS = {"rope2d": lambda length: {"positions": GRID[:length]}}
+
+
 def _attention_positions(name: str, length: int):
-    """What the attention call needs: (row, col) patch positions for 2-D RoPE, explicit positions for xPos
-    (it rotates q and k together only at given positions), else the defaults."""
-    if name == "rope2d":
-        grid = np.stack(np.meshgrid(np.arange(2), np.arange(3), indexing="ij"), -1).reshape(-1, 2)   # (6, 2)
-        return {"positions": grid[:length]}
-    if name == "xpos":
-        return {"positions": np.arange(length)}
-    return {}
+    make = ATTENTION_POSITIONS.get(name)
+    return {} if make is None else make(length)
 
 
 @pytest.mark.parametrize("name", SHORTCUTS)

@@ -123,6 +123,58 @@ def test_no_code_branches_on_a_scheme_name():
     assert not found, f"code that branches on a scheme's name (use a class attribute): {found}"
 
 
+def _conditions(tree: ast.AST) -> list[ast.expr]:
+    """The condition of every if / elif, conditional expression, while and comprehension filter."""
+    conds: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            conds.append(node.test)
+        elif isinstance(node, ast.comprehension):
+            conds.extend(node.ifs)
+    return conds
+
+
+def _scheme_name_read(node: ast.expr) -> bool:
+    """``x.name``, ``getattr(x, "name")``, or a variable called ``name`` (the tests' parametrised scheme name)."""
+    return _name_read(node) or (isinstance(node, ast.Name) and node.id == "name")
+
+
+def _branches_on_a_scheme_name(tree: ast.AST) -> list[int]:
+    """Lines of the branch conditions that compare a scheme's name with a registered name."""
+    lines = []
+    for cond in _conditions(tree):
+        for node in ast.walk(cond):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                if any(map(_scheme_name_read, operands)) and set().union(*map(_scheme_literals, operands)):
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_no_test_branches_on_a_scheme_name():
+    """The tests too: a test that needs what a scheme does reads the property that says it (``kind``,
+    ``rotates_qk_together``, its parameters), never ``if name == "xpos"``, so a new scheme with the same
+    property is tested without an edit. Only branch conditions are scanned: data keyed by name (a dict of
+    cases or constructors, parametrize lists, ``assert layer.name == "xpos"``) is not a branch and stays."""
+    root = Path(__file__).resolve().parents[1]
+    found = [f"{path.relative_to(root)}:{line}" for path in sorted(root.rglob("*.py"))
+             for line in _branches_on_a_scheme_name(ast.parse(path.read_text(), str(path)))]
+    assert not found, f"tests that branch on a scheme's name (branch on its property; keep data in a table): {found}"
+
+
+@pytest.mark.parametrize(("snippet", "flagged"), [
+    ('at = {} if name == "xpos" else {}', True),
+    ('if layer.name in ("rope", "xpos"):\n    pass', True),
+    ('[x for x in xs if getattr(x, "name", None) != "t5"]', True),
+    ('while name == "alibi":\n    break', True),
+    ('CASES = {"xpos": 1}', False),
+    ('assert layer.name == "xpos"', False),
+    ('if op == "rope":\n    pass', False),
+])
+def test_the_test_scan_finds_each_form_of_branch_and_no_table(snippet: str, flagged: bool):
+    assert bool(_branches_on_a_scheme_name(ast.parse(snippet))) == flagged
+
+
 @pytest.mark.parametrize("name", sorted(SCHEMES))
 def test_numpy_and_torch_classes_share_name_and_kind_with_the_entry(name):
     np_cls, t_cls = scheme_class(name, "numpy"), scheme_class(name, "torch")

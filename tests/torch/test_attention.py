@@ -118,7 +118,7 @@ def test_positions_take_start_pos_none_or_zero_only(name: str, temperature) -> N
         with pytest.raises(ConfigError, match=rf"^start_pos={bad} given with positions: positions are used as given, "
                                               r"so start_pos would be ignored; expected start_pos=None or 0"):
             scaled_dot_product_attention(q, k, v, **kw, **given, start_pos=bad)
-    if name == "rope":                                          # a cache of rotated keys: q alone is rotated
+    if getattr(layer, "kind", None) == "rotary" and not layer.rotates_qk_together:   # rotated keys: q alone
         k_rot = layer.rotate(k)
         by_start = scaled_dot_product_attention(q, k_rot, v, positional=layer, start_pos=4, rotate_keys=False)
         by_pos = scaled_dot_product_attention(q, k_rot, v, positional=layer, positions=torch.tensor([4, 5]),
@@ -165,8 +165,9 @@ def test_bias_scheme_head_count_mismatch_is_a_config_error(name: str) -> None:
     from tokenpos.numpy.t5_bias import T5RelativePositionBias as NpT5
 
     q, k, v = data(4, 4)
-    t_scheme = ALiBi(H + 2) if name == "alibi" else T5RelativePositionBias(H + 2, num_buckets=8, seed=0)
-    n_scheme = NpALiBi(H + 2) if name == "alibi" else NpT5(H + 2, num_buckets=8, seed=0)
+    t_scheme, n_scheme = {"alibi": (ALiBi(H + 2), NpALiBi(H + 2)),
+                          "t5": (T5RelativePositionBias(H + 2, num_buckets=8, seed=0),
+                                 NpT5(H + 2, num_buckets=8, seed=0))}[name]
     msg = _same_error(lambda: scaled_dot_product_attention(q, k, v, positional=t_scheme),
                       lambda: np_sdpa(q.numpy(), k.numpy(), v.numpy(), positional=n_scheme), ConfigError)
     assert f"expected (H, Lq, Lk) = ({H}, 4, 4)" in msg

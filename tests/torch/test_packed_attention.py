@@ -14,7 +14,7 @@ import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
 from tests.tolerances import TOL
 from tests.torch.fake_cuda import cpu_of, no_host_sync, to_fake_cuda
-from tests.torch.packed import CU, MASK, L, T
+from tests.torch.packed import CU, MASK, T
 from tests.torch.packed import pad_heads as padded
 from tests.torch.packed import unpad_heads as real
 from tests.torch.test_no_host_sync import fake_cuda_module
@@ -53,9 +53,8 @@ def test_packed_equals_padded_outputs_and_gradients(name: str, causal: bool) -> 
     g = data(seed=1)[0]
     packed, pad = SCHEMES[name](tpt), SCHEMES[name](tpt)
     out = tpt.scaled_dot_product_attention(*qkv, positional=packed, causal=causal, cu_seqlens=CU)
-    at = {"positions": torch.arange(L)} if name == "xpos" else {}                 # xPos needs them given
     ref = tpt.scaled_dot_product_attention(*qkv_pad, positional=pad, causal=causal,
-                                           attn_mask=MASK[:, None, None, :], **at)
+                                           attn_mask=MASK[:, None, None, :])
     assert out.shape == (T, H, DH)
     tol = TOL["forward.float64"]
     torch.testing.assert_close(out, real(ref), **tol)

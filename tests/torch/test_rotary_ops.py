@@ -130,10 +130,10 @@ def test_rope_fallbacks_and_one_op_call_per_apply(calls, monkeypatch):
     a, b = rope.apply(q32, k64)                                            # mixed dtypes: one op per tensor
     assert a.dtype == torch.float32 and b.dtype == torch.float64
     ops_called: Counter[str] = Counter()
-    for name in ("rope", "rope_qk"):
-        fn = getattr(torch.ops.tokenpos, name)
-        monkeypatch.setattr(tpt.rotary.ops, "rotate" if name == "rope" else "rotate_qk",
-                            lambda *args, _fn=fn, _name=name: ops_called.update([_name]) or _fn(*args))
+    for op in ("rope", "rope_qk"):                                         # op names, not scheme names
+        fn = getattr(torch.ops.tokenpos, op)
+        monkeypatch.setattr(tpt.rotary.ops, "rotate" if op == "rope" else "rotate_qk",
+                            lambda *args, _fn=fn, _op=op: ops_called.update([_op]) or _fn(*args))
     rope.apply(q32, q32)
     rope.apply(q32, q32, start_pos=20)                                     # grows the cache
     rope.apply(q32, q32, torch.tensor([[1, 2, 3]]))

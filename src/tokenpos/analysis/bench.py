@@ -55,6 +55,8 @@ from tokenpos.analysis.bench_timing import (
     BenchRow,
     add_impl,
     bench_rows,
+    competition,
+    cpu_counters,
     cycle,
     machine,
     model_op,
@@ -213,6 +215,7 @@ def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequen
     report = BenchReport(machine(), command, {**cfg, "dtype": "float32", "dropout": 0.1, "zipf_s": 1.0,
                                                "id_batches": NBATCH,
                                                "timing": TIMING})
+    start = cpu_counters()                                  # competition: other processes' CPU time
     for i, case in enumerate(todo):
         if progress:
             progress(case, i, len(todo))
@@ -229,6 +232,7 @@ def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequen
             report.rows += _train_case(cfg, case[len("train_"):], cfg["train_reps"])
         else:
             report.rows += _jit_case(quick)
+    report.competition = competition(start, cpu_counters())
     if progress:
         progress("done", len(todo), len(todo))
     return report

@@ -5,7 +5,6 @@ Shared by every case in :mod:`tokenpos.analysis.bench`; returns data, never prin
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import subprocess
@@ -45,6 +44,7 @@ class BenchReport:
     command: str
     config: dict
     rows: list[BenchRow] = field(default_factory=list)
+    competition: Competition | None = None   # other processes' CPU time during the run (None: not measured)
 
 
 def machine() -> str:
@@ -164,27 +164,83 @@ def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandw
     return rows
 
 
-NOISY = 1.5   # a run whose rows' median is this many times their best was taken on a busy machine
+# -- competition: CPU time other processes took while the bench ran -----------------------------------
 
 
-def spread(rows: list[BenchRow]) -> float:
-    """The largest median / best over the timed rows (1.0: every rep alike; nan: no timed row).
+@dataclass(frozen=True)
+class CpuCounters:
+    """Cumulative CPU seconds at one moment (Linux ``/proc``): ``busy``, the time every process and the
+    kernel took on the CPUs this process may run on (user, nice, system, irq, softirq and steal: another
+    guest's turn on a virtual CPU); ``own``, this process's (every thread, and its waited-for children);
+    ``wall``, a monotonic clock; ``cpus``, how many CPUs were counted."""
 
-    On a shared machine the CPU time a guest gets moves within seconds (benchmarks/HISTORY.md,
-    2026-11-23 09:45), and with it every ratio: a run with a large spread says little
-    about one row against another."""
-    pairs = [(getattr(r, "median_seconds", None), r.seconds) for r in rows]
-    vals = [m / b for m, b in pairs if m is not None and b is not None and math.isfinite(b) and b > 0]
-    return max(vals) if vals else float("nan")
+    busy: float
+    own: float
+    wall: float
+    cpus: int
 
 
-def busy_note(rows: list[BenchRow]) -> str | None:
-    """The warning to print with a run whose :func:`spread` exceeds :data:`NOISY`, else None."""
-    worst = spread(rows)
-    if not worst > NOISY:
+@dataclass(frozen=True)
+class Competition:
+    """What other processes took while the bench ran: ``other_cpu_seconds`` of CPU time on the bench's
+    ``cpus`` over ``wall_seconds``."""
+
+    other_cpu_seconds: float
+    wall_seconds: float
+    cpus: int
+
+    @property
+    def other_cpus(self) -> float:
+        """The CPUs other processes kept busy on average (0: none; 1.0: one whole CPU throughout)."""
+        return self.other_cpu_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+# A run is reported as competed for when other processes kept more than this many CPUs busy on average:
+# every timed call is a parallel op over all the bench's CPUs, so one CPU taken part of the time already
+# holds the others up at each barrier. A quiet machine's daemons stay far below it (a few hundredths).
+BUSY_CPUS = 0.25
+
+
+def cpu_counters() -> CpuCounters | None:
+    """The counters now, from ``/proc/stat`` (the per-CPU lines of this process's CPU affinity) and
+    ``/proc/self/stat``; None where they cannot be read (not Linux): no measurement, rather than a wrong one."""
+    try:
+        allowed = os.sched_getaffinity(0)
+        hz = os.sysconf("SC_CLK_TCK")
+        with open("/proc/stat") as f:
+            lines = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+        with open("/proc/self/stat") as f:
+            own_fields = f.read().rsplit(")", 1)[1].split()     # after "pid (comm)": state is field 3
+    except (AttributeError, OSError, ValueError, IndexError):
         return None
-    return (f"the machine was busy during this run: a row's median took up to {worst:.1f}x its best rep, "
-            "so one run's ratios can move by 0.1 or more; compare several runs")
+    try:
+        # cpuN user nice system idle iowait irq softirq steal ...: all but idle and iowait are busy
+        busy = sum(sum(int(v) for i, v in enumerate(f[1:9]) if i not in (3, 4))
+                   for f in lines if int(f[0][3:]) in allowed)
+        own = sum(int(v) for v in own_fields[11:15])           # utime, stime, cutime, cstime (fields 14-17)
+    except (ValueError, IndexError):
+        return None
+    return None if not lines else CpuCounters(busy / hz, own / hz, time.monotonic(), len(allowed))
+
+
+def competition(start: CpuCounters | None, end: CpuCounters | None) -> Competition | None:
+    """Other processes' CPU time between two readings: the busy time of the bench's CPUs minus its own
+    (never below 0: the counters tick in clock ticks, 1/100 s on Linux); None when either reading is missing."""
+    if start is None or end is None:
+        return None
+    others = (end.busy - start.busy) - (end.own - start.own)
+    return Competition(max(others, 0.0), end.wall - start.wall, end.cpus)
+
+
+def busy_note(measured: Competition | None) -> str | None:
+    """The warning to print with a run whose other processes kept more than :data:`BUSY_CPUS` CPUs busy
+    on average (:func:`competition`); None otherwise, and when nothing was measured (not Linux, an
+    older report)."""
+    if measured is None or not measured.other_cpus > BUSY_CPUS:
+        return None
+    return (f"other processes kept {measured.other_cpus:.2f} of the {measured.cpus} CPUs busy on average during "
+            f"this run ({measured.other_cpu_seconds:.1f} CPU s in {measured.wall_seconds:.1f} s), competing with "
+            "the timed calls, so one run's ratios can move by 0.1 or more; compare several runs")
 
 
 def note_rows(case: str, notes: dict[str, str]) -> list[BenchRow]:

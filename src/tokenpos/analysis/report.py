@@ -159,7 +159,7 @@ def bench_html(rep: Any, mode: str, out_dir: Path | None = None, dpi: int = 110,
         value = getattr(rep, name, None)
         if value:
             meta.append(f"{name}: {value}")
-    busy = busy_note(rep.rows)
+    busy = busy_note(getattr(rep, "competition", None))
     if busy:
         meta.append(busy)
     chart = ""

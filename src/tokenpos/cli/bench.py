@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                       _pair(r.ratio_vs_limit, m.get("limit")), _pair(r.ratio_vs_compile, m.get("compile")),
                       _pair(r.ratio_vs_reference, m.get("eager")), _pair(r.ratio_vs_kernel, m.get("kernel")), note)
     con.print(table)
-    busy = busy_note(report.rows)
+    busy = busy_note(report.competition)
     if busy:
         con.print(f"[yellow]{busy}.[/yellow]")
     if args.json:

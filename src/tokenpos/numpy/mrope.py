@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
+from tokenpos.numpy import functional as F
+from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache, to_bhld
 from tokenpos.tables.checks.rotary_layers import check_mrope_positions_shape
 from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.formulas.mrope import MRopeSettings, mrope_angles, mrope_cos_sin, mrope_positions
@@ -36,7 +37,8 @@ class MRotaryEmbedding(RotaryBase):
         seed, rng: accepted for the common scheme signature; no random state.
 
     Shape:
-        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (3, B, L) | (B, L) | (L,) | None) -> (q', k').
+        apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (3, B, L) | (B, L) | (L,) | None) -> (q', k');
+        rotate(x (B, H, L, Dh), positions) -> x' (one tensor, e.g. k at other positions than q).
     """
 
     kind = "rotary"
@@ -80,6 +82,14 @@ class MRotaryEmbedding(RotaryBase):
     def _tables(self, pos: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         ang = mrope_angles(pos, self.inv_freq, self.axis_map)              # (L, F) | (B, L, F) float64
         return (np.cos(ang) * self.attention_factor).astype(dtype), (np.sin(ang) * self.attention_factor).astype(dtype)
+
+    def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: Any = None) -> np.ndarray:
+        """Rotate one tensor x (B, H, L, Dh) at positions (3, B, L) | (B, L) | (L,) | None (start_pos + arange;
+        given positions need start_pos=0, else ConfigError), as the torch layer; nothing is kept (as
+        ``RotaryEmbedding.rotate``). ``seq_len``: accepted for the common signature (static frequencies)."""
+        x = to_bhld("x", x, self.head_dim, self.qk_layout, self.num_heads)
+        cos, sin = self._tables(self._positions(positions, start_pos, x.shape[0], x.shape[2]), x.dtype)
+        return self._out(F.rope_forward(x, cos, sin, interleaved=False)[0])
 
     def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:

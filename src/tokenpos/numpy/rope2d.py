@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
+from tokenpos.numpy import functional as F
+from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache, to_bhld
 from tokenpos.numpy.module import Module
 from tokenpos.tables.checks.rope import check_qk_layout, check_qk_lengths, check_same_key_positions
 from tokenpos.tables.checks.rotary_layers import (
@@ -33,7 +34,8 @@ class RotaryEmbedding2D(RotaryBase):
         seed, rng: accepted for the common scheme signature; no random state.
 
     Shape:
-        apply(q (B, Hq, N, Dh), k (B, Hk, N, Dh), positions (N, 2) | (B, N, 2)) -> (q', k').
+        apply(q (B, Hq, N, Dh), k (B, Hk, N, Dh), positions (N, 2) | (B, N, 2)) -> (q', k');
+        rotate(x (B, H, N, Dh), positions (N, 2) | (B, N, 2)) -> x' (one tensor).
     """
 
     kind = "rotary"
@@ -56,6 +58,16 @@ class RotaryEmbedding2D(RotaryBase):
         """cos, sin (..., N, F) float64 of (row, col) positions (..., N, 2): one entry per rotated pair."""
         ang = mrope_angles(np.moveaxis(check_positions_2d(positions), -1, 0), self.inv_freq, self.axis_map)
         return np.cos(ang), np.sin(ang)
+
+    def rotate(self, x: Any, positions: Any = None, *, start_pos: Any = None, seq_len: Any = None) -> np.ndarray:
+        """Rotate one tensor x (B, H, N, Dh) at (row, col) positions (N, 2) | (B, N, 2) (``start_pos``: None
+        or 0, as :meth:`apply`), as the torch layer; nothing is kept (as ``RotaryEmbedding.rotate``)."""
+        x = to_bhld("x", x, self.head_dim, self.qk_layout, self.num_heads)
+        check_rope2d_positions_given(positions, start_pos)
+        pos = check_positions(positions)
+        check_rope2d_positions_shape(pos.shape, x.shape[0], x.shape[2])
+        cos, sin = self.cos_sin(pos)
+        return self._out(F.rope_forward(x, cos.astype(x.dtype), sin.astype(x.dtype), interleaved=False)[0])
 
     def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:

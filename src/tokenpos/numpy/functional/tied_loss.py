@@ -11,10 +11,12 @@ faster and was deleted, issue 33). Each block's gradient (``tables.formulas.tied
 order (a fixed order: the same inputs give bit-identical results).
 
 - ``with_grad=True`` (reductions "mean" and "sum"; ``TokenEmbedding.loss`` in training mode): the forward
-  computes the gradients of the loss from the same blocks (three matmuls per block in all) and the
-  backward scales them by ``dloss``.
-- otherwise the forward keeps lse, and the backward recomputes each block from it (reduction "none",
-  whose gradient needs each token's ``dloss``, or a forward that did not ask for gradients).
+  computes the gradients of the loss from the same blocks (three matmuls per block in all) and the first
+  backward takes them out of the cache, scales them by ``dloss`` in place and returns those arrays (no
+  second (V, D) table: the cache no longer holds them, so an output never aliases the cache).
+- otherwise, and for every later backward of the same cache, the backward recomputes each block from the
+  kept lse (reduction "none", whose gradient needs each token's ``dloss``, a forward that did not ask for
+  gradients, or gradients already handed over).
 
 Arithmetic runs in float32 (float16 inputs) or the input dtype; the loss is returned in that compute dtype,
 the gradients in the inputs' dtype. "mean" averages over the non-ignored tokens; with every target
@@ -24,7 +26,7 @@ inputs (the public ``tokenpos.numpy.tied_cross_entropy`` and ``TokenEmbedding.lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,7 +46,9 @@ _ROWS = 4096
 @dataclass(frozen=True)
 class TiedLossCache:
     """h (N, D) (a private copy), weight (V, D), targets (N,) int64 (a copy), lse (N,), the settings, and the
-    gradients of the loss (dh (..., D), dweight (V, D)) when the forward computed them (``with_grad``)."""
+    gradients of the loss ``[(dh (..., D), dweight (V, D))]`` in the compute dtype when the forward computed
+    them (``with_grad``), until the first backward takes them (``list.pop``: one taker even across threads);
+    empty otherwise."""
 
     h: np.ndarray
     weight: np.ndarray
@@ -56,7 +60,7 @@ class TiedLossCache:
     reduction: str
     softcap: float | None
     chunk_size: int
-    grads: tuple[np.ndarray, np.ndarray] | None = None
+    grads: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
 
 class _Blocks:
@@ -140,21 +144,30 @@ def tied_cross_entropy_forward(h: np.ndarray, weight: np.ndarray, targets: np.nd
         loss = np.asarray(per.sum(), dt)
     else:
         loss = np.asarray(per.sum() / max(int(valid.sum()), 1), dt)
-    kept_grads = None if dh is None or dweight is None else (dh.reshape(h.shape), dweight)
+    kept_grads = [] if dh is None or dweight is None else [(dh.reshape(h.shape), dweight)]
     cache = TiedLossCache(h2, weight, t, lse, tuple(h.shape), int(ignore_index), eps, reduction, softcap, c,
                           kept_grads)
     return loss, cache
 
 
 def tied_cross_entropy_backward(dloss: np.ndarray | float, cache: TiedLossCache) -> tuple[np.ndarray, np.ndarray]:
-    """dloss (() or (...) for "none") -> (dh (..., D) in h's dtype, dweight (V, D) in weight's dtype)."""
+    """dloss (() or (...) for "none") -> (dh (..., D) in h's dtype, dweight (V, D) in weight's dtype).
+
+    The returned arrays are fresh: the forward's gradients (taken out of the cache, scaled in place) or
+    the ones recomputed here; never memory the cache still holds.
+    """
     h2, weight, t, c = cache.h, cache.weight, cache.targets, cache.chunk_size
-    if cache.grads is not None:                                                # computed by the forward
-        scale = np.asarray(dloss, dtype=cache.grads[0].dtype)
-        return ((cache.grads[0] * scale).astype(h2.dtype, copy=False),
-                (cache.grads[1] * scale).astype(weight.dtype, copy=False))
     V, D = weight.shape
     dt = compute_dtype(h2.dtype)
+    scale = np.asarray(dloss, dtype=dt)                                        # converted before taking anything
+    try:
+        dh_kept, dweight_kept = cache.grads.pop()                              # computed by the forward, once
+    except IndexError:
+        pass                                                                   # none, or handed over: recompute
+    else:
+        dh_kept *= scale
+        dweight_kept *= scale
+        return dh_kept.astype(h2.dtype, copy=False), dweight_kept.astype(weight.dtype, copy=False)
     valid = t != cache.ignore_index
     safe = np.where(valid, t, 0)
     coef = reduce_weights(valid, cache.reduction, np.asarray(dloss).reshape(-1)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenpos.tables.checks.rope import rope_dtype_message, rope_length_message
+from tokenpos.tables.checks.rope import OP_LENGTH_ADVICE, rope_dtype_message, rope_length_message
 from tokenpos.tables.checks.validation import (
     check_probability,
     float_dtype_message,
@@ -167,7 +167,7 @@ def check_rope_qk_args(q: Any, k: Any, cos: Any, sin: Any, positions: Any = None
     check_rope_input("q", q)
     check_rope_input("k", k)
     if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise ConfigError(rope_length_message(_shape(q), _shape(k)))
+        raise ConfigError(rope_length_message(_shape(q), _shape(k), OP_LENGTH_ADVICE))
     B, _, L, Dh = q.shape
     _check_tables(cos, sin, positions, B, L, min(Dh, k.shape[3]))
 

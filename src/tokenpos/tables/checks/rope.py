@@ -64,9 +64,22 @@ def rope_dtype_message(name: str, dtype: Any) -> str:
     return f"{name} must be a floating-point array (float16, bfloat16, float32 or float64), got dtype {dtype}"
 
 
-def rope_length_message(q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> str:
+# What a rotary layer's caller does with q and k of two lengths: each call below is one the layers accept
+# (tests/tables/checks/test_rope_advice.py makes every rotary layer of both backends take the call its text
+# names). A layer that rotates q and k together (``rotates_qk_together``, xPos) has no one-tensor rotate().
+ROTATE_EACH = "rotate(x, positions)"
+ROTATE_TOGETHER = "apply(q, k, positions, key_positions=...)"
+LAYER_LENGTH_ADVICE = (f"rotate each alone with {ROTATE_EACH}, or, on a layer that rotates q and k together "
+                       f"(rotates_qk_together: xPos), give k its own positions with {ROTATE_TOGETHER}")
+# the op's: tokenpos::rope_qk rotates both at one table; tokenpos::rope takes one tensor
+OP_LENGTH_ADVICE = "call tokenpos::rope once per tensor, each with its own cos / sin"
+
+
+def rope_length_message(q_shape: tuple[int, ...], k_shape: tuple[int, ...], advice: str = LAYER_LENGTH_ADVICE) -> str:
+    """q and k of two batches or lengths where one set of positions serves both; ``advice``: what to call
+    instead (:data:`LAYER_LENGTH_ADVICE` for the layers, :data:`OP_LENGTH_ADVICE` for the op)."""
     return (f"q and k must have the same batch and length to share positions, got q {tuple(q_shape)} and "
-            f"k {tuple(k_shape)}; rotate them separately with rotate() when they differ")
+            f"k {tuple(k_shape)}; when they differ, {advice}")
 
 
 def rope_positions_message(shape: tuple[int, ...], batch: int, length: int) -> str:

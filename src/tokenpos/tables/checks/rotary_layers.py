@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.tables.checks.rope import check_rotary_dim
+from tokenpos.tables.checks.rope import ROTATE_TOGETHER, check_rotary_dim
 from tokenpos.tables.checks.validation import (
     check_float,
     check_int,
@@ -28,8 +28,8 @@ from tokenpos.tables.errors import ConfigError
 # xPos
 # ----------------------------------------------------------------------------------------------
 
-XPOS_TOGETHER_MESSAGE = ("xPos scales q up and k down: rotate q and k together, apply(q, k, positions, "
-                         "key_positions=...) (scaled_dot_product_attention does so)")
+XPOS_TOGETHER_MESSAGE = (f"xPos scales q up and k down: rotate q and k together, {ROTATE_TOGETHER} "
+                         "(scaled_dot_product_attention does so)")
 
 
 def xpos_layer_args(head_dim: Any, rotary_dim: Any, scale_base: Any, center: Any, interleaved: Any, *,
