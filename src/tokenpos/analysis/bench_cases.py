@@ -64,7 +64,7 @@ def gather_rows(weight, ids, out):  # pragma: no cover - compiled
             o[d] = w[d]
 
 
-def _numba_gather(w: np.ndarray, batches: list[np.ndarray], out: np.ndarray) -> Callable[[], Any]:
+def numba_gather(w: np.ndarray, batches: list[np.ndarray], out: np.ndarray) -> Callable[[], Any]:
     from tokenpos.kernels._threading import parallel, parallel_guard
 
     flat = cycle([b.reshape(-1) for b in batches])
@@ -137,7 +137,7 @@ def embedding_case(cfg: dict, p: float, reps: int, compile_: bool, bf16: bool = 
     impls: dict[str, Callable[[], Any]] = {
         COPY: copy_ref(B * L * D * esize),
         GATHER: lambda: torch.index_select(W, 0, next(ids_g), out=out_g.view(B * L, D)),
-        GATHER_NUMBA: _numba_gather(w, batches, out_n),
+        GATHER_NUMBA: numba_gather(w, batches, out_n),
         EAGER: lambda: formula(next(ids_t)),
     }
     notes: dict[str, str] = {}
