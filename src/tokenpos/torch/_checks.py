@@ -47,7 +47,7 @@ from tokenpos.tables.checks.validation import (
 )
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, TokenIdError
 
-_transforms_active = torch._C._are_functorch_transforms_active   # torch.func transforms (grad, vmap) running
+transforms_active = torch._C._are_functorch_transforms_active   # torch.func transforms (grad, vmap) running
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # the unsigned 16/32/64-bit dtypes have no min/max kernels in torch: their values are checked through
@@ -70,7 +70,7 @@ def is_wrapped(t: torch.Tensor) -> bool:
     """A tensor wrapped by a ``torch.func`` transform (vmap, grad): its values cannot be read here.
     Only while a transform runs (outside one, no tensor is wrapped: one cheap query decides); never
     under torch.compile, whose tracer cannot call the query (and traces transforms its own way)."""
-    return (bool(_transforms_active()) and not is_compiling()
+    return (bool(transforms_active()) and not is_compiling()
             and bool(torch._C._functorch.is_functorch_wrapped_tensor(t)))
 
 

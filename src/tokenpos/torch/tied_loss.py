@@ -16,8 +16,7 @@ import torch
 
 from tokenpos.tables.checks.tied_loss import check_options
 from tokenpos.tables.errors import ConfigError
-from tokenpos.torch._checks import check_float_tensor, check_target_values, is_compiling
-from tokenpos.torch.ops._dispatch import transforms_active
+from tokenpos.torch._checks import check_float_tensor, check_target_values, is_compiling, transforms_active
 from tokenpos.torch.ops.tied_loss import TiedLoss, check_tensors
 
 

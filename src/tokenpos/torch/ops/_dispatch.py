@@ -25,7 +25,6 @@ import torch
 from tokenpos._config import OUTPUTS, kernels_enabled
 
 _NUMBA = {torch.float32: "numba", torch.float64: "numba", torch.bfloat16: "numba_bf16"}
-transforms_active = torch._C._are_functorch_transforms_active   # torch.func transforms (grad, vmap) running
 
 
 def cpu_path(x: torch.Tensor, y: torch.Tensor | None = None) -> str:

@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from tokenpos.kernels.embedding import embedding_backward as kernel_backward
 from tokenpos.kernels.embedding import forward_rows
 from tokenpos.tables.checks.ops import check_embedding_args, check_embedding_backward_args
+from tokenpos.torch._checks import transforms_active
 from tokenpos.torch._dropout import dropout_torch
-from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, transforms_active, triton_kernels
+from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
 
 _LOW = (torch.float16, torch.bfloat16)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from tokenpos.torch.ops._dispatch import transforms_active
+from tokenpos.torch._checks import transforms_active
 from tokenpos.torch.ops.embedding import forward_impl
 from tokenpos.torch.ops.rope import rope_grads, rotate_impl, rotate_qk_impl, save_rope
 

@@ -38,7 +38,8 @@ import torch
 from tokenpos.kernels.rope import NO_POSITIONS, rope_apply, rope_apply_backward, run_rope
 from tokenpos.tables.checks.ops import check_rope_args, check_rope_qk_args
 from tokenpos.tables.checks.validation import check_positions
-from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, transforms_active, triton_kernels
+from tokenpos.torch._checks import transforms_active
+from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
 
 _LOW = (torch.float16, torch.bfloat16)
 

@@ -41,8 +41,8 @@ from tokenpos.tables.checks.tied_loss import (
 )
 from tokenpos.tables.errors import ConfigError, TokenIdError
 from tokenpos.tables.formulas.tied_loss import default_chunk_size
-from tokenpos.torch._checks import _INT_DTYPES, check_target_values
-from tokenpos.torch.ops._dispatch import transforms_active, triton_kernels
+from tokenpos.torch._checks import _INT_DTYPES, check_target_values, transforms_active
+from tokenpos.torch.ops._dispatch import triton_kernels
 
 # ----------------------------------------------------------------------------------------------
 # checks
