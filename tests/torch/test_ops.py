@@ -249,16 +249,32 @@ def test_arguments_out_of_shape_give_the_same_result(monkeypatch) -> None:
         with use_kernels(False):
             ref = OPS.embedding(w, i, t, p, 2.0, 0.0, seed, -1)
         assert torch.equal(got, ref), name
+    # RoPE: every table form the compiled pass takes (``run_rope``'s doc) goes straight to it; HF's
+    # (1, L, F) tables (position_ids (1, L)) went through the copying wrapper until 2026-11-27
     q = torch.randn(2, 3, 5, 8, generator=gen)
     k = torch.randn(2, 1, 5, 8, generator=gen)
-    c, s = torch.rand(5, 4, generator=gen), torch.rand(5, 4, generator=gen)
-    for name, (qq, kk, path) in {"in shape": (q, k, "fast"),
-                                 "strided q": (q.transpose(1, 2).contiguous().transpose(1, 2), k, "wrapper")}.items():
+    c, s = torch.rand(2, 5, 4, generator=gen), torch.rand(2, 5, 4, generator=gen)
+    table, at = torch.rand(9, 4, generator=gen), torch.tensor([[0, 3, 8, 2, 4], [1, 1, 1, 7, 5]])
+    def hf_decode(x: torch.Tensor) -> torch.Tensor:                         # (B, 1, H, Dh) seen as (B, H, 1, Dh)
+        return x[:, :, :1].transpose(1, 2).contiguous().transpose(1, 2)
+
+    rope_cases = {
+        "(L, F) tables": (q, k, c[0], s[0], None, "fast"),
+        "(1, L, F) tables": (q, k, c[:1], s[:1], None, "fast"),
+        "(B, L, F) tables": (q, k, c, s, None, "fast"),
+        "(P, F) table, (B, L) positions": (q, k, table, table.flip(0), at, "fast"),
+        "(P, F) table, (L,) positions": (q, k, table, table.flip(0), at[0], "fast"),
+        "HF decode: one token, (1, 1, F) tables": (hf_decode(q), hf_decode(k), c[:1, :1], s[:1, :1], None, "fast"),
+        "strided q": (q.transpose(1, 2).contiguous().transpose(1, 2), k, c[0], s[0], None, "wrapper"),
+        "strided tables": (q, k, c[..., ::1].transpose(0, 1).contiguous().transpose(0, 1), s, None, "wrapper"),
+    }
+    for name, (qq, kk, cc, ss, pp, path) in rope_cases.items():
         before = dict(counts)
-        got = OPS.rope_qk(qq, kk, c, s, False)
-        assert counts[path] == before[path] + 1, name
+        got = OPS.rope_qk(qq, kk, cc, ss, False, pp)
+        assert counts[path] == before[path] + 1 and counts["fast"] + counts["wrapper"] == sum(
+            before[key] for key in ("fast", "wrapper")) + 1, name
         with use_kernels(False):
-            ref = OPS.rope_qk(qq, kk, c, s, False)
+            ref = OPS.rope_qk(qq, kk, cc, ss, False, pp)
         for a, b in zip(got, ref, strict=True):
             _close(a, b)
 

@@ -95,8 +95,9 @@ def _layout(interleaved: bool) -> str:
 
 def _in_shape(x: np.ndarray, k: np.ndarray | None, cos: np.ndarray, sin: np.ndarray, pos: np.ndarray | None) -> bool:
     """Whether :func:`run_rope` can take these NumPy views as they are: contiguous 4-D x (and k with
-    x's B, L, Dh), contiguous cos / sin of x's dtype, (L, F) or (B, L, F), with 2F <= Dh; or with
-    ``pos`` (checked int64, contiguous), one (P, F) table."""
+    x's B, L, Dh), contiguous cos / sin of x's dtype, (L, F), (1, L, F) or (B, L, F), with 2F <= Dh; or
+    with ``pos`` (checked int64, contiguous), one (P, F) table. Exactly what :func:`run_rope` takes:
+    anything else goes through :func:`rope_apply`, which validates and copies."""
     if not (x.ndim == 4 and x.flags.c_contiguous and cos.dtype == x.dtype and sin.dtype == x.dtype
             and cos.flags.c_contiguous and sin.flags.c_contiguous and cos.shape == sin.shape):
         return False
@@ -107,7 +108,7 @@ def _in_shape(x: np.ndarray, k: np.ndarray | None, cos: np.ndarray, sin: np.ndar
     c = cos.shape
     if pos is not None:
         return len(c) == 2 and 2 * c[-1] <= Dh and pos.dtype == np.int64 and pos.flags.c_contiguous
-    return (len(c) == 2 or (len(c) == 3 and c[0] == B)) and c[-2] == L and 2 * c[-1] <= Dh
+    return (len(c) == 2 or (len(c) == 3 and c[0] in (1, B))) and c[-2] == L and 2 * c[-1] <= Dh
 
 
 def _rope_numba(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
