@@ -19,24 +19,26 @@ from tokenpos._config import kernels_enabled
 from tokenpos.tables.checks.packing import CU_SEQLENS_DTYPES, check_cu_seqlens, check_total
 from tokenpos.tables.formulas import packing as formulas
 
+_CU_DTYPES = tuple(np.dtype(name) for name in CU_SEQLENS_DTYPES)   # (dtype.name is Python code)
+
 
 @njit(cache=True)
-def _positions_core(cu, total):  # pragma: no cover - compiled
-    """cu (N + 1,) int32 / int64 -> (positions (total,) int64, longest document), or (_, -1) when ``cu``
-    breaks a rule (not 0 first, decreasing, not ending at ``total``): the caller then raises."""
-    out = np.empty(total, np.int64)
-    n = cu.shape[0]
+def _positions_core(cu, out):  # pragma: no cover - compiled
+    """cu (N + 1,) int32 / int64 -> the longest document, with ``out`` (T,) int64 holding the positions;
+    or -1 when ``cu`` breaks a rule (not 0 first, decreasing, not ending at T): the caller then raises.
+    The caller allocates ``out``: an array made here would be boxed into a NumPy array on return."""
+    n, total = cu.shape[0], out.shape[0]
     if cu[0] != 0 or cu[n - 1] != total:
-        return out, -1
+        return -1
     longest = 0
     for d in range(n - 1):
         start, end = cu[d], cu[d + 1]
         if end < start:
-            return out, -1
+            return -1
         longest = max(longest, end - start)
         for t in range(start, end):
             out[t] = t - start
-    return out, longest
+    return longest
 
 
 def document_positions(cu_seqlens: Any, total: int) -> tuple[np.ndarray, int]:
@@ -49,10 +51,10 @@ def document_positions(cu_seqlens: Any, total: int) -> tuple[np.ndarray, int]:
             ``tables.checks.packing.check_cu_seqlens``.
     """
     cu = np.asarray(cu_seqlens)
-    if not kernels_enabled() or cu.dtype.name not in CU_SEQLENS_DTYPES or cu.ndim != 1 or not cu.size:
+    if not kernels_enabled() or cu.dtype not in _CU_DTYPES or cu.ndim != 1 or not cu.size:
         return formulas.document_positions(cu, total)          # the twin; it raises for a bad layout
-    check_total(total)                                         # an int >= 0, else ConfigError
-    positions, longest = _positions_core(cu, int(total))
+    positions = np.empty(check_total(total), np.int64)         # an int >= 0, else ConfigError
+    longest = _positions_core(cu, positions)
     if longest < 0:
         check_cu_seqlens(cu, total)                            # raises the shared, located message
-    return positions, int(longest)
+    return positions, longest
