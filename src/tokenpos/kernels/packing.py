@@ -16,7 +16,8 @@ import numpy as np
 from numba import njit
 
 from tokenpos._config import kernels_enabled
-from tokenpos.tables.checks.packing import CU_SEQLENS_DTYPES, check_cu_seqlens, check_total
+from tokenpos.tables.checks.packing import CU_SEQLENS_DTYPES, check_cu_seqlens
+from tokenpos.tables.checks.validation import check_int
 from tokenpos.tables.formulas import packing as formulas
 
 _CU_DTYPES = tuple(np.dtype(name) for name in CU_SEQLENS_DTYPES)   # (dtype.name is Python code)
@@ -53,7 +54,7 @@ def document_positions(cu_seqlens: Any, total: int) -> tuple[np.ndarray, int]:
     cu = np.asarray(cu_seqlens)
     if not kernels_enabled() or cu.dtype not in _CU_DTYPES or cu.ndim != 1 or not cu.size:
         return formulas.document_positions(cu, total)          # the twin; it raises for a bad layout
-    positions = np.empty(check_total(total), np.int64)         # an int >= 0, else ConfigError
+    positions = np.empty(check_int("total", total, minimum=0), np.int64)   # else ConfigError
     longest = _positions_core(cu, positions)
     if longest < 0:
         check_cu_seqlens(cu, total)                            # raises the shared, located message
