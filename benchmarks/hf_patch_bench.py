@@ -9,7 +9,9 @@ patched and unpatched in turn inside each round (interleaved, so drift hits both
 - prefill: ``model(ids)`` with ids (4, 512);
 - decode: 64 one-token steps with a KV cache after a 64-token prompt (4 rows), as ``generate`` runs them.
 
-For each: best and median over rounds, the ratio unpatched / patched (> 1: patched is faster), and the
+For each: best and median over rounds, the ratio unpatched / patched (> 1: patched is faster), the
+same ratio round by round (both models run in every round: its median and a 95 % bootstrap interval,
+``analysis.bench_timing.paired_ratio``), and the
 share of the wall time spent in RoPE (the family's ``apply_rotary_pos_emb``, HF's or tokenpos's, timed
 by a wrapper) and in the input embedding (a forward pre/post hook pair), measured in separate timing
 rounds so the wrappers do not touch the main numbers. Logits of the two agree (checked once).
@@ -89,6 +91,7 @@ class _Shares:
 
 
 def main() -> None:
+    from tokenpos.analysis.bench_timing import paired_ratio
     from tokenpos.torch.hf import patch, unpatch
 
     ap = argparse.ArgumentParser()
@@ -146,6 +149,9 @@ def main() -> None:
             total, rope, emb = shares[(name, variant)]
             print(f"{name:<22} {variant:<9} {1e3 * min(ts):9.1f} {1e3 * statistics.median(ts):10.1f} "
                   f"{ref / statistics.median(ts):8.2f} {100 * rope / total:7.1f} {100 * emb / total:6.1f}")
+    for name in work:
+        med, lo, hi = paired_ratio(times[(name, "hf")], times[(name, "tokenpos")])
+        print(f"{name}: hf / tokenpos round by round, median {med:.3f} [95 % interval {lo:.3f}, {hi:.3f}]")
 
 
 if __name__ == "__main__":

@@ -30,17 +30,10 @@ from _cli import FULL, QUICK, parse, parser  # the shared command line (this fol
 import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
 from tokenpos.analysis.bench_cases import packed_cu_seqlens
-from tokenpos.analysis.bench_timing import machine, model_op, time_interleaved, timing_lines
+from tokenpos.analysis.bench_timing import machine, model_op, paired_ratio, time_interleaved, timing_lines
 
 ROPE_FULL = (2, 32, 2048, 128)    # B, H, L, Dh: the bench's RoPE (134 MB of q and k)
 ROPE_QUICK = (1, 4, 64, 32)
-
-
-def paired(padded: list[float], packed: list[float], rng: np.random.Generator) -> tuple[float, float, float]:
-    """(median of padded_i / packed_i over the rounds, and the 2.5 / 97.5 % bootstrap bounds of it)."""
-    r = np.asarray(padded) / np.asarray(packed)
-    boots = np.median(rng.choice(r, size=(2000, r.size)), axis=1)
-    return float(np.median(r)), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
 
 
 def embedding_pairs(V: int, D: int, L: int, B: int) -> dict[str, Callable[[], Any]]:
@@ -78,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     V, D, L, B = QUICK if args.quick else FULL
     rope_shape = ROPE_QUICK if args.quick else ROPE_FULL
     print(machine())
-    rng = np.random.default_rng(0)
     with torch.no_grad():
         for title, impls, dim in (("embedding forward", embedding_pairs(V, D, L, B), D),
                                   ("RoPE on q and k", rope_pairs(*rope_shape), rope_shape[1] * rope_shape[3])):
@@ -89,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in impls:
                 if name.endswith(", packed"):
                     pad = name.replace(", packed", ", padded")
-                    med, lo, hi = paired(times[pad], times[name], rng)
+                    med, lo, hi = paired_ratio(times[pad], times[name])
                     print(f"  {name.removesuffix(', packed')}: padded / packed per round, median {med:.3f} "
                           f"[95 % interval {lo:.3f}, {hi:.3f}]")
     return 0

@@ -16,6 +16,7 @@ from tokenpos.analysis.bench_timing import (
     competition,
     cpu_counters,
     model_op,
+    paired_ratio,
     time_interleaved,
     timing_lines,
 )
@@ -65,6 +66,22 @@ def test_timing_lines_give_best_median_and_the_ratio_to_the_reference() -> None:
                      "a much longer name  best    1.00 ms  median    1.00 ms"]
     ratio = timing_lines(times, ref="ref")
     assert ratio[0].endswith("x ref 1.00 / 1.00") and ratio[1].endswith("x ref 2.00 / 3.00")
+
+
+def test_paired_ratio_is_the_median_of_round_by_round_ratios_with_a_seeded_interval() -> None:
+    """Rounds where both rows drift together give the same ratio every round: a tight interval at it,
+    where the rows' own medians (taken apart) would not show it; the interval holds the median and
+    repeats with the seed."""
+    drift = [1.0, 3.0, 2.0, 5.0, 4.0, 2.5, 1.5]
+    ref, impl = [2.0 * d for d in drift], list(drift)
+    assert paired_ratio(ref, impl) == (2.0, 2.0, 2.0)
+    noisy = [x * (1.0 + 0.01 * ((i * 7) % 5 - 2)) for i, x in enumerate(impl)]
+    med, lo, hi = paired_ratio(ref, noisy)
+    assert lo <= med <= hi and 1.9 < lo and hi < 2.1
+    assert paired_ratio(ref, noisy) == (med, lo, hi) and paired_ratio(ref, noisy, seed=1)[0] == med
+    for a, b in (([], []), ([1.0, 2.0], [1.0])):
+        with pytest.raises(ValueError, match="equally long non-empty"):
+            paired_ratio(a, b)
 
 
 # -- competition: the busy note measures other processes' CPU time, never the spread of the reps ------------

@@ -129,6 +129,21 @@ def timing_lines(times: dict[str, list[float]], ref: str | None = None) -> list[
     return lines
 
 
+def paired_ratio(ref: list[float], impl: list[float], seed: int = 0,
+                 resamples: int = 2000) -> tuple[float, float, float]:
+    """Round by round ``ref[i] / impl[i]`` (> 1: impl faster) of two rows timed in the same rounds
+    (:func:`time_interleaved`, or any loop that runs both once per round): (the median of those
+    ratios, and the 2.5 % and 97.5 % points of that median over ``resamples`` seeded bootstrap
+    resamples of the rounds). Drift between rounds hits both sides of a round alike, so this
+    resolves differences a ratio of the two rows' medians, taken over separate rounds, does not."""
+    if len(ref) != len(impl) or not len(ref):
+        raise ValueError(f"paired_ratio needs two equally long non-empty lists of times, got lengths "
+                         f"{len(ref)} and {len(impl)}")
+    r = np.asarray(ref, dtype=np.float64) / np.asarray(impl, dtype=np.float64)
+    boots = np.median(np.random.default_rng(seed).choice(r, size=(resamples, r.size)), axis=1)
+    return float(np.median(r)), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
+
+
 def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandwidth: bool = True,
                notes: dict[str, str] | None = None, limit: tuple[str, ...] = (COPY,),
                eager: str = EAGER, compiled: str = COMPILE) -> list[BenchRow]:
