@@ -43,6 +43,15 @@ def test_every_rotary_class_is_covered() -> None:
     assert set(_classes(tpn)) | set(_classes(tpt)) <= set(KWARGS)
 
 
+def test_every_rotary_twin_has_the_same_entry_points() -> None:
+    """A rotary class has ``apply`` and ``rotate`` in both backends or in neither (the NumPy xPos had no
+    ``rotate`` until 2026-11-27: an AttributeError where the torch twin raised its ConfigError). The
+    NumPy-only backward entry ``apply_forward`` is not compared."""
+    for name in set(_classes(tpn)) & set(_classes(tpt)):
+        for method in ("apply", "rotate"):
+            assert hasattr(getattr(tpn, name), method) == hasattr(getattr(tpt, name), method), (name, method)
+
+
 def _call(layer: Any, method: str, x: Any, start_pos: int, positions: Any = None) -> None:
     if method == "rotate":
         layer.rotate(x, positions, start_pos=start_pos)
@@ -65,8 +74,8 @@ def test_overflowing_start_pos_is_a_position_error(backend: str, name: str, meth
         with pytest.raises(ConfigError, match="start_pos"):
             _call(layer, method, x, OVER, pos if backend == "numpy" else torch.from_numpy(pos))
         return
-    if backend == "torch" and name == "XPosRotaryEmbedding" and method == "rotate":
-        with pytest.raises(ConfigError, match="xPos scales q up and k down"):   # torch xPos never rotates alone
+    if name == "XPosRotaryEmbedding" and method == "rotate":
+        with pytest.raises(ConfigError, match="xPos scales q up and k down"):   # xPos never rotates alone
             _call(layer, method, x, OVER)
         return
     with pytest.raises(PositionError) as info:

@@ -17,8 +17,9 @@ from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.tables.checks.rope import (
     check_qk_layout,
 )
-from tokenpos.tables.checks.rotary_layers import xpos_layer_args
+from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, xpos_layer_args
 from tokenpos.tables.checks.validation import check_positions
+from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq
 from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale, xpos_scaled_tables
 
@@ -67,6 +68,11 @@ class XPosRotaryEmbedding(RotaryBase):
         ang = rope_angles(pos, self.inv_freq)
         s = xpos_scale(pos, self.rotary_dim, scale_base=self.scale_base, center=centre)
         return xpos_scaled_tables(np.cos(ang), np.sin(ang), s)
+
+    def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: Any = None) -> Any:
+        """Refused, as in the torch twin: xPos scales q and k differently, so one tensor alone is ambiguous
+        (use :meth:`apply`; in the attention functions pass ``positions=`` so they call ``apply``)."""
+        raise ConfigError(XPOS_TOGETHER_MESSAGE)
 
     def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
