@@ -58,7 +58,7 @@ def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | N
         raise ConfigError(rope_dtype_message(name, str(x.dtype).replace("torch.", "")))
     check_heads(name, tuple(x.shape), qk_layout, num_heads)
     if qk_layout == "thd":
-        return x.transpose(0, 1)[None]                          # (T, H, Dh) -> (1, H, T, Dh)
+        return x.transpose(0, 1).unsqueeze(0)                   # (T, H, Dh) -> (1, H, T, Dh)
     return x.transpose(1, 2) if qk_layout == "blhd" else x
 
 
@@ -124,7 +124,7 @@ class RotaryBase(TokenposModule):
     def _out(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, L, Dh) -> the declared layout (``thd``: (1, H, T, Dh) -> (T, H, Dh))."""
         if self.qk_layout == "thd":
-            return x[0].transpose(0, 1)
+            return x.select(0, 0).transpose(0, 1)
         return x.transpose(1, 2) if self.qk_layout == "blhd" else x
 
     # -- positions ---------------------------------------------------------------------------------

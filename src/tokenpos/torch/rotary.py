@@ -152,8 +152,9 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
 
 
 def _token_major(x: torch.Tensor) -> torch.Tensor:
-    """(1, H, T, Dh) -> the (T, H, 1, Dh) view of the same elements (contiguous for a (T, H, Dh) row)."""
-    return x[0].transpose(0, 1).unsqueeze(2)
+    """(1, H, T, Dh) -> the (T, H, 1, Dh) view of the same elements (contiguous for a (T, H, Dh) row), and
+    back: the permutation swaps dims 0 and 2, so it is its own inverse (one view op per call)."""
+    return x.permute(2, 1, 0, 3)
 
 
 def rotate_at_positions(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
@@ -162,7 +163,10 @@ def rotate_at_positions(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin
     ``tokenpos::rope_qk`` pass. The op is called on the view in q's memory order, so neither input is
     copied and the outputs come back in the inputs' layout: (1, H, T, Dh) as it is when contiguous, else
     the (T, H, 1, Dh) view of a packed ``(T, H, Dh)`` row with positions (T, 1) (one token per batch row)."""
-    if q.is_contiguous() or not _token_major(q).is_contiguous():
+    if q.is_contiguous():
         return ops.rotate_qk(q, k, cos, sin, interleaved, pos)  # type: ignore[no-any-return]
-    oq, ok = ops.rotate_qk(_token_major(q), _token_major(k), cos, sin, interleaved, pos[:, None])
-    return oq[:, :, 0].transpose(0, 1)[None], ok[:, :, 0].transpose(0, 1)[None]        # back to (1, H, T, Dh)
+    qt = _token_major(q)
+    if not qt.is_contiguous():
+        return ops.rotate_qk(q, k, cos, sin, interleaved, pos)  # type: ignore[no-any-return]
+    oq, ok = ops.rotate_qk(qt, _token_major(k), cos, sin, interleaved, pos.unsqueeze(1))
+    return _token_major(oq), _token_major(ok)                                           # back to (1, H, T, Dh)
