@@ -5,6 +5,7 @@ with the same typed error and message, kernels on and off."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,3 +45,36 @@ def test_refusals_are_the_formulas(cu: list, total: int, error: type, kernels: b
         formulas.document_positions(arr, total)
     with use_kernels(kernels), pytest.raises(error, match=re.escape(str(want.value))):
         document_positions(arr, total)
+
+
+def test_every_packed_layer_takes_its_positions_from_the_one_compiled_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TransformerEmbedding and RotaryEmbedding, in both backends, get a packed call's positions from one
+    call of this module's compiled pass (which checks ``cu_seqlens`` too), never from a second route: the
+    NumPy RotaryEmbedding ran the NumPy formula (about 30 us more per call, and a second pass for the
+    longest document) until 2026-11-27."""
+    import torch
+
+    import tokenpos.kernels.packing as packing
+    import tokenpos.numpy as tpn
+    import tokenpos.torch as tpt
+
+    calls: list[int] = []
+    core = packing._positions_core
+    monkeypatch.setattr(packing, "_positions_core", lambda cu, out: calls.append(1) or core(cu, out))
+    cu = np.array([0, 3, 8], np.int64)
+    q = np.zeros((8, 2, 4), np.float32)
+    ids = np.arange(8)
+    layers: dict[str, Any] = {
+        "numpy TransformerEmbedding": lambda: tpn.TransformerEmbedding(10, 4, 8, seed=0)(ids, cu_seqlens=cu),
+        "torch TransformerEmbedding": lambda: tpt.TransformerEmbedding(10, 4, 8, seed=0)(
+            torch.from_numpy(ids), cu_seqlens=torch.from_numpy(cu)),
+        "numpy RotaryEmbedding": lambda: tpn.RotaryEmbedding(4, max_seq_len=8, qk_layout="thd").apply(
+            q, q, cu_seqlens=cu),
+        "torch RotaryEmbedding": lambda: tpt.RotaryEmbedding(4, max_seq_len=8, qk_layout="thd").apply(
+            torch.from_numpy(q), torch.from_numpy(q), cu_seqlens=torch.from_numpy(cu)),
+    }
+    for name, call in layers.items():
+        calls.clear()
+        with use_kernels(True):
+            call()
+        assert len(calls) == 1, name

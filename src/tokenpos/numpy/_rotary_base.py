@@ -5,9 +5,9 @@ q, k: (B, H, L, Dh) (or (B, L, H, Dh) with ``qk_layout="blhd"``, or one packed r
 ``qk_layout="thd"``, rotated as (1, H, T, Dh)).
 
 Packed documents: ``cu_seqlens`` (N + 1,) gives positions restarting at 0 in every document
-(``tables.formulas.packing.positions_from_cu_seqlens``), which then take the per-token positions
-path of the layer; a layer whose positions are not one index per token (``packs = False``) refuses
-it with ConfigError.
+(``kernels.packing.document_positions``: one compiled pass that checks ``cu_seqlens`` too; its
+formula twin with the kernels off), which then take the per-token positions path of the layer; a
+layer whose positions are not one index per token (``packs = False``) refuses it with ConfigError.
 
 A layer defines ``_rotate_bhld(q, k, positions, start_pos, key_positions) -> (q', k', cache)`` on
 (B, H, L, Dh) views, already checked by :meth:`RotaryBase._qk` (the same protocol as the torch
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.kernels.packing import document_positions
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module
 from tokenpos.tables.checks.packing import check_packed_rotary_args
@@ -41,7 +42,6 @@ from tokenpos.tables.checks.rope import (
 )
 from tokenpos.tables.checks.validation import check_positions, check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.formulas.packing import positions_from_cu_seqlens
 
 
 def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> np.ndarray:
@@ -130,12 +130,14 @@ class RotaryBase(Module):
         return pos_q, pos_q if key_positions is None else self._positions(key_positions, 0, k.shape[0], k.shape[2])
 
     def _packed_positions(self, q: np.ndarray, positions: Any, start_pos: Any, key_positions: Any,
-                          cu_seqlens: Any) -> np.ndarray:
-        """Positions (T,) restarting per document for q (1, H, T, Dh); every other argument checked."""
+                          cu_seqlens: Any) -> tuple[np.ndarray, int]:
+        """Positions (T,) restarting per document for q (1, H, T, Dh), and ``max(positions) + 1`` (the
+        longest document), from the one compiled pass that also checks ``cu_seqlens``
+        (``kernels.packing.document_positions``, as ``TransformerEmbedding`` and the torch twin take
+        them); every other argument checked."""
         if not self.packs:
             raise ConfigError(rotary_packed_message(type(self).__name__))
-        total = check_packed_rotary_args(q.shape, positions, start_pos, key_positions)
-        return positions_from_cu_seqlens(cu_seqlens, total)
+        return document_positions(cu_seqlens, check_packed_rotary_args(q.shape, positions, start_pos, key_positions))
 
     # -- rotation ----------------------------------------------------------------------------------
     @staticmethod
@@ -154,9 +156,9 @@ class RotaryBase(Module):
         k_out, cache_k = F.rope_forward(k, *tables_k, interleaved=interleaved)
         return q_out, k_out, RotaryCache(cache_q, cache_k)
 
-    def _rotate_packed(self, q: np.ndarray, k: np.ndarray, pos: np.ndarray
+    def _rotate_packed(self, q: np.ndarray, k: np.ndarray, pos: np.ndarray, end: int
                        ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
-        """q, k (1, H, T, Dh) rotated at packed positions (T,) (each in [0, T)): the per-token path."""
+        """q, k (1, H, T, Dh) rotated at packed positions (T,) in [0, end): the per-token path."""
         return self._rotate_bhld(q, k, pos, 0, None)
 
     def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
@@ -170,8 +172,8 @@ class RotaryBase(Module):
         ``cu_seqlens`` (N + 1,): q, k one packed row, positions restarting per document."""
         q, k = self._qk(q, k)
         if cu_seqlens is not None:
-            pos = self._packed_positions(q, positions, start_pos, key_positions, cu_seqlens)
-            q_out, k_out, cache = self._rotate_packed(q, k, pos)
+            q_out, k_out, cache = self._rotate_packed(q, k, *self._packed_positions(q, positions, start_pos,
+                                                                                     key_positions, cu_seqlens))
         else:
             q_out, k_out, cache = self._rotate_bhld(q, k, positions, start_pos, key_positions)
         return self._out(q_out), self._out(k_out), cache

@@ -201,15 +201,15 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         cos, sin = self._tables([(pos, start_pos if positions is None else None)], seq_len, x.dtype)[0]
         return self._out(F.rope_forward(x, cos, sin, interleaved=self.interleaved)[0])
 
-    def _rotate_packed(self, q: np.ndarray, k: np.ndarray, pos: np.ndarray
+    def _rotate_packed(self, q: np.ndarray, k: np.ndarray, pos: np.ndarray, end: int
                        ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
-        """q, k (1, H, T, Dh) at packed positions (T,): one pass reading the cached (P, F) cos / sin at the
-        positions (no per-call tables), with the variant and the rows :meth:`_rotate_bhld` would pick
-        (every scaling: the snapshot serves the call's variant); positions past the cache and q, k of
-        two dtypes take :meth:`_rotate_bhld`."""
+        """q, k (1, H, T, Dh) at packed positions (T,) in [0, end) (``end``: the longest document): one pass
+        reading the cached (P, F) cos / sin at the positions (no per-call tables), with the variant and the
+        rows :meth:`_rotate_bhld` would pick (every scaling: the snapshot serves the call's variant);
+        positions past the cache and q, k of two dtypes take :meth:`_rotate_bhld`."""
         if q.dtype != k.dtype:
             return self._rotate_bhld(q, k, pos, 0, None)
-        need = int(pos.max()) + 1 if pos.size else 0
+        need = end
         with self._lock:
             snap, far = self._cover(need, need)
         if far is not None:
