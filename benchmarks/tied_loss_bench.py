@@ -9,7 +9,9 @@ GPT-2's output layer by default: V = 50,257, D = 768, N = 8,192 tokens, float32,
 - torch: "fused" ``tokenpos.torch.tied_cross_entropy(h, W, t)`` vs "eager" ``F.cross_entropy(h @ W.T, t)``
   (eager autograd);
 - numpy: "fused" ``functional.tied_cross_entropy_forward / _backward`` vs "eager", the same formula on the
-  whole (N, V) logits.
+  whole (N, V) logits;
+- cuda (issue 33's GPU row, on a machine with an NVIDIA GPU): torch's "fused" and "eager" as above on the
+  GPU, and "liger", Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss`` (when liger-kernel is installed).
 
 The fused loss runs plain torch / NumPy ops on each block on the CPU (a numba block kernel measured no
 faster and was deleted, issue 33: ``benchmarks/HISTORY.md``).
@@ -18,7 +20,8 @@ Time: interleaved rounds (fused, eager, fused, eager, ...), best and median of e
 (> 1: the fused loss is faster). Peak extra memory (above the inputs, outputs included: dh and dW count for
 both): numpy with ``tracemalloc`` (NumPy reports its buffers to it) in this process; torch as the peak RSS
 of a fresh child process per path (Linux: VmHWM, reset through /proc/self/clear_refs just before the step)
-minus its RSS then, since torch's CPU allocator keeps no peak statistics.
+minus its RSS then, since torch's CPU allocator keeps no peak statistics; cuda with the caching allocator's
+peak (``torch.cuda.max_memory_allocated``) above what the inputs hold, timed with a synchronize around each step.
 """
 
 from __future__ import annotations
@@ -125,6 +128,57 @@ def numpy_memory(path: str, h: np.ndarray, w: np.ndarray, t: np.ndarray) -> tupl
     return peak, float(result[0])
 
 
+# -- cuda (issue 33's GPU row) ----------------------------------------------------------------------
+
+
+def _cuda_steps(h: Any, w: Any, t: Any) -> dict[str, Callable[[], Any]]:
+    """The GPU paths on the same (N, D) h, (V, D) table and (N,) targets: tokenpos's fused loss, the eager
+    ``F.cross_entropy(h @ W.T)``, and Liger-Kernel's fused linear cross-entropy when it imports."""
+    import torch
+
+    steps = {"fused": _torch_step("fused", h, w, t), "eager": _torch_step("eager", h, w, t)}
+    try:
+        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+    except ImportError:
+        print("liger-kernel not installed: no Liger row (pip download liger-kernel --no-deps -d .whl)")
+        return steps
+    liger = LigerFusedLinearCrossEntropyLoss()
+
+    def liger_step() -> Any:
+        a, b = h.detach().requires_grad_(), w.detach().requires_grad_()
+        loss = liger(b, a, t)                                                  # (lin_weight, input, target)
+        loss.backward()
+        return loss.item(), a.grad, b.grad
+
+    steps["liger"] = liger_step
+    del torch
+    return steps
+
+
+def cuda_memory(step: Callable[[], Any]) -> tuple[int, float]:
+    """(peak bytes the caching allocator held above what was allocated before the step, the loss)."""
+    import torch
+
+    step()                                                                     # warm: kernels, autotuning
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before, float(result[0])
+
+
+def _synced(step: Callable[[], Any]) -> Callable[[], Any]:
+    import torch
+
+    def run() -> Any:
+        torch.cuda.synchronize()
+        out = step()
+        torch.cuda.synchronize()
+        return out
+    return run
+
+
 # -- driver --------------------------------------------------------------------------------------
 
 PATHS = ("fused", "eager")
@@ -144,12 +198,14 @@ def _report(backend: str, mem: dict[str, tuple[int, float]], times: dict[str, li
     print(f"\n{backend}: peak extra memory (forward + backward, outputs included)")
     for name, (peak, loss) in mem.items():
         print(f"  {name:6s} {peak / 2**20:9.1f} MiB   loss {loss:.6f}")
-    print(f"  fused / eager memory: {mem['fused'][0] / mem['eager'][0]:.3f}")
+    for ref in (r for r in mem if r != "fused"):
+        print(f"  fused / {ref} memory: {mem['fused'][0] / mem[ref][0]:.3f}")
     print(f"{backend}: forward + backward time, {len(times['fused'])} interleaved rounds")
     for name, ts in times.items():
         print(f"  {name:6s} best {min(ts):7.3f} s   median {statistics.median(ts):7.3f} s")
-    print(f"  eager / fused (best): {min(times['eager']) / min(times['fused']):.2f}   "
-          f"(median): {statistics.median(times['eager']) / statistics.median(times['fused']):.2f}")
+    for ref in (r for r in times if r != "fused"):
+        print(f"  {ref} / fused (best): {min(times[ref]) / min(times['fused']):.2f}   "
+              f"(median): {statistics.median(times[ref]) / statistics.median(times['fused']):.2f}")
 
 
 def main() -> None:
@@ -158,7 +214,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--backend", choices=("torch", "numpy", "both"), default="both")
+    ap.add_argument("--backend", choices=("torch", "numpy", "both", "cuda"), default="both",
+                    help="both: torch and numpy on the CPU; cuda: torch on the GPU beside Liger-Kernel")
     a = ap.parse_args()
     n, v, d = a.tokens, a.vocab, a.dim
     print(f"N={n} tokens, V={v}, D={d}, float32; the logits alone: {n * v * 4 / 2**30:.2f} GiB")
@@ -169,6 +226,14 @@ def main() -> None:
         mem = {p: torch_memory(p, n, v, d) for p in PATHS}
         h, w, t = (torch.from_numpy(x) for x in _inputs(n, v, d))
         _report("torch", mem, _time({p: _torch_step(p, h, w, t) for p in PATHS}, a.rounds))
+    if a.backend == "cuda":
+        import torch
+
+        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+        h, w, t = (torch.from_numpy(x).cuda() for x in _inputs(n, v, d))
+        steps = _cuda_steps(h, w, t)
+        mem = {p: cuda_memory(step) for p, step in steps.items()}
+        _report("cuda", mem, _time({p: _synced(step) for p, step in steps.items()}, a.rounds))
     if a.backend in ("numpy", "both"):
         h, w, t = _inputs(n, v, d)
         mem = {p: numpy_memory(p, h, w, t) for p in PATHS}
