@@ -39,6 +39,28 @@ def _numbers(doc):
     return [(r["scheme"], r["eval_len"], r["ppl"], r["tail_nll"], r["ratio"]) for r in doc["results"]]
 
 
+def test_the_runs_threads_bound_torch_and_the_compiled_kernels_and_are_restored(monkeypatch) -> None:
+    """``threads=1``: every training step runs with one torch thread and one numba thread (numba's default,
+    the core count, had the kernels launch a second OpenMP thread that spun between launches), and both
+    counts are back to what they were after the run."""
+    import numba
+
+    from tokenpos.analysis.extrapolate import train as train_module
+
+    seen: list[tuple[int, int]] = []
+    real = train_module.train_model
+
+    def spy(*args, **kwargs):
+        seen.append((torch.get_num_threads(), numba.get_num_threads()))
+        return real(*args, **kwargs)
+
+    before = (torch.get_num_threads(), numba.get_num_threads())
+    monkeypatch.setattr(train_module, "train_model", spy)                # (the runner imports it per call)
+    run_extrapolation(ExtrapolationConfig(seed=0, **{**TINY, "steps": 2, "multiples": (1,)}, schemes=("rope",)))
+    assert seen and set(seen) == {(1, 1)}
+    assert (torch.get_num_threads(), numba.get_num_threads()) == before
+
+
 def test_loss_goes_down():
     corpus = load_corpus()
     model = build_model("alibi", corpus.vocab_size, d_model=16, num_layers=1, num_heads=2, train_len=16, seed=0)

@@ -59,7 +59,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--num-heads", type=positive_int, metavar="H", help="attention heads (default 4)")
     p.add_argument("--eval-tokens", type=positive_int, metavar="N",
                    help="cap on predicted tokens per eval length (default: the whole eval split)")
-    p.add_argument("--threads", type=positive_int, metavar="N", help="torch threads (default 2)")
+    p.add_argument("--threads", type=positive_int, metavar="N",
+                   help="threads of torch and of the compiled kernels (default 2)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     return p
 

@@ -310,9 +310,14 @@ def run_extrapolation(config: ExtrapolationConfig, progress: Progress | None = N
     total, **info)`` reports training steps (``"train <scheme>"``, info ``loss``) and finished
     evaluations; ``on_update(result)`` receives the partial result after each seed's unit of work.
     ``command`` (the exact command line that ran the study) is recorded in the document.
-    Threads: ``torch.set_num_threads(config.threads)`` for the run, restored afterwards.
+    Threads: ``config.threads`` for the run, torch's (``torch.set_num_threads``) and the compiled kernels'
+    (``numba.set_num_threads``, at most numba's pool), both restored afterwards. With numba left at its
+    default, a ``--threads 1`` run still launched the kernels on two OpenMP threads, and the second one
+    spun between launches: two workers of the full study on two cores each burned half a core that way.
     """
+    import numba
     import torch
+    from numba.core import config as numba_config
 
     config.validate()
     notify: Progress = progress or (lambda *a, **k: None)
@@ -321,9 +326,10 @@ def run_extrapolation(config: ExtrapolationConfig, progress: Progress | None = N
     seeds, task_seeds = config.seed_list, config.task_seed_list if config.task is not None else ()
     units = [("lm", seeds[0])] + [("task", s) for s in task_seeds[:1]] + [("lm", s) for s in seeds[1:]] \
         + [("task", s) for s in task_seeds[1:]]
-    old_threads = torch.get_num_threads()
+    old_threads, old_numba = torch.get_num_threads(), numba.get_num_threads()
     torch.set_num_threads(config.threads or old_threads)
     threads = torch.get_num_threads()
+    numba.set_num_threads(min(threads, numba_config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
 
     def result(complete: bool) -> ExtrapolationResult:
         c = runner.corpus
@@ -341,4 +347,5 @@ def run_extrapolation(config: ExtrapolationConfig, progress: Progress | None = N
                 on_update(result(False))
     finally:
         torch.set_num_threads(old_threads)
+        numba.set_num_threads(old_numba)
     return result(True)
