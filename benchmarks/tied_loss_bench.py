@@ -47,19 +47,21 @@ def _inputs(n: int, v: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 # -- torch ---------------------------------------------------------------------------------------
 
 
-def _torch_step(path: str, h: Any, w: Any, t: Any) -> Callable[[], Any]:
-    import torch
+def _torch_step(path: str, h: Any, w: Any, t: Any, loss_fn: Callable[..., Any] | None = None) -> Callable[[], Any]:
+    """One forward + backward of ``path`` on fresh leaves of h and w: "eager", "fused", or ``loss_fn(h, w, t)``."""
     import torch.nn.functional as F
 
     import tokenpos.torch as tpt
 
+    if loss_fn is None:
+        loss_fn = (lambda a, b, t: F.cross_entropy(a @ b.T, t)) if path == "eager" else tpt.tied_cross_entropy
+
     def run() -> Any:
         a, b = h.detach().requires_grad_(), w.detach().requires_grad_()
-        loss = F.cross_entropy(a @ b.T, t) if path == "eager" else tpt.tied_cross_entropy(a, b, t)
+        loss = loss_fn(a, b, t)
         loss.backward()
         return loss.item(), a.grad, b.grad
 
-    del torch
     return run
 
 
@@ -134,8 +136,6 @@ def numpy_memory(path: str, h: np.ndarray, w: np.ndarray, t: np.ndarray) -> tupl
 def _cuda_steps(h: Any, w: Any, t: Any) -> dict[str, Callable[[], Any]]:
     """The GPU paths on the same (N, D) h, (V, D) table and (N,) targets: tokenpos's fused loss, the eager
     ``F.cross_entropy(h @ W.T)``, and Liger-Kernel's fused linear cross-entropy when it imports."""
-    import torch
-
     steps = {"fused": _torch_step("fused", h, w, t), "eager": _torch_step("eager", h, w, t)}
     try:
         from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
@@ -143,15 +143,7 @@ def _cuda_steps(h: Any, w: Any, t: Any) -> dict[str, Callable[[], Any]]:
         print("liger-kernel not installed: no Liger row (pip download liger-kernel --no-deps -d .whl)")
         return steps
     liger = LigerFusedLinearCrossEntropyLoss()
-
-    def liger_step() -> Any:
-        a, b = h.detach().requires_grad_(), w.detach().requires_grad_()
-        loss = liger(b, a, t)                                                  # (lin_weight, input, target)
-        loss.backward()
-        return loss.item(), a.grad, b.grad
-
-    steps["liger"] = liger_step
-    del torch
+    steps["liger"] = _torch_step("liger", h, w, t, lambda a, b, t: liger(b, a, t))   # (lin_weight, input, target)
     return steps
 
 

@@ -209,9 +209,8 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         positions past the cache and q, k of two dtypes take :meth:`_rotate_bhld`."""
         if q.dtype != k.dtype:
             return self._rotate_bhld(q, k, pos, 0, None)
-        need = end
         with self._lock:
-            snap, far = self._cover(need, need)
+            snap, far = self._cover(end, end)
         if far is not None:
             return self._rotate_bhld(q, k, pos, 0, None)
         return self._rotate_pair(q, k, self._in_dtype(snap, q.dtype), None, self.interleaved, pos)

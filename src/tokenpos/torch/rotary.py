@@ -115,10 +115,9 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
         path of :meth:`_rotate_bhld`."""
         if self.freqs.length_dependent or q.dtype != k.dtype:
             return self._rotate_bhld(q, k, pos, 0, None)
-        need = end
         tables = None
         with self._guard():
-            if need <= self.cos_cached.shape[0] and self._cover(need) is None:
+            if end <= self.cos_cached.shape[0] and self._cover(end) is None:
                 tables = self._cached_as(torch.float64 if q.dtype == torch.float64 else torch.float32)
         if tables is None:
             return self._rotate_bhld(q, k, pos, 0, None)
@@ -163,10 +162,8 @@ def rotate_at_positions(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin
     ``tokenpos::rope_qk`` pass. The op is called on the view in q's memory order, so neither input is
     copied and the outputs come back in the inputs' layout: (1, H, T, Dh) as it is when contiguous, else
     the (T, H, 1, Dh) view of a packed ``(T, H, Dh)`` row with positions (T, 1) (one token per batch row)."""
-    if q.is_contiguous():
-        return ops.rotate_qk(q, k, cos, sin, interleaved, pos)  # type: ignore[no-any-return]
-    qt = _token_major(q)
-    if not qt.is_contiguous():
+    qt = _token_major(q)                                                       # (a view: one op)
+    if q.is_contiguous() or not qt.is_contiguous():
         return ops.rotate_qk(q, k, cos, sin, interleaved, pos)  # type: ignore[no-any-return]
     oq, ok = ops.rotate_qk(qt, _token_major(k), cos, sin, interleaved, pos.unsqueeze(1))
     return _token_major(oq), _token_major(ok)                                           # back to (1, H, T, Dh)
