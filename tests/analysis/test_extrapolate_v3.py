@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +14,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tokenpos.analysis.extrapolate import ExtrapolationConfig, TaskConfig, run_extrapolation  # noqa: E402
-from tokenpos.analysis.extrapolate.checkpoint import Checkpoints  # noqa: E402
 from tokenpos.analysis.extrapolate.comparisons import PREREGISTERED, SMALLEST  # noqa: E402
 from tokenpos.analysis.extrapolate.data import load_corpus, sliding_targets, sliding_windows  # noqa: E402
 from tokenpos.analysis.extrapolate.gate import FAIL_TEXT, context_gate  # noqa: E402
@@ -241,23 +241,42 @@ def test_checked_in_study_files_load():
     assert len(load_study(docs / "study_reduced.toml").seed_list) >= 5
 
 
-def test_resume_skips_finished_units_and_refuses_other_settings(tmp_path, monkeypatch):
+def test_resume_skips_finished_units_and_keeps_each_kind_by_its_settings(tmp_path, monkeypatch):
+    import tokenpos.analysis.extrapolate.tasks as tasks
     import tokenpos.analysis.extrapolate.train as train
 
-    config = ExtrapolationConfig(seeds=(0, 1), schemes=("alibi", "rope"), rope_scalings=("yarn",),
-                                 checkpoint_dir=str(tmp_path / "ck"), **TINY)
+    task = TaskConfig(tasks=("passkey",), train_len=8, eval_lens=(8, 16), d_model=8, num_layers=1, num_heads=2,
+                      steps=2, batch_size=4, warmup=1, eval_examples=4, check_every=1)
+    config = ExtrapolationConfig(seeds=(0, 1), schemes=("alibi", "rope"), rope_scalings=("yarn",), task=task,
+                                 task_seeds=(0,), checkpoint_dir=str(tmp_path / "ck"), **TINY)
     first = run_extrapolation(config).to_dict()
-    files = sorted(p.name for p in (tmp_path / "ck").iterdir())
-    assert "lm-alibi-s1.safetensors" in files and "lm-rope-s0.rows.json" in files and "study.json" in files
-    (tmp_path / "ck" / "lm-rope-s1.rows.json").unlink()                      # interrupted after training
+    (lm,), (tk,) = sorted((tmp_path / "ck").glob("lm-*")), sorted((tmp_path / "ck").glob("task-*"))
+    files = sorted(p.name for p in lm.iterdir())
+    assert "alibi-s1.safetensors" in files and "rope-s0.rows.json" in files and "settings.json" in files
+    assert sorted(p.name for p in tk.iterdir()) == ["passkey-alibi-s0.rows.json", "passkey-rope-s0.rows.json",
+                                                   "settings.json"]
+    assert json.loads((tk / "settings.json").read_text())["task"]["steps"] == 2
+    (lm / "rope-s1.rows.json").unlink()                                      # interrupted after training
     monkeypatch.setattr(train, "train_model", lambda *a, **k: pytest.fail("a finished unit was retrained"))
+    monkeypatch.setattr(tasks, "train_task", lambda *a, **k: pytest.fail("a finished task was retrained"))
     again = run_extrapolation(config).to_dict()
-    assert again["seed_results"] == first["seed_results"]
+    assert again["seed_results"] == first["seed_results"] and again["task_seed_results"] == first["task_seed_results"]
     assert [{**r, "eval_seconds": 0} for r in again["runs"]] == [{**r, "eval_seconds": 0} for r in first["runs"]]
+
+    # other task settings: every language model is kept, the tasks train again into a folder of their own
+    monkeypatch.undo()
+    monkeypatch.setattr(train, "train_model", lambda *a, **k: pytest.fail("a language model was retrained"))
+    more = replace(config, task=replace(task, steps=3))
+    assert run_extrapolation(more).to_dict()["seed_results"] == first["seed_results"]
+    assert len(list((tmp_path / "ck").glob("task-*"))) == 2 and len(list((tmp_path / "ck").glob("lm-*"))) == 1
+
+    # other model settings: a new folder, never mixed with the old one
+    with pytest.raises(pytest.fail.Exception, match="a language model was retrained"):
+        run_extrapolation(replace(config, steps=4))
+    assert len(list((tmp_path / "ck").glob("lm-*"))) == 2
+    (lm / "settings.json").write_text(json.dumps({**json.loads((lm / "settings.json").read_text()), "steps": 9}))
     with pytest.raises(ConfigError, match="other settings"):
-        run_extrapolation(ExtrapolationConfig(**{**config.__dict__, "steps": 4}))
-    store = Checkpoints(tmp_path / "ck", json.loads((tmp_path / "ck" / "study.json").read_text()) | {"seed": 9})
-    assert store.load("nothing", "rows") is None
+        run_extrapolation(config)
 
 
 def test_cli_full_tasks_keeps_study_steps_and_records_command(tmp_path):
@@ -265,7 +284,7 @@ def test_cli_full_tasks_keeps_study_steps_and_records_command(tmp_path):
     from tokenpos.cli.extrapolate import build_config
 
     args = build_parser().parse_args(["extrapolate", "--full", "--tasks", "passkey"])
-    assert build_config(args).task.steps == ExtrapolationConfig.full().task.steps == 6000
+    assert build_config(args).task.steps == ExtrapolationConfig.full().task.steps == 20000
     argv = ["extrapolate", "--schemes", "alibi", "--steps", "2", "--train-len", "8", "--multiples", "1,2",
             "--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--batch-size", "4", "--eval-tokens", "64",
             "--sliding-tokens", "16", "--rope-scalings", "none", "--no-progress", "--json", str(tmp_path / "o.json")]

@@ -1,15 +1,19 @@
 """Resumable study runs: one checkpoint per unit of work (a scheme and seed, or a task, scheme and seed).
 
-A checkpoint directory holds ``study.json`` (the fingerprint of the settings that define a unit's result)
-and per unit ``<key>.safetensors`` (the trained weights), ``<key>.train.json`` (its training facts) and
-``<key>.rows.json`` (its evaluated rows). Every file is written atomically (``tokenpos._files``), so an
-interrupted run leaves whole files only; the next run with the same settings loads what is there and
-continues: rows present -> nothing to do; weights present -> evaluate only; nothing -> train.
-A directory written with other settings is refused (ConfigError), never mixed in.
+Units are kept by the settings that fix their result, one folder per kind and settings:
+``<dir>/lm-<digest>/`` for the language models and ``<dir>/task-<digest>/`` for the task models, where
+``<digest>`` is a hash of those settings (``lm_settings`` / ``task_settings``) and the folder's
+``settings.json`` spells them out. A folder holds per unit ``<key>.safetensors`` (the trained weights),
+``<key>.train.json`` (its training facts) and ``<key>.rows.json`` (its evaluated rows). Every file is
+written atomically (``tokenpos._files``), so an interrupted run leaves whole files only; the next run with
+the same settings loads what is there and continues: rows present -> nothing to do; weights present ->
+evaluate only; nothing -> train. A run with other settings writes to another folder, so units trained
+with different settings are never mixed, and changing only the task settings keeps every language model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -21,31 +25,43 @@ from tokenpos.tables.errors import ConfigError
 NOT_FINGERPRINTED = ("seed", "seeds", "schemes", "task_seeds", "threads", "checkpoint_dir")
 
 
-def fingerprint(config: dict[str, Any]) -> dict[str, Any]:
-    """The part of a plain config dict (``asdict`` of the study config) that fixes every unit's result."""
-    return {k: v for k, v in sorted(config.items()) if k not in NOT_FINGERPRINTED}
+def lm_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The part of a plain study config (``asdict``) that fixes a language-model unit's result."""
+    return {k: v for k, v in sorted(config.items()) if k not in NOT_FINGERPRINTED and k != "task"}
+
+
+def task_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The part of a plain study config that fixes a task unit's result: the task settings and the RoPE base."""
+    return {"base": config["base"], "task": config["task"]}
+
+
+def unit_folder(root: str | Path, kind: str, settings: dict[str, Any]) -> Checkpoints:
+    """The checkpoints of ``kind`` ("lm" or "task") units trained with ``settings``: ``root/<kind>-<digest>``."""
+    plain = json.dumps(settings, sort_keys=True, allow_nan=False)
+    digest = hashlib.sha256(plain.encode()).hexdigest()[:12]
+    return Checkpoints(Path(root) / f"{kind}-{digest}", json.loads(plain))
 
 
 class Checkpoints:
-    """The checkpoint directory of one study (see the module docstring).
+    """One folder of unit checkpoints, written with ``settings`` (see the module docstring).
 
     Raises:
-        ConfigError: the directory holds a study with other settings.
+        ConfigError: the folder's ``settings.json`` names other settings (edited by hand, or a digest
+            collision): it is never mixed in.
     """
 
-    def __init__(self, directory: str | Path, config: dict[str, Any]) -> None:
+    def __init__(self, directory: str | Path, settings: dict[str, Any]) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        marker = self.dir / "study.json"
-        want = json.loads(json.dumps(fingerprint(config)))
+        marker = self.dir / "settings.json"
         if marker.is_file():
             have = json.loads(marker.read_text(encoding="utf-8"))
-            if have != want:
-                diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
-                raise ConfigError(f"checkpoint directory {self.dir} holds a study with other settings "
-                                  f"(differing: {', '.join(diff)}); expected the same settings or a new directory")
+            if have != settings:
+                diff = sorted(k for k in set(have) | set(settings) if have.get(k) != settings.get(k))
+                raise ConfigError(f"checkpoint folder {self.dir} holds units trained with other settings "
+                                  f"(differing: {', '.join(diff)}); expected {marker} to name these settings")
         else:
-            atomic_write_text(marker, json.dumps(want, indent=2, sort_keys=True) + "\n")
+            atomic_write_text(marker, json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
     def load(self, key: str, kind: str) -> Any | None:
         """The JSON saved under ``<key>.<kind>.json``, or None."""

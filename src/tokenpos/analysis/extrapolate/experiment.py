@@ -82,7 +82,7 @@ class ExtrapolationConfig:
         """
         return replace(cls(d_model=FULL_D_MODEL, num_layers=4, batch_size=32, steps=FULL_STEPS, eval_tokens=4096,
                            schemes=SCHEMES, seeds=(0, 1, 2, 3, 4), protocols=("sliding", "nonoverlap"),
-                           threads=1, task=TaskConfig(steps=6000), task_seeds=None), **overrides)
+                           threads=1, task=TaskConfig(steps=20000), task_seeds=None), **overrides)
 
     @property
     def seed_list(self) -> tuple[int, ...]:
@@ -173,7 +173,7 @@ class _Runner:
     def __init__(self, config: ExtrapolationConfig, notify: Progress) -> None:
         import torch
 
-        from tokenpos.analysis.extrapolate.checkpoint import Checkpoints
+        from tokenpos.analysis.extrapolate.checkpoint import lm_settings, task_settings, unit_folder
         from tokenpos.analysis.extrapolate.data import eval_token_count, load_corpus
 
         self.config, self.notify = config, notify
@@ -184,8 +184,10 @@ class _Runner:
         self.runs: list[SchemeRun] = []
         self.task_rows: list[TaskRow] = []
         self.ngram = self._baselines()
-        self.store = None if config.checkpoint_dir is None else \
-            Checkpoints(config.checkpoint_dir, _plain_config(config))
+        plain, root = _plain_config(config), config.checkpoint_dir
+        self.store = None if root is None else unit_folder(root, "lm", lm_settings(plain))
+        self.task_store = None if root is None or config.task is None else \
+            unit_folder(root, "task", task_settings(plain))
 
     def _targets(self, protocol: str) -> Any:
         """Indices into the eval ids of the targets ``protocol`` scores (the same at every length)."""
@@ -206,7 +208,7 @@ class _Runner:
 
     def lm(self, seed: int) -> None:
         for scheme in self.config.schemes:
-            key = f"lm-{scheme}-s{seed}"
+            key = f"{scheme}-s{seed}"
             saved = self.store.load(key, "rows") if self.store is not None else None
             if saved is None:
                 saved = self._train_and_score(scheme, seed, key)
@@ -279,14 +281,14 @@ class _Runner:
             return
         for name in self.config.schemes:
             for t in task.tasks:
-                key = f"task-{t}-{name}-s{seed}"
-                out = self.store.load(key, "rows") if self.store is not None else None
+                key = f"{t}-{name}-s{seed}"
+                out = self.task_store.load(key, "rows") if self.task_store is not None else None
                 if out is None:
                     out = run_task(name, t, task, seed, base=self.config.base)
                     out["accuracy"] = {str(k): v for k, v in out["accuracy"].items()}
                     out["per_token"] = {str(k): v for k, v in out["per_token"].items()}
-                    if self.store is not None:
-                        self.store.save(key, "rows", out)
+                    if self.task_store is not None:
+                        self.task_store.save(key, "rows", out)
                 self.notify(f"task {t} {name} s{seed}", 1, 1)
                 self.task_rows += [TaskRow(name, t, int(length), acc, seed, task.eval_examples, out.get("note"),
                                            out["per_token"][length], out["trained"], out["steps"])

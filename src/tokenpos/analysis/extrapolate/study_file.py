@@ -10,7 +10,7 @@ wrong kind is refused with ConfigError naming it.
     seeds = [0, 1, 2, 3, 4]
     [task]
     tasks = ["copy", "passkey"]
-    steps = 6000
+    steps = 20000
 """
 
 from __future__ import annotations
