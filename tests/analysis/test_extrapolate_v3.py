@@ -213,6 +213,19 @@ def test_task_training_stops_at_the_target_and_reports_untrained():
     assert not short["trained"] and short["steps"] == 2 and short["note"].startswith("not trained")
 
 
+def test_task_status_counts_the_seeds_that_reached_the_target():
+    from tokenpos.analysis.extrapolate.render import task_table
+    from tokenpos.analysis.extrapolate.results import TaskRow, _aggregate_tasks
+
+    rows = [TaskRow(s, "copy", n, 0.5, seed, 10, None, 0.9, trained=trained)
+            for s, flags in (("a", (True, True)), ("b", (True, False)), ("c", (False, False)))
+            for seed, trained in enumerate(flags) for n in (4, 8)]
+    doc = {"task_results": _aggregate_tasks(rows)}
+    assert [r[:2] for r in task_table(doc, "copy")[1]] == [["a", "trained"], ["b", "trained in 1 of 2 seeds"],
+                                                           ["c", "not trained"]]
+    assert {e["scheme"]: e["trained_seeds"] for e in doc["task_results"]} == {"a": [0, 1], "b": [0], "c": []}
+
+
 # ---- study files, checkpoints, the command -----------------------------------------------------------------
 
 def test_study_file(tmp_path):

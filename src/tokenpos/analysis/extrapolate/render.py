@@ -131,8 +131,9 @@ def curve_table(data: Any) -> tuple[list[str], list[list[str]]]:
 
 
 def task_table(data: Any, task: str) -> tuple[list[str], list[list[str]]]:
-    """Per-token / exact-match accuracy (%) by input length for one synthetic task, one row per scheme; a scheme
-    below the training target in distribution is marked "not trained" (no claim is made from it)."""
+    """Per-token / exact-match accuracy (%) by input length for one synthetic task, one row per scheme (mean over
+    its seeds); a scheme below the training target in distribution is marked "not trained" (no claim is made
+    from it), or "trained in k of n seeds" where only some of its seeds reached it."""
     entries = [e for e in as_document(data).get("task_results", []) if e["task"] == task]
     lens = sorted({e["length"] for e in entries})
     by = {(e["scheme"], e["length"]): e for e in entries}
@@ -151,7 +152,11 @@ def task_table(data: Any, task: str) -> tuple[list[str], list[list[str]]]:
         return exact if "per_token" not in e else f"{pct(e['per_token'])} / {exact}"
 
     def status(s: str) -> str:
-        return "trained" if all(by[s, t].get("trained", True) for t in lens if (s, t) in by) else "not trained"
+        e = next(by[s, t] for t in lens if (s, t) in by)
+        if "trained_seeds" not in e:                                   # a document written before the count
+            return "trained" if e.get("trained", True) else "not trained"
+        k, n = len(e["trained_seeds"]), len(e["seeds"])
+        return "trained" if k == n else "not trained" if k == 0 else f"trained in {k} of {n} seeds"
 
     return (["scheme", "status"] + [f"token / exact % @{t}" for t in lens],
             [[s, status(s)] + [cell(by.get((s, t))) for t in lens] for s in schemes])

@@ -112,7 +112,8 @@ def _aggregate_tasks(rows: list[TaskRow]) -> list[dict[str, Any]]:
     out = []
     for (scheme, task, length), rs in groups.items():
         entry: dict[str, Any] = {"scheme": scheme, "task": task, "length": length, "seeds": [r.seed for r in rs],
-                                 "trained": all(r.trained for r in rs)}
+                                 "trained": all(r.trained for r in rs),
+                                 "trained_seeds": [r.seed for r in rs if r.trained]}
         tokens = [r.per_token for r in rs]
         if all(v is not None for v in tokens):
             mean, ci = mean_ci([float(v) for v in tokens if v is not None])

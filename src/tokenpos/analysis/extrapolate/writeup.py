@@ -105,15 +105,23 @@ def results_block(doc: dict[str, Any]) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def _task_summary(doc: dict[str, Any]) -> list[str]:
+    """One line per task: in how many (scheme, seed) runs the model reached the target in distribution."""
+    out = []
+    for task in sorted({e["task"] for e in doc.get("task_results", [])}):
+        runs = {(r["scheme"], r["seed"]): r["trained"] for r in doc.get("task_seed_results", [])
+                if r["task"] == task}
+        out.append(f"- Task {task}: {sum(runs.values())} of {len(runs)} (scheme, seed) models reached the "
+                   f"per-token target in distribution (the rest make no claim).")
+    return out
+
+
 def readme_block(doc: dict[str, Any]) -> str:
-    """The README section's text, from the study's document."""
+    """The README section's text, from the study's document: the gate, every pre-registered finding beside
+    its paper, the tasks' training."""
     gate = doc["gate"]
-    verdicts: dict[str, int] = {}
-    for e in doc["comparisons"]["entries"]:
-        verdicts[e["verdict"]] = verdicts.get(e["verdict"], 0) + 1
     passing = [s for s, e in gate["schemes"].items() if e["passes"]]
     nlls = ", ".join(f"{s} {e['nll_at_L']:.4f}" for s, e in gate["schemes"].items() if e["nll_at_L"] is not None)
-    counts = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
     return "\n".join([
         f"`tokenpos extrapolate` trains one tiny character LM per positional scheme at L = {doc['train_len']} and "
         f"scores the same target tokens at 1-{max(r['eval_len'] for r in doc['results']) // doc['train_len']}L "
@@ -123,9 +131,14 @@ def readme_block(doc: dict[str, Any]) -> str:
         "",
         f"- 4-gram NLL at L: {gate['baseline_nll']:.4f}; schemes that beat it: "
         f"{', '.join(passing) if passing else 'none'}; NLL at L: {nlls}.",
-        f"- Pre-registered comparisons: {counts}.",
+        *_task_summary(doc),
         "",
-        "Everything, with intervals, Holm-adjusted p-values, the passkey probe and the tasks, is in "
+        f"Pre-registered comparisons ({doc['comparisons']['correction']}-corrected; a verdict needs Holm p < "
+        f"{doc['comparisons']['alpha']} and a difference of at least {doc['comparisons']['smallest_difference']}):",
+        "",
+        *_findings(doc),
+        "",
+        "Everything, with intervals, the per-position curves, the passkey probe and the tasks, is in "
         "docs/EXTRAPOLATION.md, generated from the JSON.",
     ]) + "\n"
 
