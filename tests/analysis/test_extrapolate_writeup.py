@@ -60,3 +60,20 @@ def test_block_markers():
     assert replaced(text, "x", "new\n") == "a\n<!-- extrapolate:x:begin -->\nnew\n<!-- extrapolate:x:end -->\nb"
     with pytest.raises(ConfigError, match="no '<!-- extrapolate:y:begin -->'"):
         block_text(text, "y")
+
+
+def test_budget_block_sets_the_cheaper_run_beside_the_study():
+    import copy
+
+    from tokenpos.analysis.extrapolate.writeup import budget_block
+
+    doc = load_json(STUDY)
+    budget = copy.deepcopy(doc)
+    budget["config"]["steps"] = 7
+    first = next(iter(budget["gate"]["schemes"]))
+    budget["gate"]["schemes"][first] = {"nll_at_L": 1.25, "passes": True}
+    text = budget_block(doc, budget)
+    assert f"with 7 training steps instead of {doc['config']['steps']}" in text
+    full = doc["gate"]["schemes"][first]
+    assert f"| {first} | 1.2500 | yes | {full['nll_at_L']:.4f} | {'yes' if full['passes'] else 'no'} |" in text
+    assert f"over {len(doc['runs'])} models" in text

@@ -15,7 +15,7 @@ from tokenpos.analysis.extrapolate.gate import FAIL_TEXT
 from tokenpos.analysis.extrapolate.render import _markdown, comparison_table, curve_table, table, task_table
 from tokenpos.tables.errors import ConfigError
 
-BLOCKS = ("results", "readme")
+BLOCKS = ("results", "readme", "budget")
 
 
 def _ci(x: float, ci: list[float] | None, digits: int = 4) -> str:
@@ -143,6 +143,35 @@ def readme_block(doc: dict[str, Any]) -> str:
     ]) + "\n"
 
 
+def budget_block(doc: dict[str, Any], budget: dict[str, Any]) -> str:
+    """The budget check beside the study: the context gate of a run with fewer training steps (``budget``)
+    next to the study's own (``doc``), scheme by scheme, and what one model of each costs to train."""
+    gate, cheap = doc["gate"], budget["gate"]
+    seconds = sorted(r["train_seconds"] for r in budget["runs"])
+    c, b = doc["config"], budget["config"]
+    rows = []
+    for name, e in cheap["schemes"].items():
+        full = gate["schemes"].get(name)
+
+        def cell(g: dict[str, Any] | None) -> list[str]:
+            if g is None or g["nll_at_L"] is None:
+                return ["n/a", "-"]
+            return [f"{g['nll_at_L']:.4f}", "yes" if g["passes"] else "no"]
+
+        rows.append([name, *cell(e), *cell(full)])
+    seeds = ", ".join(str(s) for s in (b["seeds"] or [b["seed"]]))
+    lines = [f"- Command: `{budget.get('command') or 'not recorded'}`",
+             f"- The study's model and data with {b['steps']} training steps instead of {c['steps']}, seed(s) "
+             f"{seeds}; the same 4-gram ({cheap['baseline_nll']:.4f} on the same scored tokens).",
+             f"- Training time of one model in this run (one thread of a shared 2-core machine): median "
+             f"{seconds[len(seconds) // 2]:.0f} s, range {seconds[0]:.0f}-{seconds[-1]:.0f} s over "
+             f"{len(seconds)} models.",
+             "",
+             _markdown(["scheme", f"NLL at L, {b['steps']} steps", "beats the 4-gram",
+                        f"NLL at L, {c['steps']} steps (the study)", "beats the 4-gram"], rows)]
+    return "\n".join(lines) + "\n"
+
+
 def _markers(name: str) -> tuple[str, str]:
     return f"<!-- extrapolate:{name}:begin -->\n", f"<!-- extrapolate:{name}:end -->"
 
@@ -167,11 +196,15 @@ def replaced(text: str, name: str, content: str) -> str:
     return text.replace(begin + old + end, begin + content + end)
 
 
-def update_docs(json_path: str | Path, extrapolation_md: str | Path, readme: str | Path) -> None:
-    """Rewrite the generated blocks of both documents from the JSON at ``json_path``."""
+def update_docs(json_path: str | Path, extrapolation_md: str | Path, readme: str | Path,
+                budget_path: str | Path | None = None) -> None:
+    """Rewrite the generated blocks of both documents from the JSON at ``json_path`` (and the budget block of
+    docs/EXTRAPOLATION.md from the budget run's JSON at ``budget_path``, when given)."""
     from tokenpos._files import atomic_write_text
 
     doc = load_json(json_path)
-    for path, name, content in ((extrapolation_md, "results", results_block(doc)),
-                                (readme, "readme", readme_block(doc))):
+    blocks = [(extrapolation_md, "results", results_block(doc)), (readme, "readme", readme_block(doc))]
+    if budget_path is not None:
+        blocks.append((extrapolation_md, "budget", budget_block(doc, load_json(budget_path))))
+    for path, name, content in blocks:
         atomic_write_text(path, replaced(Path(path).read_text(encoding="utf-8"), name, content))
