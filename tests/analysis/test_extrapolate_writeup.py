@@ -76,4 +76,4 @@ def test_budget_block_sets_the_cheaper_run_beside_the_study():
     assert f"with 7 training steps instead of {doc['config']['steps']}" in text
     full = doc["gate"]["schemes"][first]
     assert f"| {first} | 1.2500 | yes | {full['nll_at_L']:.4f} | {'yes' if full['passes'] else 'no'} |" in text
-    assert f"over {len(doc['runs'])} models" in text
+    assert f"Training time of the {len(doc['runs'])} models in this run" in text

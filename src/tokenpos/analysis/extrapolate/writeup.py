@@ -22,6 +22,12 @@ def _ci(x: float, ci: list[float] | None, digits: int = 4) -> str:
     return f"{x:.{digits}f}" if ci is None else f"{x:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
 
 
+def _spread(seconds: list[float]) -> str:
+    """Summed, median and range of a list of wall times in seconds."""
+    xs = sorted(seconds)
+    return f"{sum(xs):.0f} s summed, median {xs[len(xs) // 2]:.0f} s, range {xs[0]:.0f}-{xs[-1]:.0f} s"
+
+
 def _run_facts(doc: dict[str, Any]) -> list[str]:
     c = doc["config"]
     seeds = c["seeds"] or [c["seed"]]
@@ -29,8 +35,8 @@ def _run_facts(doc: dict[str, Any]) -> list[str]:
     command = doc.get("command")
     lines = [f"- Command: `{'not recorded' if command is None else command}`",
              f"- Wall time of the command {doc['seconds']:.0f} s on {doc['threads']} thread(s) of a shared 2-core "
-             f"machine (units already checkpointed are loaded, not rerun); training time summed over the "
-             f"{len(doc['runs'])} models: {sum(r['train_seconds'] for r in doc['runs']):.0f} s"
+             f"machine (units already checkpointed are loaded, not rerun); training time of the "
+             f"{len(doc['runs'])} models as each unit recorded it: {_spread([r['train_seconds'] for r in doc['runs']])}"
              + ("" if doc.get("complete", True) else " (partial run: not every unit finished)") + ".",
              f"- Model: {c['num_layers']} layers, d_model {c['d_model']}, {c['num_heads']} heads, trained at "
              f"L = {doc['train_len']} for {c['steps']} steps of batch {c['batch_size']} (lr {c['lr']:g}); seeds "
@@ -147,7 +153,7 @@ def budget_block(doc: dict[str, Any], budget: dict[str, Any]) -> str:
     """The budget check beside the study: the context gate of a run with fewer training steps (``budget``)
     next to the study's own (``doc``), scheme by scheme, and what one model of each costs to train."""
     gate, cheap = doc["gate"], budget["gate"]
-    seconds = sorted(r["train_seconds"] for r in budget["runs"])
+    seconds = [r["train_seconds"] for r in budget["runs"]]
     c, b = doc["config"], budget["config"]
     rows = []
     for name, e in cheap["schemes"].items():
@@ -163,9 +169,8 @@ def budget_block(doc: dict[str, Any], budget: dict[str, Any]) -> str:
     lines = [f"- Command: `{budget.get('command') or 'not recorded'}`",
              f"- The study's model and data with {b['steps']} training steps instead of {c['steps']}, seed(s) "
              f"{seeds}; the same 4-gram ({cheap['baseline_nll']:.4f} on the same scored tokens).",
-             f"- Training time of one model in this run (one thread of a shared 2-core machine): median "
-             f"{seconds[len(seconds) // 2]:.0f} s, range {seconds[0]:.0f}-{seconds[-1]:.0f} s over "
-             f"{len(seconds)} models.",
+             f"- Training time of the {len(seconds)} models in this run (one thread each of a shared 2-core "
+             f"machine): {_spread(seconds)}.",
              "",
              _markdown(["scheme", f"NLL at L, {b['steps']} steps", "beats the 4-gram",
                         f"NLL at L, {c['steps']} steps (the study)", "beats the 4-gram"], rows)]
