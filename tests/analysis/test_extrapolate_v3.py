@@ -251,7 +251,9 @@ def test_checked_in_study_files_load():
     full = load_study(docs / "study.toml")
     assert full == ExtrapolationConfig.full().validate()                     # the file says every setting
     assert len(full.seed_list) >= 5 and full.num_layers == 4
-    assert len(load_study(docs / "study_reduced.toml").seed_list) >= 5
+    budget = load_study(docs / "study_budget.toml")                          # the study at half its steps
+    assert budget == replace(full, steps=full.steps // 2, seeds=(0,), protocols=("sliding",), rope_scalings=(),
+                             task=None)
 
 
 def test_resume_skips_finished_units_and_keeps_each_kind_by_its_settings(tmp_path, monkeypatch):
