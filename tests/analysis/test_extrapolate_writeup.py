@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from tokenpos.analysis.extrapolate.document import load_json
-from tokenpos.analysis.extrapolate.writeup import block_text, readme_block, replaced, results_block
+from tokenpos.analysis.extrapolate.writeup import block_text, budget_block, readme_block, replaced, results_block
 from tokenpos.tables.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "docs" / "extrapolation_full.json"
+BUDGET = ROOT / "docs" / "extrapolation_budget.json"
 
 
 def test_generated_blocks_recompute_from_the_json():
@@ -21,6 +22,8 @@ def test_generated_blocks_recompute_from_the_json():
     assert block_text((ROOT / "docs" / "EXTRAPOLATION.md").read_text(encoding="utf-8"), "results") == \
         results_block(doc)
     assert block_text((ROOT / "README.md").read_text(encoding="utf-8"), "readme") == readme_block(doc)
+    assert block_text((ROOT / "docs" / "EXTRAPOLATION.md").read_text(encoding="utf-8"), "budget") == \
+        budget_block(doc, load_json(BUDGET))
 
 
 def _settings(value):
@@ -33,12 +36,12 @@ def _settings(value):
 
 
 def test_no_measured_number_outside_the_generated_blocks():
-    """Measurements print with two or more decimals; outside the generated block the hand-written text may hold
+    """Measurements print with two or more decimals; outside the generated blocks the hand-written text may hold
     only settings that the JSON records (the alpha, the smallest difference), never a measurement."""
     doc = load_json(STUDY)
     settings = _settings(doc["config"]) | _settings({k: v for k, v in doc["comparisons"].items() if k != "entries"})
     text = (ROOT / "docs" / "EXTRAPOLATION.md").read_text(encoding="utf-8")
-    outside = text.replace(block_text(text, "results"), "")
+    outside = text.replace(block_text(text, "results"), "").replace(block_text(text, "budget"), "")
     assert [x for x in re.findall(r"\d+\.\d\d+", outside) if float(x) not in settings] == []
 
 
