@@ -167,7 +167,8 @@ def budget_block(doc: dict[str, Any], budget: dict[str, Any]) -> str:
 
         rows.append([name, *cell(e), *cell(full)])
     seeds = ", ".join(str(s) for s in (b["seeds"] or [b["seed"]]))
-    lines = [f"- Command: `{budget.get('command') or 'not recorded'}`",
+    command = budget.get("command")
+    lines = [f"- Command: `{'not recorded' if command is None else command}`",
              f"- The study's model and data with {b['steps']} training steps instead of {c['steps']}, seed(s) "
              f"{seeds}; the same 4-gram ({cheap['baseline_nll']:.4f} on the same scored tokens).",
              f"- Training time of the {len(seconds)} models in this run (one thread each of a shared 2-core "
