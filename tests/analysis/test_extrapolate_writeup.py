@@ -68,8 +68,6 @@ def test_block_markers():
 def test_budget_block_sets_the_cheaper_run_beside_the_study():
     import copy
 
-    from tokenpos.analysis.extrapolate.writeup import budget_block
-
     doc = load_json(STUDY)
     budget = copy.deepcopy(doc)
     budget["config"]["steps"] = 7

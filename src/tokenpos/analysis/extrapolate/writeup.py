@@ -15,11 +15,14 @@ from tokenpos.analysis.extrapolate.gate import FAIL_TEXT
 from tokenpos.analysis.extrapolate.render import _markdown, comparison_table, curve_table, table, task_table
 from tokenpos.tables.errors import ConfigError
 
-BLOCKS = ("results", "readme", "budget")
-
 
 def _ci(x: float, ci: list[float] | None, digits: int = 4) -> str:
     return f"{x:.{digits}f}" if ci is None else f"{x:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def _seeds(config: dict[str, Any]) -> list[int]:
+    """The language models' seeds of a plain study config (``seeds``, else the one ``seed``)."""
+    return list(config["seeds"] or [config["seed"]])
 
 
 def _spread(seconds: list[float]) -> str:
@@ -30,7 +33,7 @@ def _spread(seconds: list[float]) -> str:
 
 def _run_facts(doc: dict[str, Any]) -> list[str]:
     c = doc["config"]
-    seeds = c["seeds"] or [c["seed"]]
+    seeds = _seeds(c)
     task = c.get("task")
     command = doc.get("command")
     lines = [f"- Command: `{'not recorded' if command is None else command}`",
@@ -133,7 +136,7 @@ def readme_block(doc: dict[str, Any]) -> str:
         f"`tokenpos extrapolate` trains one tiny character LM per positional scheme at L = {doc['train_len']} and "
         f"scores the same target tokens at 1-{max(r['eval_len'] for r in doc['results']) // doc['train_len']}L "
         f"beside add-k n-gram baselines. The checked-in run (docs/extrapolation_full.json: "
-        f"{len(doc['config']['seeds'] or [0])} seeds, {len(doc['runs'])} language models, training time "
+        f"{len(_seeds(doc['config']))} seeds, {len(doc['runs'])} language models, training time "
         f"{_spread([r['train_seconds'] for r in doc['runs']])}; command in the JSON):",
         "",
         f"- 4-gram NLL at L: {gate['baseline_nll']:.4f}; schemes that beat it: "
@@ -156,17 +159,14 @@ def budget_block(doc: dict[str, Any], budget: dict[str, Any]) -> str:
     gate, cheap = doc["gate"], budget["gate"]
     seconds = [r["train_seconds"] for r in budget["runs"]]
     c, b = doc["config"], budget["config"]
-    rows = []
-    for name, e in cheap["schemes"].items():
-        full = gate["schemes"].get(name)
 
-        def cell(g: dict[str, Any] | None) -> list[str]:
-            if g is None or g["nll_at_L"] is None:
-                return ["n/a", "-"]
-            return [f"{g['nll_at_L']:.4f}", "yes" if g["passes"] else "no"]
+    def cell(g: dict[str, Any] | None) -> list[str]:
+        if g is None or g["nll_at_L"] is None:
+            return ["n/a", "-"]
+        return [f"{g['nll_at_L']:.4f}", "yes" if g["passes"] else "no"]
 
-        rows.append([name, *cell(e), *cell(full)])
-    seeds = ", ".join(str(s) for s in (b["seeds"] or [b["seed"]]))
+    rows = [[name, *cell(e), *cell(gate["schemes"].get(name))] for name, e in cheap["schemes"].items()]
+    seeds = ", ".join(str(s) for s in _seeds(b))
     command = budget.get("command")
     lines = [f"- Command: `{'not recorded' if command is None else command}`",
              f"- The study's model and data with {b['steps']} training steps instead of {c['steps']}, seed(s) "
@@ -175,7 +175,7 @@ def budget_block(doc: dict[str, Any], budget: dict[str, Any]) -> str:
              f"machine): {_spread(seconds)}.",
              "",
              _markdown(["scheme", f"NLL at L, {b['steps']} steps", "beats the 4-gram",
-                        f"NLL at L, {c['steps']} steps (the study, mean of {len(c['seeds'] or [c['seed']])} seeds)",
+                        f"NLL at L, {c['steps']} steps (the study, mean of {len(_seeds(c))} seeds)",
                         "beats the 4-gram"], rows)]
     return "\n".join(lines) + "\n"
 
