@@ -154,3 +154,22 @@ def test_the_value_checks_trace_under_fullgraph_compile() -> None:
     torch._dynamo.reset()
     ids = torch.tensor([1, 2, 9])
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(ids), ids)
+
+
+def test_the_no_dropout_seed_is_made_in_the_graph_not_read_from_its_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without dropout the fused op still takes a seed: eager calls share one cached zero per device,
+    a compiled call makes its zero in the graph. Dynamo traces through ``functools.lru_cache``
+    without honouring it, and warns that it does (seen in a compiled CUDA training step on an H100),
+    so a traced call must not reach the cache."""
+    from tokenpos.torch.ops import entry
+
+    def refuse(device: torch.device) -> torch.Tensor:
+        raise AssertionError("the cached zero seed was reached while compiling")
+
+    layer = tpt.TransformerEmbedding(50, 8, 16, positional="learned", seed=0).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    want = layer(ids)
+    monkeypatch.setattr(entry, "_zero", refuse)
+    torch._dynamo.reset()
+    got = torch.compile(layer, fullgraph=True, backend="eager")(ids)
+    torch.testing.assert_close(got, want, rtol=0.0, atol=0.0)

@@ -540,6 +540,11 @@ def test_training_step_under_reduce_overhead_draws_fresh_dropout_masks() -> None
     compiled = torch.compile(forward, mode="reduce-overhead", fullgraph=True)
     masks = []
     for _ in range(5):
+        # As a training loop does (optimizer.zero_grad()): gradients start from None each step. Accumulating
+        # into last step's .grad reads a graph output that this step's replay overwrote, which cudagraph
+        # trees refuse for plain torch too (benchmarks/experiments/exp_gpu_reduce_overhead.py, H100).
+        emb.zero_grad(set_to_none=True)
+        wq.grad = None
         torch.compiler.cudagraph_mark_step_begin()
         x, loss = compiled(ids)
         loss.backward()

@@ -99,6 +99,17 @@ def test_float_products_and_sums_are_never_contracted(compiled) -> None:
             assert "mul.lo.s64" in c["ptx"], key                                # the uint64 hash is there
 
 
+def test_compiled_bf16_outputs_use_the_hardware_round_to_nearest_even(compiled) -> None:
+    """Compiled kernels convert fp32 -> bf16 with ``cvt.rn.bf16`` (round-to-nearest-even), never the
+    interpreter's bit spelling of it (about seven integer instructions per element: ``_cast``)."""
+    bf16_out = [k for k in compiled if k.startswith(("forward*bf16", "segment_sum*bf16", "rope*bf16", "ce_backward"))]
+    assert len(bf16_out) == 5
+    for key in bf16_out:
+        ptx = compiled[key]["ptx"]
+        assert "cvt.rn.bf16" in ptx, key
+        assert "32767" not in ptx and "0x7fff;" not in ptx.lower(), key                # the + 0x7FFF of the bits
+
+
 @triton.jit
 def _round_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)

@@ -268,3 +268,7 @@ def test_bad_arguments_are_refused(device) -> None:
         embedding_forward(w, ids, None, None, 1.0, 0.5, torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="the ids' shape plus D"):
         embedding_backward(torch.zeros(2, 4, 8, device=device), ids, None, 4, 0, 1.0, 0.0, 0, -1)
+    from tokenpos.kernels.triton.embedding import MAX_IDS
+    too_many = torch.zeros((), dtype=torch.int64, device=device).expand(MAX_IDS + 1)   # a view: no memory
+    with pytest.raises(ValueError, match=rf"at most {MAX_IDS} ids per call .* got {MAX_IDS + 1}"):
+        embedding_forward(w, too_many, None, None, 1.0, 0.0, 0)

@@ -218,6 +218,52 @@ def test_token_major_view_of_a_packed_row(device, gen) -> None:
     np.testing.assert_array_equal(got.cpu().numpy(), want)
 
 
+class _Grids:
+    """Stands in for ``_rope_kernel``: records each launch's grid, then launches the real kernel."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("table", ["shared", "per_batch", "positions_b1", "positions_1", "positions_11"])
+def test_one_token_rows_are_launched_as_rows_of_one_batch(table, device, gen, monkeypatch) -> None:
+    """(B, H, 1, Dh) (a decode step, a packed row's token-major view): one program per head tiling the
+    B rows, not B * heads programs of one row each (per-program work paid per row: a packed RoPE call took 4.8x
+    the padded call's time on an H100). Every table form gives the reference's bits, forward,
+    backward and in place."""
+    import tokenpos.kernels.triton.rope as R
+
+    B, H, Hk, Dh, P = 37, 3, 2, 8, 50
+    q, k = torch.randn(B, H, 1, Dh, generator=gen), torch.randn(B, Hk, 1, Dh, generator=gen)
+    where = torch.randint(0, P, (B,), generator=gen)
+    full_cos, full_sin = tables(np.arange(P), 6)
+    cos, sin, pos = {"shared": (full_cos[7:8], full_sin[7:8], None),
+                     "per_batch": (full_cos[where][:, None], full_sin[where][:, None], None),
+                     "positions_b1": (full_cos, full_sin, where[:, None]),
+                     "positions_1": (full_cos, full_sin, where[:1]),
+                     "positions_11": (full_cos, full_sin, where[:1, None])}[table]
+    kw = {} if pos is None else {"positions": pos.numpy()}
+    rq, rk = rope_apply_ref(q.numpy(), k.numpy(), cos.numpy(), sin.numpy(), **kw)
+    bq, bk = rope_apply_backward_ref(q.numpy(), k.numpy(), cos.numpy(), sin.numpy(), **kw)
+    grids = _Grids(R._rope_kernel)
+    monkeypatch.setattr(R, "_rope_kernel", grids)
+    Q, K, C, S = q.to(device), k.to(device), cos.to(device), sin.to(device)
+    at = {} if pos is None else {"positions": pos.to(device)}
+    gq, gk = rope_qk(Q, K, C, S, False, **at)
+    assert grids.grids == [(H + Hk, -(-B // R.BLOCK_L))]                              # heads x row tiles
+    np.testing.assert_array_equal(gq.cpu().numpy(), rq)
+    np.testing.assert_array_equal(gk.cpu().numpy(), rk)
+    dq, dk = rope_qk_backward(Q, K, C, S, False, **at)
+    np.testing.assert_array_equal(dq.cpu().numpy(), bq)
+    np.testing.assert_array_equal(dk.cpu().numpy(), bk)
+    rope_forward(Q, C, S, False, out=Q, **at)                                       # in place
+    np.testing.assert_array_equal(Q.cpu().numpy(), rq)
+
+
 def test_bad_positions_are_refused(device) -> None:
     x = torch.zeros(2, 1, 4, 8, device=device)
     cos, sin = (t.to(device) for t in tables(np.arange(6), 8))

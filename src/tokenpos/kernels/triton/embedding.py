@@ -34,6 +34,7 @@ from tokenpos.tables.errors import ConfigError
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_N = 16          # forward: ids per program
+MAX_IDS = 2**31 - 1 - BLOCK_N   # forward: ids per call (row indices in int32; element offsets in int64)
 SEGMENT_ROWS = 8      # backward: gradient rows loaded per step, so a frequent id's long segment is not a serial chain
 SEGMENT_BLOCK_D = 2048   # backward: columns per program, and its warps (measured on an H100: 1.47x faster
 SEGMENT_WARPS = 8        # than 512 columns and 4 warps, benchmarks/HISTORY.md, GPU 2026-11-23)
@@ -44,17 +45,18 @@ def _embedding_forward_kernel(w_ptr, ids_ptr, t_ptr, pos_ptr, seed_ptr, out_ptr,
                               N, D, V, P, NPOS, stride_w, stride_t, scale, inv_keep, threshold, offset,
                               HAS_POS: tl.constexpr, HAS_DROPOUT: tl.constexpr, PAIRS: tl.constexpr,
                               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)   # (BN,)
+    rows32 = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)                # (BN,) int32: N < 2**31 - BLOCK_N
+    rows = rows32.to(tl.int64)                                                  # element offsets can pass 2**31
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)                   # (BD,)
-    rmask = rows < N
+    rmask = rows32 < N
     cmask = cols < D
-    ids = tl.load(ids_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    ids = tl.load(ids_ptr + rows32, mask=rmask, other=0).to(tl.int64)
     ok = rmask & (ids >= 0) & (ids < V)
     w = tl.load(w_ptr + ids[:, None] * stride_w + cols[None, :],
                 mask=ok[:, None] & cmask[None, :], other=0.0).to(tl.float32)  # (BN, BD)
     y = w * scale
     if HAS_POS:
-        pid = tl.load(pos_ptr + rows % NPOS, mask=rmask, other=0).to(tl.int64)
+        pid = tl.load(pos_ptr + rows32 % NPOS, mask=rmask, other=0).to(tl.int64)   # int32 modulo
         pok = rmask & (pid >= 0) & (pid < P)
         t = tl.load(t_ptr + pid[:, None] * stride_t + cols[None, :],
                     mask=pok[:, None] & cmask[None, :], other=0.0).to(tl.float32)
@@ -139,8 +141,10 @@ def embedding_forward(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tens
     if weight.stride(1) != 1:
         weight = weight.contiguous()
     V, D = weight.shape
+    N = ids.numel()
+    if N > MAX_IDS:
+        raise ConfigError(f"at most {MAX_IDS} ids per call (the kernel indexes rows in int32), got {N}")
     flat_ids = ids.reshape(-1).contiguous()                                     # (N,)
-    N = flat_ids.numel()
     out = torch.empty((*ids.shape, D), dtype=weight.dtype, device=weight.device)
     if (table is None) != (pos is None):
         raise ConfigError("table and pos go together: pass both (a positional add) or neither, got "

@@ -137,6 +137,14 @@ def _launch(q, k, oq, ok, HK: int, cos, sin, interleaved: bool, neg_sin: bool, p
     by ``positions`` (L,) / (1, L) / (B, L) when given."""
     cos, sin, scb = _tables(q, cos, sin, positions)
     B, H, L, Dh = q.shape
+    if L == 1 and B > 1:        # one row per (b, head): launched as L = B rows of one batch, so a program
+        q, k, oq, ok = (t.transpose(0, 2) for t in (q, k, oq, ok))   # tiles BLOCK_L rows instead of one
+        if positions is not None:                                # (a packed row's (T, H, 1, Dh) view, a decode
+            positions = positions.reshape(-1).expand(B)          # step): (B, 1) | (1,) -> (B,) rows
+        else:                                                    # (1, F) | (B, 1, F) -> (B, F) rows (stride 0
+            cos, sin = (t.reshape(-1, t.shape[-1]).expand(B, t.shape[-1]) for t in (cos, sin))   # if shared)
+            scb = 0
+        B, L = 1, B
     F = cos.shape[-1]
     tail = Dh - 2 * F
     copy_tail = tail > 0 and not (oq.data_ptr() == q.data_ptr() and (HK == 0 or ok.data_ptr() == k.data_ptr()))

@@ -46,12 +46,17 @@ def _tied_loss_block_kernel(z_ptr, t_ptr, coef_ptr, lse_ptr, stats_ptr, Vl, stri
     n = tl.program_id(0).to(tl.int64)
     row = z_ptr + n * stride_z
     tn = tl.load(t_ptr + n)
+    zt = tl.load(row + tl.where(tn >= 0, tn, 0), mask=tn >= 0, other=0.0)
     if CAP:
+        zt = softcap * _tanh(zt / softcap)             # in registers: the same bits the pass below writes
         for v0 in range(0, Vl, BLOCK):
             cols = v0 + tl.arange(0, BLOCK)
             x = tl.load(row + cols, mask=cols < Vl, other=0.0)
             tl.store(row + cols, softcap * _tanh(x / softcap), mask=cols < Vl)
-    zt = tl.load(row + tl.where(tn >= 0, tn, 0), mask=tn >= 0, other=0.0)
+        # The passes below read the row back, and a lane may read a column another lane (another warp)
+        # wrote: a barrier makes the block's writes visible first. Without it, on an H100, z_t read back
+        # as the uncapped logit in some runs (tests/kernels/triton/test_triton_tied_loss.py).
+        tl.debug_barrier()
     if MODE != 2:
         m = tl.full((BLOCK,), float("-inf"), tl.float32)
         s = tl.zeros((BLOCK,), tl.float32)

@@ -61,9 +61,12 @@ def no_seed(like: torch.Tensor) -> torch.Tensor:
     """The 0-d int64 seed of a call without dropout, on ``like``'s device: one shared zero per device,
     so a call launches no kernel for it. A caller can reach it through a graph's
     ``grad_fn.saved_tensors``, so if it was written there (its version counter moved) a fresh zero
-    replaces it."""
+    replaces it. Traced by torch.compile, it is a zero made in the graph (free there): dynamo traces
+    through a cache without honouring it, and warns that it does."""
+    if torch.compiler.is_compiling():
+        return torch.zeros((), dtype=torch.int64, device=like.device)
     seed = _zero(like.device)
-    if not torch.compiler.is_compiling() and seed._version:    # (a traced graph cannot read versions)
+    if seed._version:
         _zero.cache_clear()
         seed = _zero(like.device)
     return seed
