@@ -22,6 +22,9 @@
 #   tiles   (experiment, not by default) tile sizes of the Triton embedding and RoPE kernels.
 #   host    (experiment, not by default) host time per call of each piece of a layer call, and a profile.
 #   diag    (experiment, not by default) which variant of a reduce-overhead training step breaks.
+#   ab      (experiment, not by default) the Triton kernels of an earlier commit against the working
+#           tree's, bits and time: BEFORE=folder (`git archive REV src/tokenpos/kernels/triton | tar -x -C
+#           folder`, carried with the tree).
 # STAGES="bench tiles" runs only those (default: bench tests assert nccl tied); TESTS="files" narrows the
 # tests stage; BENCH_LIMIT / TESTS_LIMIT change those stages' limits (seconds).
 set -u
@@ -68,6 +71,7 @@ want tied && stage tied 120 python3 benchmarks/tied_loss_bench.py --backend cuda
 want tiles && stage tiles 120 python3 benchmarks/experiments/exp_gpu_tiles.py
 want host && stage host 60 python3 benchmarks/experiments/exp_gpu_host.py --profile "$OUT/host_profile.txt"
 want diag && stage diag 90 python3 benchmarks/experiments/exp_gpu_reduce_overhead.py
+want ab && stage ab 120 python3 benchmarks/experiments/exp_gpu_kernel_ab.py --before "${BEFORE:?BEFORE=folder for the ab stage}"
 
-for f in bench tests assert nccl tied tiles host diag; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; tail -n 60 "$OUT/$f.log"; }; done
+for f in bench tests assert nccl tied tiles host diag ab; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; tail -n 60 "$OUT/$f.log"; }; done
 cat "$OUT/summary.txt"

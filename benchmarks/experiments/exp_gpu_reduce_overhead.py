@@ -10,6 +10,12 @@ same way, the pattern (not tokenpos) is what cudagraph trees refuse.
     python benchmarks/experiments/exp_gpu_reduce_overhead.py        # CUDA only
 
 Prints one line per variant: ok, or the iteration and the first line of the error.
+
+Answer (H100, torch 2.11, 2026-11-28): every variant failed at iteration 1, the plain-torch control
+too. What cudagraph trees refuse is the loop, not the layer: it never reset the gradients, so each
+``backward`` accumulated into the ``.grad`` the previous replay had written, a graph output that the
+next replay overwrites. The test now sets the gradients to None per step, as ``optimizer.zero_grad()``
+does, and passes there. The variants below are kept as they ran.
 """
 
 from __future__ import annotations

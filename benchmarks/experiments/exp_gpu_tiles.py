@@ -19,6 +19,7 @@ import math
 import statistics
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -26,26 +27,18 @@ import tokenpos.kernels.triton.embedding as E
 import tokenpos.kernels.triton.rope as R
 from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS
 
-CALLS = 10
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the bench's graph capture
+from gpu_bench import CALLS, graphed  # noqa: E402
 
 
 def graph_ms(fn: Callable[[], object], rounds: int = 15) -> float:
-    """Median ms of one ``fn`` call, from replays of a graph of CALLS calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
+    """Median ms of one ``fn`` call, from replays of a graph of CALLS calls (``gpu_bench.graphed``)."""
+    replay = graphed(fn, CALLS)
     times = []
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / CALLS)
