@@ -137,12 +137,15 @@ def _launch(q, k, oq, ok, HK: int, cos, sin, interleaved: bool, neg_sin: bool, p
     by ``positions`` (L,) / (1, L) / (B, L) when given."""
     cos, sin, scb = _tables(q, cos, sin, positions)
     B, H, L, Dh = q.shape
-    if L == 1 and B > 1:        # one row per (b, head): launched as L = B rows of one batch, so a program
-        q, k, oq, ok = (t.transpose(0, 2) for t in (q, k, oq, ok))   # tiles BLOCK_L rows instead of one
-        if positions is not None:                                # (a packed row's (T, H, 1, Dh) view, a decode
-            positions = positions.reshape(-1).expand(B)          # step): (B, 1) | (1,) -> (B,) rows
-        else:                                                    # (1, F) | (B, 1, F) -> (B, F) rows (stride 0
-            cos, sin = (t.reshape(-1, t.shape[-1]).expand(B, t.shape[-1]) for t in (cos, sin))   # if shared)
+    if L == 1 and B > 1:
+        # One row per (b, head): a packed row's (T, H, 1, Dh) view, a decode step. Launched as B rows of
+        # one batch, so each program tiles BLOCK_L rows instead of rotating one (views only; positions
+        # (B, 1) | (1,) -> (B,), tables (1, F) | (B, 1, F) -> (B, F), stride 0 where shared).
+        q, k, oq, ok = (t.transpose(0, 2) for t in (q, k, oq, ok))
+        if positions is not None:
+            positions = positions.reshape(-1).expand(B)
+        else:
+            cos, sin = (t.reshape(-1, t.shape[-1]).expand(B, t.shape[-1]) for t in (cos, sin))
             scb = 0
         B, L = 1, B
     F = cos.shape[-1]
