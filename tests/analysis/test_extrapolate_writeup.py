@@ -78,3 +78,16 @@ def test_budget_block_sets_the_cheaper_run_beside_the_study():
     full = doc["gate"]["schemes"][first]
     assert f"| {first} | 1.2500 | yes | {full['nll_at_L']:.4f} | {'yes' if full['passes'] else 'no'} |" in text
     assert f"Training time of the {len(doc['runs'])} models in this run" in text
+
+
+def test_update_docs_rewrites_every_stale_block_from_the_json(tmp_path):
+    from tokenpos.analysis.extrapolate.writeup import update_docs
+
+    originals = {name: (ROOT / rel).read_text(encoding="utf-8")
+                 for name, rel in (("md", "docs/EXTRAPOLATION.md"), ("readme", "README.md"))}
+    md, readme = tmp_path / "EXTRAPOLATION.md", tmp_path / "README.md"
+    md.write_text(replaced(replaced(originals["md"], "results", "stale\n"), "budget", "stale\n"), encoding="utf-8")
+    readme.write_text(replaced(originals["readme"], "readme", "stale\n"), encoding="utf-8")
+    update_docs(STUDY, md, readme, BUDGET)
+    assert md.read_text(encoding="utf-8") == originals["md"]
+    assert readme.read_text(encoding="utf-8") == originals["readme"]

@@ -211,8 +211,11 @@ def update_docs(json_path: str | Path, extrapolation_md: str | Path, readme: str
     from tokenpos._files import atomic_write_text
 
     doc = load_json(json_path)
-    blocks = [(extrapolation_md, "results", results_block(doc)), (readme, "readme", readme_block(doc))]
+    md_blocks = {"results": results_block(doc)}
     if budget_path is not None:
-        blocks.append((extrapolation_md, "budget", budget_block(doc, load_json(budget_path))))
-    for path, name, content in blocks:
-        atomic_write_text(path, replaced(Path(path).read_text(encoding="utf-8"), name, content))
+        md_blocks["budget"] = budget_block(doc, load_json(budget_path))
+    for path, blocks in ((extrapolation_md, md_blocks), (readme, {"readme": readme_block(doc)})):
+        text = Path(path).read_text(encoding="utf-8")        # each document read and written once
+        for name, content in blocks.items():
+            text = replaced(text, name, content)
+        atomic_write_text(path, text)
