@@ -98,6 +98,17 @@ def graphed(fn: Callable[[], object], calls: int = CALLS) -> Callable[[], object
     return graph.replay
 
 
+def replay_ms(replay: Callable[[], object], calls: int = CALLS) -> float:
+    """Milliseconds of one call, from one replay of a graph of ``calls`` calls (:func:`graphed`)
+    between CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
 def side_by_side(impls: dict[str, Callable[[], object]], rounds: int, device: torch.device,
                  graphs: bool = True) -> dict[str, float]:
     """Median ms per impl over ``rounds`` round-robin rounds (each impl warmed twice first). On CUDA

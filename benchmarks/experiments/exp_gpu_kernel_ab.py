@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the bench's graph capture
-from gpu_bench import CALLS, embedding_inputs, graphed  # noqa: E402
+from gpu_bench import CALLS, embedding_inputs, graphed, replay_ms  # noqa: E402
 
 import tokenpos.kernels.triton as after  # noqa: E402
 
@@ -85,15 +85,6 @@ def _same(a: object, b: object) -> bool:
                             b.view(torch.int16) if b.dtype == torch.bfloat16 else b))
 
 
-def _ms(replay: Callable[[], object]) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / CALLS
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, required=True, help="folder holding the earlier src/tokenpos/kernels/triton")
@@ -115,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         t: dict[str, list[float]] = {"before": [], "after": []}
         for r in range(args.rounds):
             for side in (("before", "after") if r % 2 else ("after", "before")):
-                t[side].append(_ms(replays[side]))
+                t[side].append(replay_ms(replays[side]))
         ratio = sorted(b / a for b, a in zip(t["before"], t["after"], strict=True))
         print(f"{name}: before {1e3 * statistics.median(t['before']):.1f} us, after "
               f"{1e3 * statistics.median(t['after']):.1f} us; before / after per round: median "

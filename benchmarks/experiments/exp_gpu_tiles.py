@@ -28,21 +28,13 @@ import tokenpos.kernels.triton.rope as R
 from tokenpos.kernels.triton._cast import LAUNCH_OPTIONS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the bench's graph capture
-from gpu_bench import CALLS, graphed  # noqa: E402
+from gpu_bench import CALLS, graphed, replay_ms  # noqa: E402
 
 
 def graph_ms(fn: Callable[[], object], rounds: int = 15) -> float:
     """Median ms of one ``fn`` call, from replays of a graph of CALLS calls (``gpu_bench.graphed``)."""
     replay = graphed(fn, CALLS)
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / CALLS)
-    return statistics.median(times)
+    return statistics.median(replay_ms(replay) for _ in range(rounds))
 
 
 def embedding_sweep() -> None:

@@ -41,14 +41,15 @@ def _events(body: list[ast.stmt]) -> list[tuple[str, str | None, int]]:
     """(kind, pointer name, line) of every load, store and barrier, in program order."""
     out: list[tuple[str, str | None, int]] = []
     for stmt in body:
-        for node in ast.walk(stmt) if not isinstance(stmt, (ast.For, ast.While, ast.If)) else []:
-            for kind in ("load", "store", "debug_barrier"):
-                if _call(node, kind):
-                    out.append((kind, _base(node.args[0]) if node.args else None, node.lineno))
         if isinstance(stmt, (ast.For, ast.While)):
             out += _events(stmt.body)
         elif isinstance(stmt, ast.If):
             out += _events(stmt.body) + _events(stmt.orelse)
+        else:
+            for node in ast.walk(stmt):
+                for kind in ("load", "store", "debug_barrier"):
+                    if _call(node, kind):
+                        out.append((kind, _base(node.args[0]) if node.args else None, node.lineno))
     return out
 
 
