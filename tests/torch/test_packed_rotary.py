@@ -137,6 +137,9 @@ def test_bad_shapes_and_cu_seqlens_are_refused() -> None:
         rope.apply(q[None], k[None], cu_seqlens=CU)
     with pytest.raises(ConfigError, match=rf"a packed batch is one row.*got shape \(2, 4, {T}, 16\)"):
         tpt.RotaryEmbedding(DH).apply(torch.randn(2, HQ, T, DH), torch.randn(2, HK, T, DH), cu_seqlens=CU)
+    with pytest.raises(ConfigError, match=rf"a packed batch is one row.*got shape \(2, 4, {T}, 16\)"):
+        tpt.RotaryEmbedding(DH, qk_layout="blhd").apply(torch.randn(2, T, HQ, DH), torch.randn(2, T, HK, DH),
+                                                        cu_seqlens=CU)
     with pytest.raises(tpt.PositionError, match=f"must end at the number of tokens T = {T}"):
         rope.apply(q, k, cu_seqlens=CU[:-1])
 
@@ -151,13 +154,14 @@ def test_layers_whose_positions_are_not_one_index_per_token_refuse_cu_seqlens() 
             layer.apply(x, x, None, cu_seqlens=CU)
 
 
+@pytest.mark.parametrize("layout", ["thd", "blhd"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_packed_call_is_one_op_pass_over_the_cached_table_and_copies_nothing(
-        dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+        dtype: torch.dtype, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The packed RoPE call hands the op the layer's cached (P, F) cos / sin (no per-call table) and the
-    positions, with q and k as the (T, H, 1, Dh) views of the packed rows (no copy), and the op takes
-    the kernel's in-shape route (not :func:`rope_apply`, which copies); the outputs come back as
-    contiguous (T, H, Dh) rows."""
+    positions (T, 1), with q and k as the (T, H, 1, Dh) views of the token-major rows ((T, H, Dh), or
+    (1, T, H, Dh) declared "blhd"; no copy), and the op takes the kernel's in-shape route (not
+    :func:`rope_apply`, which copies); the outputs come back contiguous in the declared layout."""
     import tokenpos.torch.rotary as rotary_mod
     rope_ops = importlib.import_module("tokenpos.torch.ops.rope")              # (ops.rope is the op)
 
@@ -174,12 +178,15 @@ def test_packed_call_is_one_op_pass_over_the_cached_table_and_copies_nothing(
     monkeypatch.setattr(rotary_mod.ops, "rotate_qk", spy)
     monkeypatch.setattr(rope_ops, "rope_apply", no_copy)
     q, k = qk(dtype)
-    rope = tpt.RotaryEmbedding(DH, max_seq_len=MAX, qk_layout="thd")
+    if layout == "blhd":
+        q, k = q[None], k[None]
+    rope = tpt.RotaryEmbedding(DH, max_seq_len=MAX, qk_layout=layout)
     oq, ok = rope.apply(q, k, cu_seqlens=CU)
     (sq, sk, cos, sin, interleaved, pos), = seen
     assert sq.shape == (T, HQ, 1, DH) and sq.data_ptr() == q.data_ptr() and sk.data_ptr() == k.data_ptr()
     assert cos.shape == sin.shape == rope.cos_cached.shape                     # (P, F): the cache, not gathered
     assert cos is rope._cached_as(cos.dtype)[0] and sin is rope._cached_as(cos.dtype)[1]
+    assert pos.shape == (T, 1)
     np.testing.assert_array_equal(pos[:, 0].numpy(), tpt.positions_from_cu_seqlens(CU).numpy())
     assert oq.is_contiguous() and ok.is_contiguous() and oq.shape == q.shape and ok.shape == k.shape
 

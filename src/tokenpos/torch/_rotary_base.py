@@ -7,7 +7,8 @@ T packed tokens. q, k: (B, H, L, Dh) (or (B, L, H, Dh) with ``qk_layout="blhd"``
 Packed documents: ``cu_seqlens`` (N + 1,) on q's device gives positions restarting at 0 in every
 document (``tokenpos.torch.packing``: tensor ops, no host sync), which then take the per-token
 positions path of the layer; a layer whose positions are not one index per token (``packs = False``)
-refuses it with ConfigError.
+refuses it with ConfigError. A packed ``"thd"`` or ``"blhd"`` row is rotated as T rows of one token,
+(T, H, 1, Dh) at positions (T, 1): its memory order, so nothing is copied (:func:`to_bhld`).
 
 A layer defines ``_rotate_bhld(q, k, positions, start_pos, key_positions) -> (q', k')`` on
 (B, H, L, Dh) views, already checked by :meth:`RotaryBase._qk` (the same protocol as the NumPy
@@ -46,10 +47,15 @@ from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.packing import document_positions
 
 
-def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None) -> torch.Tensor:
+def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | None,
+            packed: bool = False) -> torch.Tensor:
     """q or k in the declared layout -> a (B, H, L, Dh) view; float dtype and head count checked.
 
-    A (B, H, L, Dh) result goes back with the same transpose (it is its own inverse).
+    A ``"thd"`` row (T, H, Dh) is one row of T tokens, (1, H, T, Dh). In a packed call (``packed``), the
+    token-major layouts (``"thd"`` (T, H, Dh), ``"blhd"`` (1, T, H, Dh)) are T rows of one token, (T, H,
+    1, Dh): their memory in its own order, so the op reads them with no copy, at positions (T, 1). A
+    ``"bhld"`` tensor stays as it is (a non-contiguous one is copied by the op, as in any call).
+    :meth:`RotaryBase._out` undoes each view.
     """
     if not isinstance(x, torch.Tensor) or x.dim() != (3 if qk_layout == "thd" else 4) or x.shape[-1] != head_dim:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else tuple(np.shape(x))
@@ -58,8 +64,10 @@ def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | N
         raise ConfigError(rope_dtype_message(name, str(x.dtype).replace("torch.", "")))
     check_heads(name, tuple(x.shape), qk_layout, num_heads)
     if qk_layout == "thd":
-        return x.transpose(0, 1).unsqueeze(0)                   # (T, H, Dh) -> (1, H, T, Dh)
-    return x.transpose(1, 2) if qk_layout == "blhd" else x
+        return x.unsqueeze(2) if packed else x.transpose(0, 1).unsqueeze(0)
+    if qk_layout == "blhd":
+        return x.permute(1, 2, 0, 3) if packed else x.transpose(1, 2)
+    return x
 
 
 class RotaryBase(TokenposModule):
@@ -114,18 +122,22 @@ class RotaryBase(TokenposModule):
         raise NotImplementedError(f"{type(self).__name__} defines _load_tables")
 
     # -- layout and checks -------------------------------------------------------------------------
-    def _check(self, name: str, x: Any) -> torch.Tensor:
-        return to_bhld(name, x, self.head_dim, self.qk_layout, self.num_heads)
+    def _check(self, name: str, x: Any, packed: bool = False) -> torch.Tensor:
+        return to_bhld(name, x, self.head_dim, self.qk_layout, self.num_heads, packed)
 
-    def _qk(self, q: Any, k: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k in the declared layout -> (B, Hq, L, Dh), (B, Hk, L, Dh) views, each checked (q first)."""
-        return self._check("q", q), self._check("k", k)
+    def _qk(self, q: Any, k: Any, packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k in the declared layout -> (B, Hq, L, Dh), (B, Hk, L, Dh) views (:func:`to_bhld`), each
+        checked (q first)."""
+        return self._check("q", q, packed), self._check("k", k, packed)
 
-    def _out(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, L, Dh) -> the declared layout (``thd``: (1, H, T, Dh) -> (T, H, Dh))."""
+    def _out(self, x: torch.Tensor, packed: bool = False) -> torch.Tensor:
+        """(B, H, L, Dh) -> the declared layout; the inverse of :func:`to_bhld`'s view (``packed``: of the
+        packed view)."""
         if self.qk_layout == "thd":
-            return x.select(0, 0).transpose(0, 1)
-        return x.transpose(1, 2) if self.qk_layout == "blhd" else x
+            return x.squeeze(2) if packed else x.select(0, 0).transpose(0, 1)
+        if self.qk_layout == "blhd":
+            return x.permute(2, 0, 1, 3) if packed else x.transpose(1, 2)
+        return x
 
     # -- positions ---------------------------------------------------------------------------------
     def _positions(self, positions: Any, start_pos: Any, batch: int, length: int) -> torch.Tensor:
@@ -152,12 +164,16 @@ class RotaryBase(TokenposModule):
 
     def _packed_positions(self, q: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any,
                           cu_seqlens: Any) -> tuple[torch.Tensor, int]:
-        """Positions (T,) restarting per document for q (1, H, T, Dh), on q's device (no host sync), and
-        a bound of ``max(positions) + 1`` (:func:`.packing.document_positions`); every other argument checked."""
+        """Positions restarting per document for q's packed view (:func:`to_bhld`), on q's device (no host
+        sync), shaped as q's (B, L): (1, T), or (T, 1) for T rows of one token; and a bound of
+        ``max(positions) + 1`` (:func:`.packing.document_positions`); every other argument checked."""
         if not self.packs:
             raise ConfigError(rotary_packed_message(type(self).__name__))
-        return document_positions(cu_seqlens, check_packed_rotary_args(tuple(q.shape), positions, start_pos,
-                                                                       key_positions), q.device)
+        B, H, L, Dh = q.shape
+        row = (B, H, L, Dh) if self.qk_layout == "bhld" else (L, H, B, Dh)    # token-major views: rows are tokens
+        pos, end = document_positions(cu_seqlens, check_packed_rotary_args(row, positions, start_pos, key_positions),
+                                      q.device)
+        return pos.view(B, L), end
 
     @staticmethod
     def _same_key_positions(scheme: str, pos: torch.Tensor, key_positions: Any) -> None:
@@ -198,7 +214,8 @@ class RotaryBase(TokenposModule):
 
     def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k (1, H, T, Dh) rotated at packed positions (T,) (each in [0, end)): the per-token path."""
+        """q, k (B, H, L, Dh) packed views (:func:`to_bhld`) rotated at the packed positions (B, L) (each in
+        [0, end)): the per-token path."""
         return self._rotate_bhld(q, k, pos, 0, None)
 
     def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
@@ -218,12 +235,13 @@ class RotaryBase(TokenposModule):
         # nn.Module.apply recursion calls child.apply(fn) on every child, so apply(fn) must stay nn.Module.apply.
         if k is None and callable(q) and not isinstance(q, torch.Tensor):
             return super().apply(q)
-        q, k = self._qk(q, k)
-        if cu_seqlens is not None:
+        packed = cu_seqlens is not None
+        q, k = self._qk(q, k, packed)
+        if packed:
             q_out, k_out = self._rotate_packed(q, k, *self._packed_positions(q, positions, start_pos, key_positions,
                                                                              cu_seqlens))
         else:
             q_out, k_out = self._rotate_bhld(q, k, positions, start_pos, key_positions)
-        return self._out(q_out), self._out(k_out)
+        return self._out(q_out, packed), self._out(k_out, packed)
 
     forward = apply

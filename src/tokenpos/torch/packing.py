@@ -56,9 +56,12 @@ def check_cu_seqlens_tensor(cu_seqlens: Any, total: Any = None, *, device: torch
     return cu_seqlens
 
 
+_CU_DTYPES = (torch.int32, torch.int64)
+
+
 def _check_layout(cu_seqlens: torch.Tensor, device: torch.device | None) -> None:
     """What a ``cu_seqlens`` tensor must be before its values matter: int32 / int64, (N + 1,), on ``device``."""
-    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+    if cu_seqlens.dtype not in _CU_DTYPES:
         raise DtypeError(cu_seqlens_dtype_message(cu_seqlens.dtype))
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
         raise ConfigError(cu_seqlens_shape_message(tuple(cu_seqlens.shape)))
@@ -88,9 +91,10 @@ def document_positions(cu_seqlens: Any, total: int, device: torch.device) -> tup
         if device.type == "cpu":
             pos, end = kernels.document_positions(cu_seqlens, total)
             return torch.from_numpy(pos), end
-    elif cu_seqlens.is_cpu and not cu_seqlens.is_meta and values_readable(cu_seqlens):
-        _check_layout(cu_seqlens, device)
-        pos, end = kernels.document_positions(cu_seqlens.numpy(), total)
+    elif cu_seqlens.is_cpu and device.type == "cpu" and values_readable(cu_seqlens):
+        if cu_seqlens.dtype not in _CU_DTYPES:                          # (before .numpy(): bf16 has no NumPy twin)
+            raise DtypeError(cu_seqlens_dtype_message(cu_seqlens.dtype))
+        pos, end = kernels.document_positions(cu_seqlens.numpy(), total)     # shape and values: the shared checks
         return torch.from_numpy(pos), end
     return packed_positions(check_cu_seqlens_tensor(cu_seqlens, total, device=device), total), total
 

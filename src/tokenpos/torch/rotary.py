@@ -107,7 +107,8 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
 
     def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k (1, H, T, Dh) at packed positions (T,) in [0, end): one op pass reading the cached (P, F)
+        """q, k packed views (:func:`to_bhld`: (T, H, 1, Dh) or (1, H, T, Dh)) at the packed positions of their
+        (B, L) in [0, end): one op pass reading the cached (P, F)
         cos / sin at the positions (flash-attn's rotary cache; no per-call table), when one static
         frequency variant serves every position and the cache holds the first ``end`` rows (``end``: the
         longest document on the CPU, T elsewhere, :func:`.packing.document_positions`). Otherwise
@@ -121,7 +122,7 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
                 tables = self._cached_as(torch.float64 if q.dtype == torch.float64 else torch.float32)
         if tables is None:
             return self._rotate_bhld(q, k, pos, 0, None)
-        return rotate_at_positions(q, k, *tables, pos, self.interleaved)
+        return ops.rotate_qk(q, k, *tables, self.interleaved, pos)  # type: ignore[no-any-return]
 
     def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,21 +150,3 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
 
 
 
-
-def _token_major(x: torch.Tensor) -> torch.Tensor:
-    """(1, H, T, Dh) -> the (T, H, 1, Dh) view of the same elements (contiguous for a (T, H, Dh) row), and
-    back: the permutation swaps dims 0 and 2, so it is its own inverse (one view op per call)."""
-    return x.permute(2, 1, 0, 3)
-
-
-def rotate_at_positions(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
-                        interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (1, H, T, Dh), k (1, Hk, T, Dh) rotated at positions (T,) by the (P, F) tables read at them: one
-    ``tokenpos::rope_qk`` pass. The op is called on the view in q's memory order, so neither input is
-    copied and the outputs come back in the inputs' layout: (1, H, T, Dh) as it is when contiguous, else
-    the (T, H, 1, Dh) view of a packed ``(T, H, Dh)`` row with positions (T, 1) (one token per batch row)."""
-    qt = _token_major(q)                                                       # (a view: one op)
-    if q.is_contiguous() or not qt.is_contiguous():
-        return ops.rotate_qk(q, k, cos, sin, interleaved, pos)  # type: ignore[no-any-return]
-    oq, ok = ops.rotate_qk(qt, _token_major(k), cos, sin, interleaved, pos.unsqueeze(1))
-    return _token_major(oq), _token_major(ok)                                           # back to (1, H, T, Dh)
