@@ -1,6 +1,6 @@
 """Packed documents against the same tokens padded, call by call: is packing slower per token? (issue 30)
 
-Usage: python benchmarks/experiments/exp_packed.py [--reps N] [--quick]
+Usage: python benchmarks/experiments/exp_packed.py [--reps N] [--per-call] [--quick]
 
 ``tokenpos bench`` has a packed row beside each padded one, but a run's best or median of 20 reps
 moves by about 6 % between runs on a shared machine, more than any difference packing could make.
@@ -17,6 +17,11 @@ also computes the positions from ``cu_seqlens`` (one compiled pass over T). Both
 the same input memory (the embedding's packed ids are the padded ids flattened; RoPE's packed rows are
 the padded q and k viewed as (T, H, Dh)): with separate buffers, where the pages landed moved a pair's
 ratio by about 5 % from run to run.
+
+``--per-call``: the same pairs on tiny shapes (the ``--quick`` ones), still each right after the full
+workload's matmul, so that a call's time is its per-call work (checks, views, positions, the op's
+entry) with the caches as cold as a model leaves them: the part of a packed call that does not shrink
+with the tokens, and what a few microseconds hot become inside a model.
 """
 
 from __future__ import annotations
@@ -72,13 +77,18 @@ def rope_pairs(B: int, H: int, L: int, Dh: int) -> dict[str, Callable[[], Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, reps = parse(parser(__doc__, 60, "interleaved rounds"), argv)
-    V, D, L, B = QUICK if args.quick else FULL
-    rope_shape = ROPE_QUICK if args.quick else ROPE_FULL
+    ap = parser(__doc__, 60, "interleaved rounds")
+    ap.add_argument("--per-call", action="store_true",
+                    help="tiny shapes after the full workload's matmul: the per-call work with cold caches")
+    args, reps = parse(ap, argv)
+    tiny = args.quick or args.per_call
+    V, D, L, B = QUICK if tiny else FULL
+    rope_shape = ROPE_QUICK if tiny else ROPE_FULL
+    dims = (QUICK[1], ROPE_QUICK[1] * ROPE_QUICK[3]) if args.quick else (FULL[1], ROPE_FULL[1] * ROPE_FULL[3])
     print(machine())
     with torch.no_grad():
-        for title, impls, dim in (("embedding forward", embedding_pairs(V, D, L, B), D),
-                                  ("RoPE on q and k", rope_pairs(*rope_shape), rope_shape[1] * rope_shape[3])):
+        for title, impls, dim in (("embedding forward", embedding_pairs(V, D, L, B), dims[0]),
+                                  ("RoPE on q and k", rope_pairs(*rope_shape), dims[1])):
             times = time_interleaved(impls, reps, model_op(dim))
             print(f"{title}: {reps} rounds, each call right after a torch matmul")
             for line in timing_lines(times):
