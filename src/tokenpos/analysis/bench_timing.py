@@ -226,14 +226,11 @@ def cpu_counters() -> CpuCounters | None:
             lines = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
         with open("/proc/self/stat") as f:
             own_fields = f.read().rsplit(")", 1)[1].split()     # after "pid (comm)": state is field 3
-    except (AttributeError, OSError, ValueError, IndexError):
-        return None
-    try:
         # cpuN user nice system idle iowait irq softirq steal ...: all but idle and iowait are busy
         busy = sum(sum(int(v) for i, v in enumerate(f[1:9]) if i not in (3, 4))
                    for f in lines if int(f[0][3:]) in allowed)
         own = sum(int(v) for v in own_fields[11:15])           # utime, stime, cutime, cstime (fields 14-17)
-    except (ValueError, IndexError):
+    except (AttributeError, OSError, ValueError, IndexError):
         return None
     return None if not lines else CpuCounters(busy / hz, own / hz, time.monotonic(), len(allowed))
 
