@@ -107,11 +107,11 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
 
     def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int
                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k packed views (:func:`to_bhld`: (T, H, 1, Dh) or (1, H, T, Dh)) at the packed positions of their
-        (B, L) in [0, end): one op pass reading the cached (P, F)
-        cos / sin at the positions (flash-attn's rotary cache; no per-call table), when one static
-        frequency variant serves every position and the cache holds the first ``end`` rows (``end``: the
-        longest document on the CPU, T elsewhere, :func:`.packing.document_positions`). Otherwise
+        """q, k packed views (:func:`to_bhld`: (T, H, 1, Dh) or (1, H, T, Dh)) at the packed positions, of
+        their (B, L), in [0, end): one op pass reading the cached (P, F) cos / sin at the positions
+        (flash-attn's rotary cache; no per-call table), when one static frequency variant serves every
+        position and the cache holds the first ``end`` rows (``end``: the longest document on the CPU, T
+        elsewhere, :func:`.packing.document_positions`). Otherwise
         (dynamic NTK, longrope, positions past the cache, q and k of two dtypes) the per-token formula
         path of :meth:`_rotate_bhld`."""
         if self.freqs.length_dependent or q.dtype != k.dtype:
@@ -147,6 +147,3 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
         return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
                 f"max_seq_len={self.max_seq_len}, rope_type={self.rope_type!r}, layout={self.layout!r}, "
                 f"qk_layout={self.qk_layout!r}")
-
-
-
