@@ -18,6 +18,7 @@ import torch
 from tokenpos._config import device_checks_enabled
 from tokenpos.kernels import packing as kernels
 from tokenpos.tables.checks.packing import (
+    CU_SEQLENS_DTYPES,
     check_cu_seqlens,
     check_restarting_positions,
     check_total,
@@ -56,7 +57,7 @@ def check_cu_seqlens_tensor(cu_seqlens: Any, total: Any = None, *, device: torch
     return cu_seqlens
 
 
-_CU_DTYPES = (torch.int32, torch.int64)
+_CU_DTYPES = tuple(getattr(torch, name) for name in CU_SEQLENS_DTYPES)     # the shared rule's dtypes
 
 
 def _check_layout(cu_seqlens: torch.Tensor, device: torch.device | None) -> None:
