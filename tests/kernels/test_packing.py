@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokenpos import use_kernels
-from tokenpos.kernels.packing import document_positions
+from tokenpos.kernels.packing import _positions_core, document_positions
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError
 from tokenpos.tables.formulas import packing as formulas
 
@@ -34,6 +34,8 @@ def test_equals_the_formula(lengths: list[int], dtype: type, kernels: bool) -> N
 @pytest.mark.parametrize("cu, total, error", [
     ([1, 3, 5], 5, PositionError),            # not 0 first
     ([0, 4, 3, 5], 5, PositionError),         # decreasing
+    ([0, 1, 7, 5], 5, PositionError),         # above T inside, then decreasing (wrote past T once)
+    ([0, 1, 10**8, 5], 5, PositionError),
     ([0, 3, 5], 6, PositionError),            # not ending at T
     ([0.0, 5.0], 5, DtypeError),              # not int32 / int64
     ([[0, 5]], 5, ConfigError),               # not (N + 1,)
@@ -45,6 +47,28 @@ def test_refusals_are_the_formulas(cu: list, total: int, error: type, kernels: b
         formulas.document_positions(arr, total)
     with use_kernels(kernels), pytest.raises(error, match=re.escape(str(want.value))):
         document_positions(arr, total)
+
+
+@given(cu=st.lists(st.integers(-3, 12), min_size=1, max_size=6), total=st.integers(0, 8),
+       dtype=st.sampled_from([np.int32, np.int64]))
+def test_any_cu_seqlens_gives_the_formulas_answer_and_the_core_writes_only_its_output(
+        cu: list[int], total: int, dtype: type) -> None:
+    """Any values, valid or not: the compiled pass returns the twin's positions or raises its error, and
+    its core never writes outside ``out`` (canaries on both sides); a value above T inside ``cu`` once
+    made it write past the end of its (T,) buffer."""
+    arr = np.asarray(cu, dtype)
+    buf = np.full(total + 16, -7, np.int64)
+    assert _positions_core(arr, buf[8:8 + total]) >= -1
+    assert (buf[:8] == -7).all() and (buf[8 + total:] == -7).all()
+    try:
+        want = formulas.document_positions(arr, total)
+    except (ConfigError, PositionError) as err:
+        with pytest.raises(type(err), match=re.escape(str(err))):
+            document_positions(arr, total)
+        return
+    got = document_positions(arr, total)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1]
 
 
 def test_every_packed_layer_takes_its_positions_from_the_one_compiled_pass(monkeypatch: pytest.MonkeyPatch) -> None:

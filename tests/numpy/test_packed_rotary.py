@@ -16,7 +16,7 @@ import tokenpos.numpy as tpn
 from tests.numpy.gradcheck import check_grads
 from tests.tolerances import TOL
 from tests.torch.test_rotary import DH, MAX, SCALINGS, hf_rotary
-from tokenpos.tables import ConfigError
+from tokenpos.tables import ConfigError, PositionError
 
 HQ, HK = 4, 2
 LENGTHS = [3, 7, 1, 5]
@@ -88,6 +88,9 @@ def test_refusals() -> None:
         rope.apply(q[None], k[None], cu_seqlens=CU)
     with pytest.raises(ConfigError, match="a packed batch is one row"):
         tpn.RotaryEmbedding(DH).apply(np.zeros((2, HQ, T, DH)), np.zeros((2, HK, T, DH)), cu_seqlens=CU)
+    for big in (T + 2, 10**8):                       # a value above T inside: refused before any write past T
+        with pytest.raises(PositionError, match=r"cu_seqlens\[2\] ="):
+            rope.apply(q, k, cu_seqlens=np.array([0, 1, big, T]))
     assert rope._last is before                                                # a refused call keeps nothing
     x = np.zeros((T, 2, 8))
     for layer in (tpn.XPosRotaryEmbedding(8, qk_layout="thd"),

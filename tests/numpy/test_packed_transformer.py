@@ -83,6 +83,8 @@ def test_a_position_past_a_learned_table_is_refused_per_document() -> None:
     (dict(positions=np.arange(T)), ConfigError, "positions given together with cu_seqlens"),
     (dict(start_pos=2), ConfigError, "start_pos=2 given together with cu_seqlens"),
     (dict(cu_seqlens=np.array([0, 3, T - 1])), PositionError, f"must end at the number of tokens T = {T}"),
+    (dict(cu_seqlens=np.array([0, 1, T + 2, T])), PositionError, r"cu_seqlens\[2\] ="),   # once written past T
+    (dict(cu_seqlens=np.array([0, 1, 10**8, T])), PositionError, r"cu_seqlens\[2\] ="),
     (dict(cu_seqlens=np.array([0.0, T])), DtypeError, "int32 or int64 vector"),
 ])
 def test_bad_packed_calls_are_refused_and_change_nothing(kwargs: dict[str, Any], error: type, text: str) -> None:

@@ -142,6 +142,9 @@ def test_bad_shapes_and_cu_seqlens_are_refused() -> None:
                                                         cu_seqlens=CU)
     with pytest.raises(tpt.PositionError, match=f"must end at the number of tokens T = {T}"):
         rope.apply(q, k, cu_seqlens=CU[:-1])
+    for big in (T + 2, 10**8):                       # a value above T inside: refused before any write past T
+        with pytest.raises(tpt.PositionError, match=r"cu_seqlens\[2\] ="):
+            rope.apply(q, k, cu_seqlens=torch.tensor([0, 1, big, T], dtype=torch.int32))
 
 
 def test_layers_whose_positions_are_not_one_index_per_token_refuse_cu_seqlens() -> None:

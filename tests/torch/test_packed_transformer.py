@@ -88,6 +88,9 @@ def test_refusals_name_the_value() -> None:
         emb(ids.expand(2, T), cu_seqlens=CU)
     with pytest.raises(tpt.PositionError, match=f"must end at the number of tokens T = {T}, got cu_seqlens"):
         emb(ids, cu_seqlens=CU[:-1])
+    for big in (T + 2, 10**8):                       # a value above T inside: refused before any write past T
+        with pytest.raises(tpt.PositionError, match=r"cu_seqlens\[2\] ="):
+            emb(ids, cu_seqlens=torch.tensor([0, 1, big, T], dtype=torch.int32))
 
 
 @pytest.mark.parametrize("case", ["learned", "sinusoidal"])

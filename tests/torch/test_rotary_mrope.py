@@ -69,6 +69,22 @@ def test_matches_hf_rotary_module_and_rotation(kind: str, section: list[int]) ->
     assert float((wrong.apply(q, k, pos)[0] - want_q).abs().max()) > 0.1 * scale
 
 
+@pytest.mark.parametrize("params", [
+    {"type": "mrope", "mrope_section": [4, 6, 6]},                          # a hub config.json's rope_scaling
+    {"type": "mrope", "rope_type": "default", "mrope_section": [4, 6, 6]},  # what transformers 5 makes of it
+    {"rope_type": "mrope", "mrope_section": [4, 6, 6]},
+])
+def test_legacy_mrope_type_reads_as_default_angles(params: dict) -> None:
+    """The legacy type "mrope", under either key, beside rope_type "default" or alone: HF's default angles."""
+    cfg = {"model_type": "qwen2_vl", "hidden_size": DH * 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "max_position_embeddings": 4096, "rope_theta": 10000.0, "rope_scaling": params}
+    want = MRotaryEmbedding.from_hf_config(_text_config("qwen2", [4, 6, 6]))
+    got = MRotaryEmbedding.from_hf_config(cfg)
+    pos = torch.arange(12).expand(3, 1, 12)
+    for a, b in zip(got.cos_sin(pos), want.cos_sin(pos), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_text_positions_are_plain_rope() -> None:
     from tokenpos.torch import RotaryEmbedding
 

@@ -26,7 +26,9 @@ _CU_DTYPES = tuple(np.dtype(name) for name in CU_SEQLENS_DTYPES)   # (dtype.name
 @njit(cache=True)
 def _positions_core(cu, out):  # pragma: no cover - compiled
     """cu (N + 1,) int32 / int64 -> the longest document, with ``out`` (T,) int64 holding the positions;
-    or -1 when ``cu`` breaks a rule (not 0 first, decreasing, not ending at T): the caller then raises.
+    or -1 when ``cu`` breaks a rule (not 0 first, decreasing, above T, not ending at T): the caller then
+    raises. Every write lies in ``out``: a document is written only once 0 <= start <= end <= T holds
+    for it, so a bad value anywhere in ``cu`` is refused before anything lands outside.
     The caller allocates ``out``: an array made here would be boxed into a NumPy array on return."""
     n, total = cu.shape[0], out.shape[0]
     if cu[0] != 0 or cu[n - 1] != total:
@@ -34,7 +36,7 @@ def _positions_core(cu, out):  # pragma: no cover - compiled
     longest = 0
     for d in range(n - 1):
         start, end = cu[d], cu[d + 1]
-        if end < start:
+        if end < start or end > total:                   # start >= 0: cu[0] == 0, then never decreasing
             return -1
         longest = max(longest, end - start)
         for t in range(start, end):

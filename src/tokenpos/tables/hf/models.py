@@ -63,8 +63,9 @@ def mrope_kwargs_from_hf_config(config: Any) -> dict[str, Any]:
 
     Reads ``mrope_section`` (HF's defaults when absent: [16, 24, 24] Qwen2-VL, [24, 20, 20] Qwen3-VL) and
     the layout (interleaved for Qwen3-VL model types or ``mrope_interleaved: true``); the rest as
-    :func:`tokenpos.tables.hf.rope.rope_kwargs_from_hf_config`. The legacy rope_type "mrope" is
-    "default".
+    :func:`tokenpos.tables.hf.rope.rope_kwargs_from_hf_config`. The legacy type "mrope" (as
+    ``rope_type`` or ``type``; a hub ``config.json``'s ``"rope_scaling": {"type": "mrope", ...}``) is
+    "default", as HF reads it.
     """
     text = config_get(config, "text_config")
     if text is None:
@@ -83,9 +84,9 @@ def mrope_kwargs_from_hf_config(config: Any) -> dict[str, Any]:
     flag = params.pop("mrope_interleaved", None)
     interleaved = flag is not None and check_bool("rope_parameters['mrope_interleaved']", flag)
     layout = "interleaved" if qwen3 or interleaved else "sections"
-    if params.get("rope_type", params.get("type")) == "mrope":
-        params.pop("type", None)
-        params["rope_type"] = "default"
+    for key in ("rope_type", "type"):   # "mrope" under either name: the legacy marker of default angles
+        if params.get(key) == "mrope":      # (transformers 5 keeps type "mrope" beside rope_type "default")
+            del params[key]
     plain = {"head_dim": hf_head_dim(text), "max_position_embeddings": config_get(text, "max_position_embeddings"),
              "rope_parameters": params, "rope_theta": config_get(text, "rope_theta"),
              "partial_rotary_factor": config_get(text, "partial_rotary_factor")}
