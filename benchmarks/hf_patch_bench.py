@@ -12,14 +12,16 @@ patched and unpatched in turn inside each round (interleaved, so drift hits both
 For each: best and median over rounds, the ratio unpatched / patched (> 1: patched is faster), the
 same ratio round by round (both models run in every round: its median and a 95 % bootstrap interval,
 ``analysis.bench_timing.paired_ratio``), and the
-share of the wall time spent in RoPE (the family's ``apply_rotary_pos_emb``, HF's or tokenpos's, timed
-by a wrapper) and in the input embedding (a forward pre/post hook pair), measured in separate timing
-rounds so the wrappers do not touch the main numbers. Logits of the two agree (checked once).
+share of the wall time spent in RoPE (the ``apply_rotary_pos_emb`` the attention calls, HF's or
+tokenpos's, timed by a wrapper in the globals it is read from: :func:`rope_scopes`) and in the input
+embedding (a forward pre/post hook pair), measured in separate timing rounds so the wrappers do not
+touch the main numbers. Logits of the two agree (checked once).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import time
 import warnings
@@ -61,31 +63,48 @@ def _decode(model: Any, prompt: torch.Tensor, steps: int) -> Callable[[], Any]:
     return run
 
 
+ROPE = "apply_rotary_pos_emb"
+
+
+def rope_scopes(model: Any) -> list[dict[str, Any]]:
+    """The globals in which ``model``'s attention modules look up ``apply_rotary_pos_emb``, one per
+    distinct dict: the modeling module's own (HF), or the patched forwards' copy (``patch`` gives
+    each patched model's attention a forward of its own, the module itself unchanged)."""
+    scopes: dict[int, dict[str, Any]] = {}
+    for m in model.modules():
+        if type(m).__name__.endswith("Attention"):
+            scope = inspect.unwrap(m.forward.__func__).__globals__
+            scopes[id(scope)] = scope
+    return list(scopes.values())
+
+
 class _Shares:
     """Seconds spent in the RoPE function and the input embedding while installed."""
 
     def __init__(self, model: Any) -> None:
-        from transformers.models.llama import modeling_llama
-
-        self.mod, self.model, self.rope, self.emb = modeling_llama, model, 0.0, 0.0
+        self.model, self.rope, self.emb = model, 0.0, 0.0
 
     def __enter__(self) -> _Shares:
-        inner = self.mod.apply_rotary_pos_emb
-
-        def timed(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            out = inner(*a, **k)
-            self.rope += time.perf_counter() - t
-            return out
-        self.inner, self.mod.apply_rotary_pos_emb = inner, timed
+        self.saved = [(scope, scope[ROPE]) for scope in rope_scopes(self.model)]
+        for scope, inner in self.saved:
+            scope[ROPE] = self._timed(inner)
         emb = self.model.get_input_embeddings()
         self.hooks = (emb.register_forward_pre_hook(lambda m, a: setattr(self, "_t", time.perf_counter())),
                       emb.register_forward_hook(lambda m, a, o: setattr(self, "emb", self.emb + time.perf_counter()
                                                                         - self._t)))
         return self
 
+    def _timed(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            out = inner(*a, **k)
+            self.rope += time.perf_counter() - t
+            return out
+        return timed
+
     def __exit__(self, *exc: Any) -> None:
-        self.mod.apply_rotary_pos_emb = self.inner
+        for scope, inner in self.saved:
+            scope[ROPE] = inner
         for h in self.hooks:
             h.remove()
 

@@ -61,7 +61,6 @@ def _run(model: Any, prompt: torch.Tensor, steps: int, variant: str, times: dict
     """One decode loop of ``variant`` ("hf" / "tokenpos"), the RoPE function and the embedding timed
     per call; with ``parts`` (tokenpos only) its internals too, and the calls under another name (the
     parts' wrappers cost time of their own)."""
-    from transformers.models.llama import modeling_llama
 
     saved: list[tuple[Any, str, Any]] = []
 
@@ -72,7 +71,9 @@ def _run(model: Any, prompt: torch.Tensor, steps: int, variant: str, times: dict
     if variant == "tokenpos":
         patch(model)
     label = f"{variant}, parts timed" if parts else variant
-    wrap(modeling_llama, "apply_rotary_pos_emb", f"{label}: RoPE call")
+    for scope in bench.rope_scopes(model):       # where the attention reads it: HF's module, or the patched copy
+        saved.append((scope, bench.ROPE, scope[bench.ROPE]))
+        scope[bench.ROPE] = _timed(scope[bench.ROPE], times[f"{label}: RoPE call"])
     emb = model.get_input_embeddings()
     wrap(emb, "forward", f"{label}: embedding call")
     if parts:
@@ -86,6 +87,8 @@ def _run(model: Any, prompt: torch.Tensor, steps: int, variant: str, times: dict
         for owner, name, fn in reversed(saved):
             if owner is emb:
                 del emb.forward                  # back to the class's method
+            elif isinstance(owner, dict):
+                owner[name] = fn
             else:
                 setattr(owner, name, fn)
         if variant == "tokenpos":

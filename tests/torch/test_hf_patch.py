@@ -251,18 +251,53 @@ def test_refused_calls_change_nothing() -> None:
     unpatch(model)
 
 
-def test_the_rope_function_is_restored_after_the_last_patched_model() -> None:
+def test_only_the_patched_model_runs_tokenpos_rope(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The modeling module is never changed: a model nobody patched runs HF's RoPE, and unpatching one
+    model gives its bit-identical outputs back while another is still patched. In bf16, where the two
+    rotations round differently, a process-wide swap would show in both (it did, until stop 45)."""
+    import importlib
+
     from transformers.models.llama import modeling_llama
 
+    hp = importlib.import_module("tokenpos.torch.hf.patch")             # (the package's `patch` is the function)
     original = modeling_llama.apply_rotary_pos_emb
-    a, b = _model("llama"), _model("llama")
-    patch(a)
-    patch(b, embedding=False)
-    assert type(b.model.embed_tokens) is torch.nn.Embedding
-    unpatch(a)
-    assert modeling_llama.apply_rotary_pos_emb is not original          # b still uses it
-    unpatch(b)
-    assert modeling_llama.apply_rotary_pos_emb is original
+    calls: list[int] = []
+    real = hp.rotate_qk
+    monkeypatch.setattr(hp, "rotate_qk", lambda *a: calls.append(1) or real(*a))
+    a, b, c = (_model("llama").to(torch.bfloat16) for _ in range(3))
+    ids = _ids(2)
+    with torch.no_grad():
+        want_a, want_c = a(ids).logits, c(ids).logits
+        patch(a)
+        patch(b, embedding=False)
+        assert modeling_llama.apply_rotary_pos_emb is original
+        assert torch.equal(c(ids).logits, want_c) and not calls           # never patched: HF's own code
+        b(ids)
+        assert len(calls) == KW["num_hidden_layers"]                      # one rope_qk per attention layer
+        assert not torch.equal(a(ids).logits, want_a)                     # bf16: tokenpos rounds once
+        unpatch(a)
+        calls.clear()
+        assert torch.equal(a(ids).logits, want_a) and not calls           # while b is still patched
+        unpatch(b)
+    assert not any("forward" in vars(m) for m in [*a.modules(), *b.modules()])
+
+
+def test_an_attention_module_with_a_forward_of_its_own_is_refused_and_nothing_changes() -> None:
+    """A forward set on the instance (accelerate's hooks do this) is not the class's code that patch
+    copies: refused before any change."""
+    import functools
+
+    model = _model("llama")
+    attn = model.model.layers[1].self_attn
+    own = functools.partial(type(attn).forward, attn)
+    attn.forward = own
+    emb = model.get_input_embeddings()
+    with pytest.raises(ConfigError, match=r"model\.layers\.1\.self_attn .*forward of its own"):
+        patch(model)
+    assert attn.forward is own and model.get_input_embeddings() is emb
+    assert not any("forward" in vars(m) for m in model.modules() if m is not attn)
+    patch(model, rope=False)                                              # the embedding alone still patches
+    unpatch(model)
 
 
 def test_the_blhd_layout_of_the_rope_function_and_a_bad_one() -> None:

@@ -8,9 +8,14 @@ holds the replacements, which follow HF's calling conventions exactly:
   pass (GPT-J rotates one tensor per call: ``tokenpos::rope``), through
   :func:`tokenpos.torch.ops.entry.rotate_qk`. HF's cos / sin (B, L, R) hold duplicated halves [c, c];
   the op reads the first half (B, L, F), F = R/2, as float32 (float64 for a float64 model: the op
-  never takes low-precision tables). As in Liger-Kernel, the function is replaced in its modeling
-  module, so every model of that family in the process uses it until the last patched one is
-  unpatched (a count per function).
+  never takes low-precision tables). The function is replaced for THIS model only: each of its
+  attention modules gets its own ``forward``, the class's code (decorators included) run with the
+  modeling module's globals but for that one name (:func:`_with_global`). The modeling module is
+  never changed, so another model of the family in the process keeps HF's function, and
+  :func:`unpatch` (which deletes those instance ``forward`` attributes) restores bit-identical
+  outputs whatever else is patched. (Liger-Kernel swaps the module's function for the whole
+  process instead; in bf16, where the two rotations round differently, that changes the outputs
+  of every model of the family.)
 - ``angles="exact"``: the model's rotary module(s) become :class:`ExactAngles`, cos / sin from
   tokenpos's float64 angles of the config, handed to the patched function in HF's form.
 - Embedding: the input embedding becomes a :class:`~tokenpos.torch.hf.embedding.SharedTokenEmbedding`
@@ -25,6 +30,7 @@ Shapes: B batch, H (Hk) query (key) heads, L length, Dh head dim, R rotary dim, 
 from __future__ import annotations
 
 import importlib
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +44,6 @@ from tokenpos.torch.ops.entry import rotate, rotate_qk
 
 ANGLES = ("hf", "exact")
 _STATE = "_tokenpos_patch"
-_FUNCTIONS: dict[tuple[str, str], list[Any]] = {}   # (module, function) -> [HF's function, patched models]
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,32 @@ def _embedding_plan(model: Any, family: Family) -> tuple[Any, float]:
     return emb, hf_embedding_scale(family.embed_scale, emb, model.config)
 
 
+def _with_global(fn: Any, name: str, value: Any) -> Any:
+    """A copy of the function ``fn`` whose innermost function (below ``functools.wraps`` decorators,
+    ``__wrapped__``) reads the global ``name`` as ``value``; every decorator layer is copied with its
+    closure pointing at the copy below it. None when a layer does not hold the one below in its
+    closure (a decorator this cannot copy) or the innermost code does not read ``name``."""
+    inner = getattr(fn, "__wrapped__", None)
+    if inner is None:
+        if not isinstance(fn, types.FunctionType) or name not in fn.__code__.co_names:
+            return None
+        scope = dict(fn.__globals__)
+        scope[name] = value
+        new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    else:
+        below = _with_global(inner, name, value)
+        cells = fn.__closure__ or ()
+        if below is None or not isinstance(fn, types.FunctionType) or \
+                sum(c.cell_contents is inner for c in cells) != 1:
+            return None
+        closure = tuple(types.CellType(below) if c.cell_contents is inner else c for c in cells)
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+        new.__wrapped__ = below                                   # type: ignore[attr-defined]
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
+    return new
+
+
 def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     parent, _, leaf = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, leaf, module)
@@ -216,16 +247,28 @@ def patch(model: Any, *, rope: bool = True, embedding: bool = True, angles: str 
     # -- plan (every check before any change) ---------------------------------------------------
     module_name = f"transformers.models.{family.module}.modeling_{family.module}"
     rotaries: list[str] = []
+    forwards: dict[nn.Module, Any] = {}                  # attention module -> its forward with tokenpos's RoPE
     layers = 0
     if do_rope:
-        hf_module = importlib.import_module(module_name)
+        importlib.import_module(module_name)
         rotaries = [n for m, n in names.items() if type(m).__name__ == family.rotary_class
                     and type(m).__module__ == module_name]
-        layers = sum(1 for m in names if type(m).__module__ == module_name and type(m).__name__.endswith("Attention")
-                     and "Vision" not in type(m).__name__ and getattr(m, "use_rope", True))
+        attention = [m for m in names if type(m).__module__ == module_name and type(m).__name__.endswith("Attention")
+                     and "Vision" not in type(m).__name__]
+        layers = sum(1 for m in attention if getattr(m, "use_rope", True))
         if not rotaries or not layers:
             raise ConfigError(f"patch found no {family.rotary_class} or attention module of {module_name} in this "
                               f"{type(model).__name__}; expected the family's own modules")
+        by_class: dict[type, Any] = {}
+        for m in attention:
+            cls = type(m)
+            if cls not in by_class:
+                by_class[cls] = _with_global(cls.forward, family.function, REPLACEMENTS[str(family.rope)])
+            if by_class[cls] is None or "forward" in vars(m):
+                raise ConfigError(f"patch cannot give {names[m]} ({cls.__name__}) tokenpos's RoPE: expected its "
+                                  f"class's forward, calling {family.function} of {module_name}"
+                                  + ("; it has a forward of its own (hooks?)" if "forward" in vars(m) else ""))
+            forwards[m] = by_class[cls]
     emb_plan = _embedding_plan(model, family) if embedding else None
     exact: dict[str, ExactAngles] = {}
     if angles == "exact":
@@ -235,13 +278,11 @@ def patch(model: Any, *, rope: bool = True, embedding: bool = True, angles: str 
             buffers = list(model.get_submodule(n).buffers())
             exact[n] = _exact_rotary(family, cfg, buffers[0].device if buffers else torch.device("cpu"))
     # -- apply ------------------------------------------------------------------------------------
-    state: dict[str, Any] = {"rope": None, "rotary": {}, "embedding": None}
+    state: dict[str, Any] = {"rope": [], "rotary": {}, "embedding": None}
     if do_rope:
-        key = (module_name, family.function)
-        entry = _FUNCTIONS.setdefault(key, [getattr(hf_module, family.function), 0])
-        entry[1] += 1
-        setattr(hf_module, family.function, REPLACEMENTS[str(family.rope)])
-        state["rope"] = key
+        for m, fn in forwards.items():
+            m.forward = types.MethodType(fn, m)
+            state["rope"].append(m)
         for n, new in exact.items():
             state["rotary"][n] = model.get_submodule(n)
             _set_module(model, n, new)
@@ -257,8 +298,8 @@ def patch(model: Any, *, rope: bool = True, embedding: bool = True, angles: str 
 
 
 def unpatch(model: Any) -> None:
-    """Undo :func:`patch`: the original embedding and rotary modules go back in place, and the family's
-    RoPE function is restored once no patched model uses it. Outputs are then bit-identical to before.
+    """Undo :func:`patch`: the original embedding and rotary modules go back in place, and the attention
+    modules run their class's forward again. Outputs are then bit-identical to before.
 
     Raises:
         ConfigError: ``model`` is not patched.
@@ -270,10 +311,6 @@ def unpatch(model: Any) -> None:
         model.set_input_embeddings(state["embedding"])
     for n, old in state["rotary"].items():
         _set_module(model, n, old)
-    if state["rope"] is not None:
-        entry = _FUNCTIONS[state["rope"]]
-        entry[1] -= 1
-        if entry[1] == 0:
-            setattr(importlib.import_module(state["rope"][0]), state["rope"][1], entry[0])
-            del _FUNCTIONS[state["rope"]]
+    for m in state["rope"]:
+        del m.forward                                      # the class's own forward again
     object.__delattr__(model, _STATE)
