@@ -93,11 +93,30 @@ def test_refusals() -> None:
             rope.apply(q, k, cu_seqlens=np.array([0, 1, big, T]))
     assert rope._last is before                                                # a refused call keeps nothing
     x = np.zeros((T, 2, 8))
-    for layer in (tpn.XPosRotaryEmbedding(8, qk_layout="thd"),
-                  tpn.MRotaryEmbedding(8, mrope_section=[2, 1, 1], qk_layout="thd"),
+    for layer in (tpn.MRotaryEmbedding(8, mrope_section=[2, 1, 1], qk_layout="thd"),
                   tpn.RotaryEmbedding2D(8, qk_layout="thd")):
-        with pytest.raises(ConfigError, match=f"{type(layer).__name__} does not take cu_seqlens"):
+        with pytest.raises(ConfigError, match=f"{type(layer).__name__} does not take cu_seqlens: its positions"):
             layer.apply(x, x, None, cu_seqlens=CU)
+
+
+@pytest.mark.parametrize("center", [None, 3.0])
+def test_packed_xpos_scales_every_document_as_if_run_alone(center: float | None) -> None:
+    """xPos packs: each document rotated and scaled around its own centre (``center``, or its length // 2,
+    the default of a call of that document alone), forward and backward (float64, bit for bit); an empty
+    document too."""
+    lengths = [5, 0, 3, 6]
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    rng = np.random.default_rng(4)
+    q, k = rng.standard_normal((cu[-1], 4, 8)), rng.standard_normal((cu[-1], 2, 8))
+    gq, gk = rng.standard_normal(q.shape), rng.standard_normal(k.shape)
+    layer = tpn.XPosRotaryEmbedding(8, qk_layout="thd", center=center)
+    oq, ok = layer.apply(q, k, cu_seqlens=cu)
+    dq, dk = layer.backward(gq, gk)
+    for a, b in zip(cu[:-1], cu[1:], strict=True):
+        rq, rk = layer.apply(q[a:b], k[a:b])
+        rdq, rdk = layer.backward(gq[a:b], gk[a:b])
+        for got, want in ((oq[a:b], rq), (ok[a:b], rk), (dq[a:b], rdq), (dk[a:b], rdk)):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_packed_call_is_one_pass_over_the_cached_table_and_copies_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

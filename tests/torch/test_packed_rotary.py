@@ -108,10 +108,11 @@ def test_one_row_in_the_declared_layouts_equals_thd() -> None:
         torch.testing.assert_close(c[0], a, **TOL["exact"])
 
 
-def test_packed_call_on_cuda_makes_no_host_sync() -> None:
+@pytest.mark.parametrize("cls", [tpt.RotaryEmbedding, tpt.XPosRotaryEmbedding])
+def test_packed_call_on_cuda_makes_no_host_sync(cls: type) -> None:
     q, k = qk()
-    want = tpt.RotaryEmbedding(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU)
-    rope = fake_cuda_module(tpt.RotaryEmbedding(DH, qk_layout="thd"))
+    want = cls(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU)
+    rope = fake_cuda_module(cls(DH, qk_layout="thd"))
     with no_host_sync():
         got = rope.apply(to_fake_cuda(q), to_fake_cuda(k), cu_seqlens=to_fake_cuda(CU))
     for a, b in zip(got, want, strict=True):
@@ -149,12 +150,33 @@ def test_bad_shapes_and_cu_seqlens_are_refused() -> None:
 
 def test_layers_whose_positions_are_not_one_index_per_token_refuse_cu_seqlens() -> None:
     x = torch.randn(T, 2, 8)
-    layers = [tpt.XPosRotaryEmbedding(8, qk_layout="thd"), tpt.MRotaryEmbedding(8, mrope_section=[2, 1, 1],
-                                                                                 qk_layout="thd"),
-              tpt.RotaryEmbedding2D(8, qk_layout="thd")]
-    for layer in layers:
-        with pytest.raises(ConfigError, match=f"{type(layer).__name__} does not take cu_seqlens"):
+    for layer, why in ((tpt.MRotaryEmbedding(8, mrope_section=[2, 1, 1], qk_layout="thd"), "three axes per token"),
+                       (tpt.RotaryEmbedding2D(8, qk_layout="thd"), r"a \(row, column\) pair")):
+        with pytest.raises(ConfigError, match=f"{type(layer).__name__} does not take cu_seqlens: its positions "
+                                              f"are {why}"):
             layer.apply(x, x, None, cu_seqlens=CU)
+
+
+@pytest.mark.parametrize("center", [None, 3.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_packed_xpos_scales_every_document_as_if_run_alone(center: float | None, dtype: torch.dtype) -> None:
+    """xPos packs: each document rotated and scaled around its own centre (``center``, or its length // 2,
+    the default of a call of that document alone), forward and backward; an empty document too."""
+    lengths = [5, 0, 3, 6]
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int64)
+    n = int(cu[-1])
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(n, 4, 8, generator=g, dtype=dtype, requires_grad=True)
+    k = torch.randn(n, 2, 8, generator=g, dtype=dtype, requires_grad=True)
+    layer = tpt.XPosRotaryEmbedding(8, qk_layout="thd", center=center, dtype=dtype)
+    oq, ok = layer.apply(q, k, cu_seqlens=cu)
+    (oq.square().sum() + ok.sum()).backward()
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        qd, kd = q[a:b].detach().requires_grad_(), k[a:b].detach().requires_grad_()
+        rq, rk = layer.apply(qd, kd)
+        (rq.square().sum() + rk.sum()).backward()
+        for got, want in ((oq[a:b], rq), (ok[a:b], rk), (q.grad[a:b], qd.grad), (k.grad[a:b], kd.grad)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("layout", ["thd", "blhd"])

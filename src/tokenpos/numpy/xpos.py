@@ -21,7 +21,7 @@ from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, xpos_lay
 from tokenpos.tables.checks.validation import check_positions
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq
-from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale, xpos_scaled_tables
+from tokenpos.tables.formulas.xpos import xpos_center, xpos_document_centres, xpos_scale, xpos_scaled_tables
 
 
 class XPosRotaryEmbedding(RotaryBase):
@@ -46,6 +46,7 @@ class XPosRotaryEmbedding(RotaryBase):
     kind = "rotary"
     name = "xpos"
     rotates_qk_together = True       # k scaled down, q up, around one centre of the call
+    packs = True                     # cu_seqlens: one centre per document
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512.0,
                  rotary_dim: int | None = None, interleaved: bool = True, center: float | None = None,
@@ -64,7 +65,7 @@ class XPosRotaryEmbedding(RotaryBase):
         call of ``length`` (``center``, or ``length // 2``)."""
         return self._tables_at(check_positions(positions), xpos_center(self.center, length))
 
-    def _tables_at(self, pos: np.ndarray, centre: float) -> tuple[np.ndarray, ...]:
+    def _tables_at(self, pos: np.ndarray, centre: Any) -> tuple[np.ndarray, ...]:
         ang = rope_angles(pos, self.inv_freq)
         s = xpos_scale(pos, self.rotary_dim, scale_base=self.scale_base, center=centre)
         return xpos_scaled_tables(np.cos(ang), np.sin(ang), s)
@@ -73,6 +74,15 @@ class XPosRotaryEmbedding(RotaryBase):
         """Refused, as in the torch twin: xPos scales q and k differently, so one tensor alone is ambiguous
         (use :meth:`apply`; in the attention functions pass ``positions=`` so they call ``apply``)."""
         raise ConfigError(XPOS_TOGETHER_MESSAGE)
+
+    def _rotate_packed(self, q: np.ndarray, k: np.ndarray, pos: np.ndarray, end: int
+                       ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
+        """q, k (1, H, T, Dh) at packed positions (T,): every document scaled around its own centre
+        (``center``, or its length // 2), as if it were run alone."""
+        centre = xpos_document_centres(pos) if self.center is None else self.center
+        cq, sq, ck, sk = self._tables_at(pos, centre)
+        cq, sq, ck, sk = cq.astype(q.dtype), sq.astype(q.dtype), ck.astype(k.dtype), sk.astype(k.dtype)
+        return self._rotate_pair(q, k, (cq, sq), (ck, sk), self.interleaved)
 
     def _rotate_bhld(self, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:

@@ -21,6 +21,16 @@ from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale_of, xpos_scale
 from tokenpos.torch._rotary_base import RotaryBase
 
 
+def _document_centres(pos: torch.Tensor) -> torch.Tensor:
+    """``tables.formulas.xpos.xpos_document_centres`` in torch ops of fixed sizes (no host sync): packed
+    positions (any shape, tokens in order), restarting at 0 per document -> each token's document
+    length // 2, the same shape."""
+    flat = pos.reshape(-1)
+    doc = torch.cumsum(flat == 0, 0) - 1                                   # (T,) the token's document
+    lengths = torch.zeros_like(flat).scatter_reduce(0, doc, flat + 1, "amax")
+    return (lengths[doc] // 2).view(pos.shape)
+
+
 class XPosRotaryEmbedding(RotaryBase):
     """xPos (see the NumPy twin for the arguments); ``device`` places the tables, ``dtype`` is accepted.
 
@@ -34,6 +44,7 @@ class XPosRotaryEmbedding(RotaryBase):
     kind = "rotary"
     name = "xpos"
     rotates_qk_together = True       # k scaled down, q up, around one centre of the call
+    packs = True                     # cu_seqlens: one centre per document
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512.0,
                  rotary_dim: int | None = None, interleaved: bool = True, center: float | None = None,
@@ -59,16 +70,25 @@ class XPosRotaryEmbedding(RotaryBase):
         centre that of a call of ``length`` (``center``, or ``length // 2``)."""
         return self._tables_at(pos, xpos_center(self.center, length))
 
-    def _tables_at(self, pos: torch.Tensor, centre: float) -> tuple[torch.Tensor, ...]:
+    def _tables_at(self, pos: torch.Tensor, centre: Any) -> tuple[torch.Tensor, ...]:
         p = pos.to(self.inv_freq.dtype)
         ang = p[..., None] * self.inv_freq
-        s = xpos_scale_of(self.zeta, p, scale_base=self.scale_base, center=centre)
+        c = centre.to(p.dtype) if isinstance(centre, torch.Tensor) else centre
+        s = xpos_scale_of(self.zeta, p, scale_base=self.scale_base, center=c)
         return xpos_scaled_tables(torch.cos(ang), torch.sin(ang), s)
 
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: Any = None) -> Any:
         """Refused: xPos scales q and k differently, so one tensor alone is ambiguous (use :meth:`apply`;
         in the attention functions pass ``positions=`` so they call ``apply``)."""
         raise ConfigError(XPOS_TOGETHER_MESSAGE)
+
+    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k packed views at the packed positions (their (B, L)): every document scaled around its own
+        centre (``center``, or its length // 2), as if it were run alone; on the device (no host sync)."""
+        centre = _document_centres(pos) if self.center is None else self.center
+        cq, sq, ck, sk = self._tables_at(pos, centre)
+        return self._rotate_pair(q, k, (cq, sq), (ck, sk), self.interleaved)
 
     def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
                      ) -> tuple[torch.Tensor, torch.Tensor]:

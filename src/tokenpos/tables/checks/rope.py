@@ -130,7 +130,17 @@ def check_positions_shape(shape: tuple[int, ...], batch: int, length: int) -> bo
     return False
 
 
+_NOT_PACKED = {   # why a rotary layer's positions do not follow from cu_seqlens, and what to pass instead
+    "MRotaryEmbedding": "its positions are three axes per token (temporal, height, width); pass them as "
+                        "positions (3, 1, T), each document's mrope_position_ids side by side",
+    "RotaryEmbedding2D": "its positions are a (row, column) pair per patch of an image grid; pass them as "
+                         "positions",
+}
+
+
 def rotary_packed_message(layer: str) -> str:
-    """A rotary layer whose positions are not one index per token refuses ``cu_seqlens``."""
-    return (f"{layer} does not take cu_seqlens: its positions are not one index per token restarting per "
-            f"document; pack with RotaryEmbedding, or pass this layer's own positions")
+    """A rotary layer whose positions are not one index per token refuses ``cu_seqlens``: why, and what to
+    pass instead."""
+    why = _NOT_PACKED.get(layer, "its positions are not one index per token restarting per document; pass "
+                                 "its own positions")
+    return f"{layer} does not take cu_seqlens: {why}"

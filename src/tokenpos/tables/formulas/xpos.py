@@ -33,23 +33,34 @@ def xpos_center(center: float | None, length: int) -> float | int:
     return length // 2 if center is None else center
 
 
-def xpos_scale_of(zeta: Any, positions: Any, *, scale_base: float, center: float) -> Any:
+def xpos_scale_of(zeta: Any, positions: Any, *, scale_base: float, center: Any) -> Any:
     """The xPos scale formula, written once for NumPy arrays and torch tensors alike (operators only).
 
     ``zeta ** ((positions - center) / scale_base)``: zeta (F,) and float positions (...) of one array
-    type (float64; float32 on MPS) -> (..., F). No checks (see :func:`xpos_scale`).
+    type (float64; float32 on MPS), ``center`` a number or one per position (...) -> (..., F). No
+    checks (see :func:`xpos_scale`).
     """
-    return zeta ** ((positions[..., None] - center) / scale_base)
+    return zeta ** ((positions - center)[..., None] / scale_base)
 
 
-def xpos_scale(positions: Any, rotary_dim: int, *, scale_base: float = 512.0, center: float = 0.0) -> np.ndarray:
-    """Per-pair scales of q at int positions (...): ``zeta ** ((pos - center) / scale_base)`` -> (..., F) float64.
+def xpos_document_centres(positions: np.ndarray) -> np.ndarray:
+    """The default centre of every token of a packed row: its document's ``L // 2``, the centre the
+    document would get run alone. positions (T,) int, restarting at 0 in every document -> (T,) int64."""
+    starts = np.flatnonzero(positions == 0)
+    lengths = np.diff(np.append(starts, positions.size))
+    return np.repeat(lengths // 2, lengths)
+
+
+def xpos_scale(positions: Any, rotary_dim: int, *, scale_base: float = 512.0, center: Any = 0.0) -> np.ndarray:
+    """Per-pair scales of q at int positions (...): ``zeta ** ((pos - center) / scale_base)`` -> (..., F) float64;
+    ``center`` a number or one per position (...).
 
     k uses the reciprocal.
     """
     scale_base = check_float("scale_base", scale_base, low=0.0, low_inclusive=False)
     pos = check_positions(positions).astype(np.float64)
-    return xpos_scale_of(xpos_zeta(rotary_dim), pos, scale_base=scale_base, center=float(center))  # type: ignore[no-any-return]
+    return xpos_scale_of(xpos_zeta(rotary_dim), pos, scale_base=scale_base,  # type: ignore[no-any-return]
+                         center=np.asarray(center, dtype=np.float64))
 
 
 def xpos_scaled_tables(cos: Any, sin: Any, scale: Any) -> tuple[Any, Any, Any, Any]:
