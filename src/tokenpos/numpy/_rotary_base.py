@@ -34,8 +34,10 @@ from tokenpos.numpy.module import Module
 from tokenpos.tables.checks.packing import check_packed_rotary_args
 from tokenpos.tables.checks.rope import (
     check_heads,
+    check_no_key_positions,
     check_positions_shape,
     check_qk_lengths,
+    one_head,
     rope_dtype_message,
     rope_layout_shape_message,
     rotary_packed_message,
@@ -178,10 +180,13 @@ class RotaryBase(Module):
             q_out, k_out, cache = self._rotate_bhld(q, k, positions, start_pos, key_positions)
         return self._out(q_out), self._out(k_out), cache
 
-    def apply_backward(self, grad_q: Any, grad_k: Any, cache: RotaryCache) -> tuple[np.ndarray, np.ndarray]:
+    def apply_backward(self, grad_q: Any, grad_k: Any, cache: RotaryCache) -> tuple[np.ndarray, np.ndarray | None]:
         """Gradients (dq, dk) w.r.t. q and k from those w.r.t. q' and k' (declared layout): the transpose
-        of the forward map (the rotation by -angle, scaled as the forward was)."""
-        gq, gk = _bhld(np.asarray(grad_q), self.qk_layout), _bhld(np.asarray(grad_k), self.qk_layout)
+        of the forward map (the rotation by -angle, scaled as the forward was). ``grad_k`` None: (dq, None)."""
+        gq = _bhld(np.asarray(grad_q), self.qk_layout)
+        if grad_k is None:
+            return self._out(F.rope_backward(gq, cache.q)), None
+        gk = _bhld(np.asarray(grad_k), self.qk_layout)
         if cache.k is None:
             dq, dk = F.rope_qk_backward(gq, gk, cache.q)
         else:
@@ -189,21 +194,28 @@ class RotaryBase(Module):
         return self._out(dq), self._out(dk)
 
     # -- stateful pair -----------------------------------------------------------------------------
-    def apply(self, q: Any, k: Any, positions: Any = None, *, start_pos: int = 0,
-              key_positions: Any = None, cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,
+              key_positions: Any = None, cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Rotate q and k (B, H, L, Dh) at ``positions`` (see the layer; given positions need start_pos=0);
         keeps what :meth:`backward` needs (nothing changes when an input is refused). With
         ``cu_seqlens`` (N + 1,): q (T, H, Dh) and k (T, Hk, Dh) (``qk_layout="thd"``; or one row of the
-        declared layout), positions restarting at 0 in every document.
+        declared layout), positions restarting at 0 in every document. ``k`` None: q alone (q rotated
+        as in a call with keys of q's length).
 
-        Returns (q', k') with the input shapes and dtypes.
+        Returns (q', k') with the input shapes and dtypes; (q', None) without k.
         """
-        q_out, k_out, self._last = self.apply_forward(q, k, positions, start_pos=start_pos,
-                                                      key_positions=key_positions, cu_seqlens=cu_seqlens)
-        return q_out, k_out
+        if k is None:
+            check_no_key_positions(key_positions)
+            q = np.asarray(q)
+        q_out, k_out, last = self.apply_forward(q, one_head(q, self.qk_layout) if k is None else k, positions,
+                                                start_pos=start_pos, key_positions=key_positions,
+                                                cu_seqlens=cu_seqlens)
+        self._last = last
+        return q_out, (None if k is None else k_out)
 
     forward = apply
 
-    def backward(self, grad_q: Any, grad_k: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Gradients (dq, dk) of the last :meth:`apply`."""
+    def backward(self, grad_q: Any, grad_k: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Gradients (dq, dk) of the last :meth:`apply`; ``grad_k`` None (a call without k, or no
+        gradient reaching k'): (dq, None)."""
         return self.apply_backward(grad_q, grad_k, self._cached(self._last))

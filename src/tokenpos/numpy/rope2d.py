@@ -88,10 +88,10 @@ class RotaryEmbedding2D(RotaryBase):
         return super().apply_forward(q, k, positions, start_pos=start_pos, key_positions=key_positions,
                                      cu_seqlens=cu_seqlens)
 
-    def apply(self, q: Any, k: Any, positions: Any, *, start_pos: Any = None,  # type: ignore[override]
-              key_positions: Any = None, cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: Any = None,  # type: ignore[override]
+              key_positions: Any = None, cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Rotate q and k at (row, col) positions (``start_pos``: None or 0, as :meth:`apply_forward`);
-        keeps what :meth:`backward` needs."""
+        keeps what :meth:`backward` needs. ``k`` None: (q', None)."""
         return super().apply(q, k, positions, start_pos=start_pos, key_positions=key_positions,
                              cu_seqlens=cu_seqlens)
 

@@ -32,9 +32,11 @@ import torch
 from tokenpos.tables.checks.packing import check_packed_rotary_args
 from tokenpos.tables.checks.rope import (
     check_heads,
+    check_no_key_positions,
     check_positions_shape,
     check_qk_lengths,
     check_same_key_positions,
+    one_head,
     rope_dtype_message,
     rope_layout_shape_message,
     rotary_packed_message,
@@ -228,6 +230,7 @@ class RotaryBase(TokenposModule):
         """Rotate q and k at ``positions`` (see the layer; given positions need start_pos=0); returns (q', k')
         with the input shapes and dtypes. With ``cu_seqlens`` (N + 1,): q (T, H, Dh) and k (T, Hk, Dh)
         (``qk_layout="thd"``; or one row of the declared layout), positions restarting at 0 in every document.
+        ``k`` None: q alone, returning (q', None) (q rotated as in a call with keys of q's length).
 
         ``apply(fn)`` with a single callable is ``nn.Module.apply`` (``model.apply(init_fn)`` recurses
         through every child, this one included), so that idiom keeps working.
@@ -235,6 +238,11 @@ class RotaryBase(TokenposModule):
         # nn.Module.apply recursion calls child.apply(fn) on every child, so apply(fn) must stay nn.Module.apply.
         if k is None and callable(q) and not isinstance(q, torch.Tensor):
             return super().apply(q)
+        if k is None:
+            check_no_key_positions(key_positions)
+            q_out, _ = self.apply(q, one_head(q, self.qk_layout), positions, start_pos=start_pos,
+                                  cu_seqlens=cu_seqlens)
+            return q_out, None
         packed = cu_seqlens is not None
         q, k = self._qk(q, k, packed)
         if packed:

@@ -87,6 +87,23 @@ def rope_positions_message(shape: tuple[int, ...], batch: int, length: int) -> s
     return f"positions must have shape {shapes}, got {tuple(int(s) for s in shape)}"
 
 
+def one_head(q: Any, qk_layout: str) -> Any:
+    """The first head of q (a NumPy array or a tensor in ``qk_layout``), a view: the keys of a call that
+    rotates q alone (``apply(q)``: one head of work more than q's, not twice). A q with too few dims
+    comes back as it is: the layer checks q first and refuses it."""
+    axis = HEAD_AXIS[qk_layout]
+    if getattr(q, "ndim", 0) <= axis:
+        return q
+    return q[(slice(None),) * axis + (slice(0, 1),)]
+
+
+def check_no_key_positions(key_positions: Any) -> None:
+    """``apply(q)`` without k takes no ``key_positions`` (they are k's)."""
+    if key_positions is not None:
+        raise ConfigError("key_positions given without k: they are the positions of k; pass k too, or leave "
+                          "key_positions out")
+
+
 def check_qk_layout(qk_layout: Any, num_heads: Any = None) -> tuple[str, int | None]:
     """``(qk_layout, num_heads)`` checked: a layout of QK_LAYOUTS and None or a positive head count."""
     check_choice("qk_layout", qk_layout, QK_LAYOUTS)
