@@ -32,7 +32,7 @@ SCHEMES = {
                                                            seed=3),
     "fire": lambda: tpn.FIRE(H, width=4, init_L=3.0, dtype=np.float64, seed=3),
     "kerple": lambda: tpn.KERPLE(H, dtype=np.float64, seed=3),
-    # rotary layers without a packed path of their own rotate at the in-document positions too
+    # xPos packs around each document's centre; M-RoPE rotates at the in-document positions
     "xpos": lambda: tpn.XPosRotaryEmbedding(DH),
     "mrope": lambda: tpn.MRotaryEmbedding(DH, mrope_section=[2, 1, 1]),
 }
@@ -140,3 +140,15 @@ def test_bad_shapes_and_cu_seqlens_are_refused() -> None:
         tpn.scaled_dot_product_attention(q[1:], k, v, cu_seqlens=CU)
     with pytest.raises(tpn.PositionError, match=f"must end at the number of tokens T = {T}"):
         tpn.scaled_dot_product_attention(q, k, v, cu_seqlens=CU[:-1])
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_no_tokens_give_an_empty_output_and_gradients(name: str) -> None:
+    """T = 0 (``cu_seqlens`` [0]) and an unpacked L = 0: empty outputs and gradients, as torch's own
+    attention gives (a max over no keys once raised from NumPy)."""
+    x = np.zeros((0, H, DH))
+    out, cache = scaled_dot_product_attention_forward(x, x, x, positional=SCHEMES[name](), cu_seqlens=np.array([0]))
+    assert out.shape == (0, H, DH)
+    assert all(g.shape == (0, H, DH) for g in scaled_dot_product_attention_backward(out, cache))
+    y = np.zeros((1, H, 0, DH))
+    assert tpn.scaled_dot_product_attention(y, y, y, positional=SCHEMES[name]()).shape == (1, H, 0, DH)

@@ -34,7 +34,7 @@ SCHEMES = {
                                                              dtype=F64 if be is tpt else np.float64),
     "fire": lambda be: be.FIRE(H, width=4, init_L=3.0, seed=3, dtype=F64 if be is tpt else np.float64),
     "kerple": lambda be: be.KERPLE(H, seed=3, dtype=F64 if be is tpt else np.float64),
-    # rotary layers without a packed path of their own rotate at the in-document positions too
+    # xPos packs around each document's centre; M-RoPE rotates at the in-document positions
     "xpos": lambda be: be.XPosRotaryEmbedding(DH),
     "mrope": lambda be: be.MRotaryEmbedding(DH, mrope_section=[2, 1, 1]),
 }
@@ -120,3 +120,16 @@ def test_llama4_query_temperature_uses_the_in_document_positions() -> None:
     theirs = tpn.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), attn_temperature=(4, 0.1),
                                               cu_seqlens=CU.numpy())
     np.testing.assert_allclose(out.numpy(), theirs, **TOL["forward.float64"])
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_no_tokens_give_an_empty_output_and_gradients(name: str) -> None:
+    """T = 0 (``cu_seqlens`` [0]) and an unpacked L = 0: empty outputs and gradients, as torch's own
+    attention gives (an amax over no keys once raised)."""
+    x = torch.zeros(0, H, DH, dtype=F64, requires_grad=True)
+    out = tpt.scaled_dot_product_attention(x, x, x, positional=SCHEMES[name](tpt), cu_seqlens=torch.tensor([0]))
+    assert out.shape == (0, H, DH)
+    out.sum().backward()
+    assert x.grad is not None and x.grad.shape == (0, H, DH)
+    y = torch.zeros(1, H, 0, DH, dtype=F64)
+    assert tpt.scaled_dot_product_attention(y, y, y, positional=SCHEMES[name](tpt)).shape == (1, H, 0, DH)

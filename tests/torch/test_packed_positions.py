@@ -52,6 +52,15 @@ def test_dtype_and_shape_are_refused() -> None:
         tpt.cu_seqlens_from_positions(torch.tensor([0, 2]))
 
 
+def test_meta_tensors_need_total_and_have_no_positions_to_read() -> None:
+    cu = torch.tensor([0, 2, 5], device="meta")
+    assert tpt.positions_from_cu_seqlens(cu, total=5).shape == (5,)
+    with pytest.raises(ConfigError, match=r"meta device, which holds no values: pass total="):
+        tpt.positions_from_cu_seqlens(cu)
+    with pytest.raises(ConfigError, match="positions are on the meta device"):
+        tpt.cu_seqlens_from_positions(torch.tensor([0, 1, 0], device="meta"))
+
+
 def test_no_host_sync_on_cuda_when_total_is_given() -> None:
     cu = to_fake_cuda(torch.tensor([0, 3, 3, 5, 9], dtype=torch.int32))
     with no_host_sync():

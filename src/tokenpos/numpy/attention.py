@@ -195,7 +195,7 @@ def scaled_dot_product_attention_forward(
         else:
             logits = logits + mask.astype(compute)
     logits = np.where(keep, logits, -np.inf)
-    row_max = logits.max(axis=-1, keepdims=True)
+    row_max = logits.max(axis=-1, keepdims=True, initial=-np.inf)            # (no keys: -inf, then 0)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     e = np.exp(logits - row_max)
     total = e.sum(axis=-1, keepdims=True)

@@ -172,7 +172,7 @@ def scaled_dot_product_attention(
             logits = logits + attn_mask.to(compute)
     if keep is not None:
         logits = logits.masked_fill(~keep, float("-inf"))
-    row_max = logits.amax(dim=-1, keepdim=True).detach()
+    row_max = logits.amax(dim=-1, keepdim=True).detach() if lk else logits.new_zeros((*logits.shape[:-1], 1))
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     e = torch.exp(logits - row_max)
     total = e.sum(dim=-1, keepdim=True)

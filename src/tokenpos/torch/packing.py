@@ -104,16 +104,29 @@ def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None) -> torc
     """``cu_seqlens`` (N + 1,) -> positions (T,) int64 on its device, 0, 1, ... in every document.
 
     Give ``total`` (T) on an accelerator: without it T is read from ``cu_seqlens[-1]`` (one host sync).
+
+    Raises:
+        ConfigError: meta ``cu_seqlens`` without ``total`` (a meta tensor holds no T to read).
     """
     cu = check_cu_seqlens_tensor(cu_seqlens, total)
+    if total is None and cu.is_meta:
+        raise ConfigError("cu_seqlens is on the meta device, which holds no values: pass total= (T) to get "
+                          "the (T,) positions")
     return packed_positions(cu, int(cu[-1]) if total is None else int(total))
 
 
 def cu_seqlens_from_positions(positions: Any) -> torch.Tensor:
     """Positions (T,) or (1, T) restarting at 0 per document -> ``cu_seqlens`` (N + 1,) int32 on their
     device (the inverse of :func:`positions_from_cu_seqlens`). N depends on the values, so this reads
-    them (a host sync on an accelerator): call it in the data pipeline, not in the model."""
+    them (a host sync on an accelerator): call it in the data pipeline, not in the model.
+
+    Raises:
+        ConfigError: meta positions (no values to find the documents in). PositionError: as NumPy's.
+    """
     pos = check_position_tensor(positions)
+    if pos.is_meta:
+        raise ConfigError("positions are on the meta device, which holds no values; cu_seqlens depends on "
+                          "where they restart at 0, so it needs real positions")
     if pos.dim() not in (1, 2) or (pos.dim() == 2 and pos.shape[0] != 1):
         raise ConfigError(f"positions of a packed row must have shape (T,) or (1, T), got {tuple(pos.shape)}")
     pos = pos.reshape(-1).long()

@@ -63,6 +63,7 @@ def test_hf_flattening_collator_position_ids_give_the_cu_seqlens() -> None:
     ([[0, 3]], None, ConfigError, "cu_seqlens must have shape (num_docs + 1,): 0, the cumulative lengths, T; "
                                   "got shape (1, 2)"),
     (np.zeros(0, np.int64), None, ConfigError, "got shape (0,)"),
+    ([], None, ConfigError, "got shape (0,)"),                  # an empty list: no values, so no dtype to refuse
     ([0, 3], -1, ConfigError, "total must be >= 0, got -1"),
 ])
 def test_bad_cu_seqlens_are_refused_with_the_value(cu: object, total: object, error: type, text: str) -> None:
@@ -82,3 +83,9 @@ def test_bad_positions_are_refused(pos: object, error: type, text: str) -> None:
     with pytest.raises(error) as info:
         cu_seqlens_from_positions(pos)
     assert text in str(info.value)
+
+
+def test_an_empty_list_is_no_tokens() -> None:
+    """An empty Python list holds no values (NumPy would call it float64): no tokens, as an empty int array."""
+    np.testing.assert_array_equal(cu_seqlens_from_positions([]), [0])
+    np.testing.assert_array_equal(positions_from_cu_seqlens([0]), np.zeros(0, np.int64))

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.tables.checks.validation import check_int
+from tokenpos.tables.checks.validation import check_int, index_array
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError
 
 CU_SEQLENS_DTYPES = ("int32", "int64")
@@ -61,7 +61,7 @@ def check_cu_seqlens(cu_seqlens: Any, total: Any = None) -> np.ndarray:
         PositionError: a value that breaks the rules, named with its index.
     """
     total = check_total(total)
-    cu = np.asarray(cu_seqlens)
+    cu = index_array(cu_seqlens)
     if cu.dtype.name not in CU_SEQLENS_DTYPES:
         raise DtypeError(cu_seqlens_dtype_message(cu.dtype))
     if cu.ndim != 1 or cu.size < 1:

@@ -17,6 +17,7 @@ from tokenpos.tables.checks.validation import (
     check_float,
     check_int,
     dtype_name,
+    index_array,
 )
 from tokenpos.tables.errors import ConfigError, DtypeError, TokenIdError
 from tokenpos.tables.formulas.tied_loss import REDUCTIONS
@@ -76,7 +77,7 @@ def check_targets(targets: Any, vocab_size: int, ignore_index: int) -> np.ndarra
     Raises:
         TokenIdError: a non-integer dtype, or the first value out of range that is not ``ignore_index``.
     """
-    t = np.asarray(targets)
+    t = index_array(targets)
     if t.dtype.kind not in "iu":
         raise TokenIdError(target_dtype_message(t.dtype, vocab_size, ignore_index))
     if t.dtype == np.uint64 and t.size and int(t.max()) > np.iinfo(np.int64).max:

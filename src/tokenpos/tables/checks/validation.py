@@ -210,6 +210,13 @@ def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
 
+def index_array(x: Any) -> np.ndarray:
+    """``np.asarray(x)`` for ids, positions, targets and ``cu_seqlens``: an empty Python sequence holds no
+    values, so it is an empty int64 array (``np.asarray([])`` would be float64, and refused as not integers)."""
+    arr = np.asarray(x)
+    return arr.astype(np.int64) if arr.size == 0 and not isinstance(x, np.ndarray) else arr
+
+
 def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
     """Integer ids of any shape with every value in [0, vocab_size); returns them as int64 (the
     message quotes a bad value as given). The twin of the torch backend's ``check_token_id_tensor``.
@@ -218,9 +225,7 @@ def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
         TokenIdError: non-integer dtype (floats, bools, objects), or a value out of range. Negative
             ids are refused (NumPy would silently wrap them to the end of the table).
     """
-    arr = np.asarray(ids)
-    if arr.size == 0 and not isinstance(ids, np.ndarray):
-        arr = arr.astype(np.int64)  # an empty Python list has no dtype of its own
+    arr = index_array(ids)
     if not _is_int_dtype(arr.dtype):
         raise TokenIdError(token_id_dtype_message(arr.dtype, vocab_size))
     if not all_in_range(arr, vocab_size):                          # two reductions; the mask only to raise
@@ -235,7 +240,7 @@ def check_positions(positions: Any, max_seq_len: int | None = None, *, what: str
     Raises:
         PositionError: non-integer dtype, a negative position, or one >= max_seq_len.
     """
-    arr = np.asarray(positions)
+    arr = index_array(positions)
     if not _is_int_dtype(arr.dtype):
         raise PositionError(position_dtype_message(arr.dtype))
     if not all_in_range(arr, max_seq_len):                       # the masks below only to raise
@@ -261,7 +266,7 @@ def check_positions_at(positions: Any, shape: tuple[int, ...] | None, max_seq_le
     Raises:
         PositionError: as :func:`check_positions`.
     """
-    arr = np.asarray(positions)
+    arr = index_array(positions)
     full = np.broadcast_to(arr, shape) if shape else arr
     check_positions(full if full.size else arr, max_seq_len)
 
