@@ -53,6 +53,11 @@ BUILD: dict[str, Any] = {
     "llama4_text": lambda: T.Llama4ForCausalLM(T.Llama4TextConfig(
         **KW, head_dim=16, intermediate_size_mlp=64, num_local_experts=2, attn_temperature_tuning=True,
         floor_scale=4, no_rope_layers=[1, 0], eos_token_id=0)),
+    "gemma3": lambda: T.Gemma3ForConditionalGeneration(T.Gemma3Config(
+        text_config={**KW, "head_dim": 16, "sliding_window": 8},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 28, "patch_size": 14},
+        mm_tokens_per_image=4, image_token_index=V - 1, boi_token_index=V - 3, eoi_token_index=V - 2)),
     "qwen2_vl": lambda: _vl(T.Qwen2VLConfig, T.Qwen2VLForConditionalGeneration),
     "qwen2_5_vl": lambda: _vl(T.Qwen2_5_VLConfig, T.Qwen2_5_VLForConditionalGeneration),
     "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=256)),
@@ -150,7 +155,7 @@ def test_patched_model_equals_hf(name: str) -> None:
         assert torch.equal(again[key], want[key]), key
 
 
-@pytest.mark.parametrize("name", ["llama", "gptj", "llama4_text", "qwen2_vl", "gemma3_text"])
+@pytest.mark.parametrize("name", ["llama", "gptj", "llama4_text", "qwen2_vl", "gemma3_text", "gemma3"])
 def test_exact_angles_match_hf_at_short_positions(name: str) -> None:
     """angles="exact": the model's rotary module is rebuilt; logits stay within fp32 rounding of HF's."""
     model = _model(name)

@@ -54,6 +54,7 @@ FAMILIES: dict[str, Family] = {
     "granite": _qk("granite", "GraniteRotaryEmbedding"),   # embedding_multiplier: in HF's model forward
     "gemma2": _qk("gemma2", "Gemma2RotaryEmbedding", embed_scale="buffer"),
     "gemma3_text": _qk("gemma3", "Gemma3RotaryEmbedding", angles="layer_types", embed_scale="buffer"),
+    "gemma3": _qk("gemma3", "Gemma3RotaryEmbedding", angles="layer_types", embed_scale="buffer"),  # + vision
     "qwen2_vl": _qk("qwen2_vl", "Qwen2VLRotaryEmbedding", angles="mrope"),
     "qwen2_5_vl": _qk("qwen2_5_vl", "Qwen2_5_VLRotaryEmbedding", angles="mrope"),
     "gptj": Family(module="gptj", rope="gptj", rotary_class="GPTJRotaryEmbedding"),
