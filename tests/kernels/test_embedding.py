@@ -327,12 +327,14 @@ def test_forward_rows_reports_bad_rows_without_reading_them(rng) -> None:
     ids = np.array([0, 7, 2, -1, 4, 1], np.int64)
     pid = np.array([0, 1, 9], np.int64)                                 # row n uses pid[n % 3]
     out = np.zeros((6, 4), np.float32)
-    with pytest.raises(KernelBoundError, match="skipped 4 rows"):       # rows 1, 3 (ids), 2, 5 (position 9)
+    with pytest.raises(KernelBoundError, match=r"^token id 7 at index \(1,\) is out of range \[0, 5\): .*"
+                                               r"skipped 4 rows"):       # rows 1, 3 (ids), 2, 5 (position 9)
         forward_rows(w, ids, pt, pid, 2.0, 0.0, 0, out)
     for n in (0, 4):
         assert np.array_equal(out[n], w[ids[n]] * np.float32(2.0) + pt[pid[n % 3]])
     good_ids = np.array([0, 1, 2, 3, 4, 1], np.int64)
-    with pytest.raises(KernelBoundError, match="skipped 2 rows"):       # position 9: rows 2 and 5
+    with pytest.raises(KernelBoundError, match=r"^position 9 at index \(2,\) is out of range \[0, 3\) .*"
+                                               r"skipped 2 rows"):       # position 9: rows 2 and 5
         forward_rows(w, good_ids, pt, pid, 2.0, 0.0, 0, out)
 
 

@@ -59,6 +59,21 @@ def test_fused_op_stays_in_the_graph(train: bool, positional: str) -> None:
             assert torch.equal(grads[n], p.grad), n
 
 
+def test_a_bad_id_or_position_in_a_compiled_graph_is_named_with_its_range() -> None:
+    """A traced graph cannot read values, so the layer's entry check is left to the kernel, which
+    skips the row and raises the eager message (value, index, range) as a KernelBoundError (a
+    TokenIdError and a PositionError). The compiled call's dropout seed is drawn before the kernel
+    finds the row: unlike an eager call, a refused compiled call in training moves the random stream."""
+    torch._dynamo.reset()
+    layer = tpt.TransformerEmbedding(10, 8, 16, positional="learned", seed=0).eval()
+    compiled, _ = capture(layer)
+    compiled(torch.tensor([[1, 2, 3]]))
+    with pytest.raises(tpt.TokenIdError, match=r"token id 99 at index \(0, 1\) is out of range \[0, 10\)"):
+        compiled(torch.tensor([[1, 99, 3]]))
+    with pytest.raises(tpt.PositionError, match=r"position 40 at index \(0, 2\) is out of range \[0, 16\)"):
+        compiled(torch.tensor([[1, 2, 3]]), torch.tensor([[0, 1, 40]]))
+
+
 @pytest.mark.slow
 def test_inductor_compiles_the_full_block_in_training() -> None:
     torch._dynamo.reset()
