@@ -184,7 +184,9 @@ def _with_global(fn: Any, name: str, value: Any) -> Any:
     """A copy of the function ``fn`` whose innermost function (below ``functools.wraps`` decorators,
     ``__wrapped__``) reads the global ``name`` as ``value``; every decorator layer is copied with its
     closure pointing at the copy below it. None when a layer does not hold the one below in its
-    closure (a decorator this cannot copy) or the innermost code does not read ``name``."""
+    closure (a decorator this cannot copy) or the innermost code does not read ``name``. The globals
+    are a copy made now: a later change to the modeling module's globals is not seen through it, and
+    a pickled patched model loads with its class's forwards (HF's RoPE; unpatch, save, patch again)."""
     inner = getattr(fn, "__wrapped__", None)
     if inner is None:
         if not isinstance(fn, types.FunctionType) or name not in fn.__code__.co_names:
