@@ -34,14 +34,8 @@ from tokenpos.kernels._forward import forward_core, forward_core_serial
 from tokenpos.kernels._launch import launch
 from tokenpos.kernels._rng import dropout_params
 from tokenpos.kernels._threading import parallel, parallel_guard
-from tokenpos.tables.checks.validation import (
-    check_positions,
-    check_probability,
-    check_token_ids,
-    position_range_message,
-    token_id_range_message,
-)
-from tokenpos.tables.errors import ConfigError, KernelBoundError
+from tokenpos.tables.checks.validation import check_positions, check_probability, check_token_ids
+from tokenpos.tables.errors import ConfigError, KernelBoundError, PositionError, TokenIdError
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _BITS16 = (np.dtype(np.uint16), np.dtype(np.int16))
@@ -206,7 +200,6 @@ def forward_rows(w: np.ndarray, ids: np.ndarray, pt: np.ndarray | None, pos: np.
     typ = np.float32 if w.dtype == np.uint16 else w.dtype.type          # bf16 bits compute in float32
     bits, thr, inv = dropout_params(seed, p) if p else _NO_DROPOUT
     has_pos = pt is not None and pos is not None
-    num_positions = 0 if pt is None else pt.shape[0]
     if not has_pos:
         pt, pos = w[:1], _ONE_POSITION                                    # never read (has_pos False)
     rows = out.reshape(N, D)
@@ -219,22 +212,23 @@ def forward_rows(w: np.ndarray, ids: np.ndarray, pt: np.ndarray | None, pos: np.
         with parallel_guard():
             skipped = parallel(forward_core, forward_core_serial)(*args)
     if skipped:
-        raise KernelBoundError(f"{_first_outside(ids, w.shape[0], pos if has_pos else None, num_positions)}: the "
+        raise KernelBoundError(f"{_first_outside(ids, w.shape[0], pt if has_pos else None, pos)}: the "
                                f"embedding kernel skipped {skipped} rows whose id or position lies outside its "
                                f"table (tokenpos layers check their inputs at their entry; in a graph traced "
                                f"by torch.compile, which cannot read values, the kernel finds them)")
     return out
 
 
-def _first_outside(ids: np.ndarray, vocab_size: int, pos: np.ndarray | None, num_positions: int) -> str:
-    """The shared message of the first id outside [0, V), else of the first position outside [0, P):
-    the error path only, after the core reported skipped rows."""
-    for arr, high, message in ((ids, vocab_size, token_id_range_message), (pos, num_positions, position_range_message)):
-        if arr is not None:
-            bad = np.argwhere((arr < 0) | (arr >= high))
-            if bad.size:
-                index = tuple(int(i) for i in bad[0])
-                return message(arr[index], index, high)
+def _first_outside(ids: np.ndarray, vocab_size: int, pt: np.ndarray | None, pos: np.ndarray | None) -> str:
+    """What the shared checks (the layers' own) say of the first id outside [0, V), else of the first
+    position outside the (P, D) table ``pt`` (None: no table): the error path only, after the core
+    reported skipped rows."""
+    try:
+        check_token_ids(ids, vocab_size)
+        if pt is not None and pos is not None:
+            check_positions(pos, pt.shape[0])
+    except (TokenIdError, PositionError) as err:
+        return str(err)
     return "an id or position outside its table"
 
 
