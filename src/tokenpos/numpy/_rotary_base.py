@@ -207,10 +207,9 @@ class RotaryBase(Module):
         if k is None:
             check_no_key_positions(key_positions)
             q = np.asarray(q)
-        q_out, k_out, last = self.apply_forward(q, one_head(q, self.qk_layout) if k is None else k, positions,
-                                                start_pos=start_pos, key_positions=key_positions,
-                                                cu_seqlens=cu_seqlens)
-        self._last = last
+        q_out, k_out, self._last = self.apply_forward(q, one_head(q, self.qk_layout) if k is None else k,
+                                                      positions, start_pos=start_pos, key_positions=key_positions,
+                                                      cu_seqlens=cu_seqlens)
         return q_out, (None if k is None else k_out)
 
     forward = apply
