@@ -12,6 +12,7 @@ import torch
 
 import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
+from tests.parity.helpers import assert_fn_parity
 from tokenpos.tables import ConfigError
 
 LAYOUTS = {"bhld": (2, 4, 5, 8), "blhd": (2, 5, 4, 8), "thd": (5, 4, 8)}
@@ -53,7 +54,15 @@ def test_torch_query_alone_equals_the_pair_and_its_gradient(name: str, layout: s
     assert none is None
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     torch.testing.assert_close(dq, want_dq, rtol=0, atol=0)
-    np.testing.assert_array_equal(got.detach().numpy(), LAYERS[name](tpn, layout).apply(_q(layout))[0])
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_query_alone_numpy_torch_parity(name: str, layout: str) -> None:
+    """apply(q) and its gradient, NumPy against torch through the one parity helper."""
+    np_layer, t_layer = LAYERS[name](tpn, layout), LAYERS[name](tpt, layout)
+    assert_fn_parity(lambda q: np_layer.apply(q)[0], lambda g: np_layer.backward(g)[0],
+                     lambda q: t_layer.apply(q)[0], [_q(layout)])
 
 
 @pytest.mark.parametrize("backend", [tpn, tpt])
