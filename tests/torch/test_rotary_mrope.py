@@ -128,6 +128,73 @@ def test_position_ids_match_hf_get_rope_index(kind: str, masked: bool) -> None:
     np.testing.assert_array_equal(delta, want_delta.numpy())
 
 
+def _samples(kind: str) -> list[list[int]]:
+    """Four multimodal samples of unequal lengths (token types), for packing: grids in order image (1, 4, 6),
+    video (2, 2, 4), image (1, 2, 2) with spatial_merge_size 2 (Qwen3-VL splits the video into frames)."""
+    video_run = [2] * 4 + [0] if kind == "qwen2" else [2] * 2 + [0] + [2] * 2
+    return [[0, 0, 0] + [1] * 6 + [0, 0], [0] + video_run + [0], [0] * 4, [0, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_packed_position_ids_equal_hf_get_rope_index_of_the_padded_samples(kind: str) -> None:
+    """A packed row of samples (cu_seqlens): each sample counted from 0, the ids of HF's get_rope_index on the
+    same samples right-padded in a batch with an attention mask, read at the real tokens; one delta per sample."""
+    samples = _samples(kind)
+    lengths = [len(s) for s in samples]
+    width = max(lengths)
+    types = torch.tensor([s + [0] * (width - len(s)) for s in samples])
+    mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+    image, video = torch.tensor([[1, 4, 6], [1, 2, 2]]), torch.tensor([[2, 2, 4]])
+    want, want_delta = _hf_rope_index(kind, 2, torch.arange(types.numel()).reshape(types.shape), types, image,
+                                      video, mask)
+    row = np.concatenate([np.asarray(s) for s in samples])
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    for packed_types in (row, row[None]):                               # (T,) or (1, T)
+        got, delta = mrope_position_ids(packed_types, image.numpy(), video.numpy(), spatial_merge_size=2,
+                                        split_video_frames=kind == "qwen3", cu_seqlens=cu)
+        assert got.shape == (3, 1, row.size) and delta.shape == (len(samples), 1)
+        np.testing.assert_array_equal(got[:, 0], want.numpy()[:, mask.bool().numpy()])
+        np.testing.assert_array_equal(delta, want_delta.numpy())
+
+
+def test_packed_multimodal_rows_rotate_and_attend_as_the_padded_batch() -> None:
+    """End to end: M-RoPE at the packed ids (qk_layout "thd", positions (3, 1, T)) then block-diagonal attention
+    over the samples equals the padded batch at HF's batch ids, per token, outputs and gradients (float64)."""
+    from tokenpos.torch import scaled_dot_product_attention
+
+    samples = _samples("qwen2")
+    lengths = [len(s) for s in samples]
+    width, total = max(lengths), sum(lengths)
+    mask = torch.arange(width)[None] < torch.tensor(lengths)[:, None]                 # (N, L) real tokens
+    types = torch.tensor([s + [0] * (width - len(s)) for s in samples])
+    grids = {"image_grid_thw": np.array([[1, 4, 6], [1, 2, 2]]), "video_grid_thw": np.array([[2, 2, 4]])}
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int64)
+    packed_ids, _ = mrope_position_ids(np.concatenate(samples), **grids, spatial_merge_size=2, cu_seqlens=cu.numpy())
+    padded_ids, _ = mrope_position_ids(types.numpy(), **grids, spatial_merge_size=2, attention_mask=mask.numpy())
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(total, 2, DH, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    grad = torch.randn(total, 2, DH, generator=g, dtype=torch.float64)
+
+    def pad(x: torch.Tensor) -> torch.Tensor:                                          # (T, H, Dh) -> (N, H, L, Dh)
+        out = x.new_zeros((len(samples), width, *x.shape[1:]))
+        out[mask] = x
+        return out.transpose(1, 2)
+
+    qp, kp, vp = (pad(x.detach()).requires_grad_() for x in (q, k, v))
+    thd = MRotaryEmbedding(DH, mrope_section=[4, 6, 6], qk_layout="thd")
+    rq, rk = thd.apply(q, k, torch.from_numpy(packed_ids))
+    out = scaled_dot_product_attention(rq, rk, v, cu_seqlens=cu)
+    bhld = MRotaryEmbedding(DH, mrope_section=[4, 6, 6])
+    rqp, rkp = bhld.apply(qp, kp, torch.from_numpy(padded_ids))
+    ref = scaled_dot_product_attention(rqp, rkp, vp, attn_mask=mask[:, None, None, :])
+    tol = TOL["forward.float64"]
+    torch.testing.assert_close(out, ref.transpose(1, 2)[mask], **tol)
+    (out * grad).sum().backward()
+    (ref * pad(grad)).sum().backward()
+    for x, xp in ((q, qp), (k, kp), (v, vp)):
+        torch.testing.assert_close(x.grad, xp.grad.transpose(1, 2)[mask], **tol)
+
+
 @pytest.mark.parametrize("layout", ["sections", "interleaved"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("qk_layout", ["bhld", "blhd"])

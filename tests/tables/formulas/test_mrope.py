@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from tokenpos.tables import ConfigError
+from tokenpos.tables import ConfigError, DtypeError, PositionError
 from tokenpos.tables.formulas.mrope import mrope_axis_map, mrope_position_ids
 
 
@@ -78,3 +80,30 @@ def test_temporal_scaling_arguments_are_checked() -> None:
         mrope_position_ids(types, video_grid_thw=[[2, 1, 1]], tokens_per_second=2, second_per_grid_ts=[])
     with pytest.raises(ConfigError, match="split_video_frames"):
         mrope_position_ids(types, video_grid_thw=[[2, 1, 1]], tokens_per_second=2, split_video_frames=True)
+
+
+def test_a_packed_row_counts_every_sample_from_zero() -> None:
+    # sample 0: text, image (1, 2, 4) / 2 -> 2 tokens, text; sample 1: text only; sample 2: image (1, 2, 2) -> 1
+    types = np.array([0, 1, 1, 0, 0, 0, 1])
+    pos, delta = mrope_position_ids(types, np.array([[1, 2, 4], [1, 2, 2]]), spatial_merge_size=2,
+                                    cu_seqlens=np.array([0, 4, 6, 7]))
+    np.testing.assert_array_equal(pos[:, 0], [[0, 1, 1, 3, 0, 1, 0], [0, 1, 1, 3, 0, 1, 0],
+                                              [0, 1, 2, 3, 0, 1, 0]])
+    np.testing.assert_array_equal(delta, [[0], [0], [0]])
+    one, _ = mrope_position_ids(types[None, :4], np.array([[1, 2, 4]]), spatial_merge_size=2)
+    np.testing.assert_array_equal(pos[:, :, :4], one)                  # a sample alone gives the same ids
+
+
+@pytest.mark.parametrize("types, cu, kwargs, error, text", [
+    # an image run that spans two samples: each part is a run of its own, which fits no grid
+    ([0, 1, 1, 0], [0, 2, 4], {"image_grid_thw": [[1, 2, 4]]}, ConfigError,
+     r"sample 0 \(tokens 0:2\): a run of 1 image tokens at index 1 does not fit grid"),
+    ([0, 0, 0], [0, 1, 2], {}, PositionError, r"must end at the number of tokens T = 3, got cu_seqlens\[-1\] = 2"),
+    ([0, 0, 0], [1, 3], {}, PositionError, r"cu_seqlens\[0\] must be 0"),
+    ([0, 0, 0], np.array([0, 3.0]), {}, DtypeError, "int32 or int64"),
+    ([[0, 0], [0, 0]], [0, 2], {}, ConfigError, r"one row: with cu_seqlens expected token_types \(1, T\)"),
+    ([0, 0, 0], [0, 3], {"attention_mask": np.ones((1, 3))}, ConfigError, "a packed row has no padding"),
+])
+def test_bad_packed_calls_are_refused(types: list, cu: Any, kwargs: dict, error: type, text: str) -> None:
+    with pytest.raises(error, match=text):
+        mrope_position_ids(np.array(types), cu_seqlens=np.asarray(cu), **kwargs)

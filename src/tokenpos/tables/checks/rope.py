@@ -149,7 +149,8 @@ def check_positions_shape(shape: tuple[int, ...], batch: int, length: int) -> bo
 
 _NOT_PACKED = {   # why a rotary layer's positions do not follow from cu_seqlens, and what to pass instead
     "MRotaryEmbedding": "its positions are three axes per token (temporal, height, width); pass them as "
-                        "positions (3, 1, T), each document's mrope_position_ids side by side",
+                        "positions (3, 1, T): mrope_position_ids(token_types, ..., cu_seqlens=cu_seqlens) gives them, "
+                        "every sample counted from 0",
     "RotaryEmbedding2D": "its positions are a (row, column) pair per patch of an image grid; pass them as "
                          "positions",
 }

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.tables.checks.packing import check_cu_seqlens
 from tokenpos.tables.checks.rope import check_qk_layout
 from tokenpos.tables.checks.validation import check_choice, check_int, check_positions
 from tokenpos.tables.errors import ConfigError
@@ -125,7 +126,7 @@ def _video_intervals(tokens_per_second: float | None, second_per_grid_ts: Any, v
 def mrope_position_ids(token_types: Any, image_grid_thw: Any = None, video_grid_thw: Any = None, *,
                        spatial_merge_size: int = 1, attention_mask: Any = None,
                        split_video_frames: bool = False, tokens_per_second: float | None = None,
-                       second_per_grid_ts: Any = None) -> tuple[np.ndarray, np.ndarray]:
+                       second_per_grid_ts: Any = None, cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """The (3, B, L) M-RoPE position ids of text + image/video inputs, as HF's ``get_rope_index``.
 
     Each run of text tokens counts up from the current position on all three axes; each run of
@@ -133,25 +134,37 @@ def mrope_position_ids(token_types: Any, image_grid_thw: Any = None, video_grid_
     ``start + arange(w / m)`` (m = spatial_merge_size) over the (t, h/m, w/m) grid in row-major order;
     the current position then moves on by ``max(h, w) / m``.
 
+    A packed row (``cu_seqlens``): several samples side by side in one row of T tokens, each counted from 0
+    as if it were a row of its own (what HF leaves to the caller for packed Qwen-VL training), so the ids
+    equal ``get_rope_index`` of the samples padded in a batch, without the padding. The grids are taken in
+    the order their runs occur along the row, as in a batch; a vision run never spans two samples.
+
     Args:
-        token_types: (B, L) ints: 0 text, 1 image, 2 video (HF ``mm_token_type_ids``).
+        token_types: (B, L) ints: 0 text, 1 image, 2 video (HF ``mm_token_type_ids``); (1, T) or (T,)
+            with ``cu_seqlens``.
         image_grid_thw, video_grid_thw: (N, 3) grids (t, h, w) in patches, in the order they occur.
         spatial_merge_size: m, patches merged per token along h and w.
-        attention_mask: (B, L) 0/1; masked tokens are skipped and keep position 0.
+        attention_mask: (B, L) 0/1; masked tokens are skipped and keep position 0. Not with ``cu_seqlens``
+            (a packed row has no padding).
         split_video_frames: Qwen3-VL: each video frame is its own grid with t = 1.
         tokens_per_second: Qwen2.5-VL (``vision_config.tokens_per_second``): the T ids of the v-th video
             are ``start + trunc(arange(t) * tokens_per_second * second_per_grid_ts[v])``, the product in
             float32 as HF computes it. None (Qwen2-VL): no temporal scaling.
         second_per_grid_ts: (num_videos,) seconds per temporal grid step; None: 1 for every video.
+        cu_seqlens: (S + 1,) int32 / int64 sample boundaries of a packed row: 0, the cumulative lengths, T.
 
     Returns:
-        ``(positions (3, B, L) int64, deltas (B, 1) int64)``, deltas = max position + 1 - tokens.
+        ``(positions (3, B, L) int64, deltas (B, 1) int64)``, deltas = max position + 1 - tokens; packed:
+        ``(positions (3, 1, T), deltas (S, 1))``, one delta per sample.
 
     Raises:
         ConfigError: a vision run whose length is not its grid's token count, too few grids, bad shapes,
-            fewer ``second_per_grid_ts`` than videos, temporal scaling with ``split_video_frames``.
+            fewer ``second_per_grid_ts`` than videos, temporal scaling with ``split_video_frames``,
+            ``attention_mask`` with ``cu_seqlens``; ``cu_seqlens`` as ``positions_from_cu_seqlens`` checks it.
     """
     types = np.asarray(token_types)
+    if cu_seqlens is not None and types.ndim == 1:
+        types = types[None]
     if types.ndim != 2 or not np.issubdtype(types.dtype, np.integer) or not np.isin(types, (0, 1, 2)).all():
         raise ConfigError(f"token_types must be (B, L) ints in {{0, 1, 2}}, got {types.dtype} {types.shape}")
     m = int(spatial_merge_size)
@@ -162,11 +175,9 @@ def mrope_position_ids(token_types: Any, image_grid_thw: Any = None, video_grid_
         grids[2] = frames
     intervals = _video_intervals(tokens_per_second, second_per_grid_ts, grids[2], split_video_frames)
     used = {1: 0, 2: 0}
-    mask = np.ones(types.shape, dtype=bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
-    out = np.zeros((3, *types.shape), dtype=np.int64)
-    deltas = np.zeros((types.shape[0], 1), dtype=np.int64)
-    for b in range(types.shape[0]):
-        row = types[b][mask[b]]
+
+    def ids_of(row: np.ndarray, where: str) -> np.ndarray:
+        """(3, n) ids of one row's (or sample's) n tokens, counted from 0; takes its grids from ``used``."""
         parts, cur, i = [], 0, 0
         while i < row.size:
             j = i
@@ -180,12 +191,12 @@ def mrope_position_ids(token_types: Any, image_grid_thw: Any = None, video_grid_
                 table = grids[kind]
                 name = "image_grid_thw" if kind == 1 else "video_grid_thw"
                 if table is None or used[kind] >= table.shape[0]:
-                    raise ConfigError(f"row {b} has more {name[:5]} runs than {name} grids")
+                    raise ConfigError(f"{where} has more {name[:5]} runs than {name} grids")
                 t, h, w = (int(v) for v in table[used[kind]])
                 used[kind] += 1
                 gh, gw = h // m, w // m
                 if t * gh * gw != n:
-                    raise ConfigError(f"row {b}: a run of {n} {name[:5]} tokens at index {i} does not fit grid "
+                    raise ConfigError(f"{where}: a run of {n} {name[:5]} tokens at index {i} does not fit grid "
                                       f"(t, h, w) = {(t, h, w)} with spatial_merge_size {m}; expected "
                                       f"{t * gh * gw} tokens")
                 steps = np.arange(t)
@@ -195,9 +206,30 @@ def mrope_position_ids(token_types: Any, image_grid_thw: Any = None, video_grid_
                 parts.append(np.stack([tt, hh, ww]).reshape(3, -1) + cur)
                 cur += max(h, w) // m
             i = j
-        pos = np.concatenate(parts, axis=1) if parts else np.zeros((3, 0), dtype=np.int64)
-        out[:, b, mask[b]] = pos
-        deltas[b, 0] = (int(pos.max()) + 1 if pos.size else 0) - row.size
+        return np.concatenate(parts, axis=1) if parts else np.zeros((3, 0), dtype=np.int64)
+
+    def delta_of(pos: np.ndarray) -> int:
+        return (int(pos.max()) + 1 if pos.size else 0) - pos.shape[1]
+
+    out = np.zeros((3, *types.shape), dtype=np.int64)
+    if cu_seqlens is not None:
+        if attention_mask is not None:
+            raise ConfigError("attention_mask given together with cu_seqlens; a packed row has no padding: "
+                              "pass one or the other")
+        if types.shape[0] != 1:
+            raise ConfigError(f"a packed row is one row: with cu_seqlens expected token_types (1, T) or (T,), "
+                              f"got shape {tuple(np.asarray(token_types).shape)}")
+        cu = check_cu_seqlens(cu_seqlens, types.shape[1])
+        deltas = np.zeros((cu.size - 1, 1), dtype=np.int64)
+        for s, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
+            out[:, 0, a:b] = pos = ids_of(types[0, a:b], f"sample {s} (tokens {a}:{b})")
+            deltas[s, 0] = delta_of(pos)
+        return out, deltas
+    mask = np.ones(types.shape, dtype=bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
+    deltas = np.zeros((types.shape[0], 1), dtype=np.int64)
+    for b in range(types.shape[0]):
+        out[:, b, mask[b]] = pos = ids_of(types[b][mask[b]], f"row {b}")
+        deltas[b, 0] = delta_of(pos)
     return out, deltas
 
 
