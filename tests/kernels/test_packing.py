@@ -19,8 +19,8 @@ from tokenpos.tables.formulas import packing as formulas
 
 
 @given(lengths=st.lists(st.integers(0, 40), max_size=12), dtype=st.sampled_from([np.int32, np.int64]),
-       kernels=st.booleans())
-def test_equals_the_formula(lengths: list[int], dtype: type, kernels: bool) -> None:
+       kernels=st.booleans(), data=st.data())
+def test_equals_the_formula(lengths: list[int], dtype: type, kernels: bool, data: st.DataObject) -> None:
     cu = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(dtype)   # empty documents too
     total = int(cu[-1])
     with use_kernels(kernels):
@@ -28,6 +28,36 @@ def test_equals_the_formula(lengths: list[int], dtype: type, kernels: bool) -> N
     want, want_longest = formulas.document_positions(cu, total)
     assert pos.dtype == np.int64 and longest == want_longest == max(lengths, default=0)
     np.testing.assert_array_equal(pos, want)
+    # where each document starts counting (flash-attn's seqlen_offsets): one int for all, or one per document
+    per_document = st.lists(st.integers(0, 10**6), min_size=len(lengths), max_size=len(lengths))
+    start_pos = data.draw(st.one_of(st.integers(0, 10**6), per_document.map(lambda v: np.array(v, np.int64))))
+    with use_kernels(kernels):
+        pos, end = document_positions(cu, total, start_pos)
+    starts = np.broadcast_to(start_pos, len(lengths))
+    truth = [s + i for s, n in zip(starts, lengths, strict=True) for i in range(n)]
+    np.testing.assert_array_equal(pos, np.array(truth, np.int64))
+    assert end == (max(truth) + 1 if truth else 0)
+    np.testing.assert_array_equal(formulas.positions_from_cu_seqlens(cu, start_pos=start_pos), pos)
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize("cu, start_pos, error, text", [
+    ([0, 3, 5], [1], ConfigError, r"one int per document, shape \(2,\); got shape \(1,\)"),
+    ([0, 3, 5], [[1, 2]], ConfigError, r"one int per document, shape \(2,\); got shape \(1, 2\)"),
+    ([0, 3, 5], [1, -2], PositionError, r"start_pos -2 at index \(1,\) is negative"),
+    ([0, 3, 5], -1, ConfigError, "start_pos must be >= 0, got -1"),
+    ([0, 3, 5], np.array([0.5, 1.0]), PositionError, "integer"),
+    ([0, 3, 5], [0, 2**63 - 2], PositionError, "start_pos 9223372036854775806 of document 1 with its 2 tokens "
+                                                "overflows int64"),
+    ([0, 6, 5], [1, 2], PositionError, "non-decreasing"),          # cu's error first, as the twin's
+])
+def test_bad_document_starts_are_refused_as_the_formula_refuses_them(cu: list, start_pos: Any, error: type,
+                                                                     text: str, kernels: bool) -> None:
+    arr = np.asarray(cu, np.int64)
+    with pytest.raises(error, match=text) as want:
+        formulas.document_positions(arr, 5, start_pos)
+    with use_kernels(kernels), pytest.raises(error, match=re.escape(str(want.value))):
+        document_positions(arr, 5, start_pos)
 
 
 @pytest.mark.parametrize("kernels", [True, False])
@@ -58,7 +88,7 @@ def test_any_cu_seqlens_gives_the_formulas_answer_and_the_core_writes_only_its_o
     made it write past the end of its (T,) buffer."""
     arr = np.asarray(cu, dtype)
     buf = np.full(total + 16, -7, np.int64)
-    assert _positions_core(arr, buf[8:8 + total]) >= -1
+    assert _positions_core(arr, np.zeros(max(arr.size - 1, 0), np.int64), buf[8:8 + total]) >= -1
     assert (buf[:8] == -7).all() and (buf[8 + total:] == -7).all()
     try:
         want = formulas.document_positions(arr, total)
@@ -84,7 +114,7 @@ def test_every_packed_layer_takes_its_positions_from_the_one_compiled_pass(monke
 
     calls: list[int] = []
     core = packing._positions_core
-    monkeypatch.setattr(packing, "_positions_core", lambda cu, out: calls.append(1) or core(cu, out))
+    monkeypatch.setattr(packing, "_positions_core", lambda cu, starts, out: calls.append(1) or core(cu, starts, out))
     cu = np.array([0, 3, 8], np.int64)
     q = np.zeros((8, 2, 4), np.float32)
     ids = np.arange(8)

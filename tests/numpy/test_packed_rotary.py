@@ -69,6 +69,64 @@ def test_packed_equals_padded_with_equal_gradients(name: str, kernel_mode: bool)
     np.testing.assert_allclose(dk, pk[MASK], **TOL["forward.float64"])
 
 
+STARTS = {"one int": 6, "per document": np.array([0, 9, 30, 2])}         # flash-attn's seqlen_offsets
+
+
+@pytest.mark.parametrize("starts", sorted(STARTS))
+@pytest.mark.parametrize("name", ["default", "linear", "yarn", "llama3"])
+def test_document_starts_are_flash_attn_varlen_seqlen_offsets(name: str, starts: str) -> None:
+    """flash-attn's varlen rotary: document d's token i at position seqlen_offsets[d] + i. Reference: HF's own
+    rotation of each document alone at those position ids."""
+    start = np.broadcast_to(STARTS[starts], len(LENGTHS))
+    q, k = qk(np.float32)
+    oq, ok = tpn.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd").apply(
+        q, k, cu_seqlens=CU, start_pos=STARTS[starts])
+    hf, tol = hf_rotary(SCALINGS[name]), TOL["hf.rope_rotated"]
+    for d, (a, b) in enumerate(zip(CU[:-1], CU[1:], strict=True)):
+        tq, tk = (torch.from_numpy(x[a:b]).transpose(0, 1)[None] for x in (q, k))      # (1, H, n, Dh)
+        pos = torch.arange(int(start[d]), int(start[d]) + b - a)[None]
+        for ours, ref, x in zip((oq[a:b], ok[a:b]), apply_rotary_pos_emb(tq, tk, *hf(tq, pos)), (q, k), strict=True):
+            ref = ref[0].transpose(0, 1).numpy()
+            assert np.abs(ours - ref).max() <= (tol["atol"] + tol["per_position"] * int(pos.max())) * np.abs(x).max()
+
+
+@pytest.mark.parametrize("starts", sorted(STARTS))
+@pytest.mark.parametrize("name", ["default", "dynamic", "yarn"])
+def test_document_starts_equal_the_padded_rows_at_shifted_positions(name: str, starts: str, kernel_mode: bool) -> None:
+    """Packed with start_pos equals the padded batch at positions start_pos[d] + arange(L) (pads at 0, so that
+    dynamic NTK reads the same largest position), outputs and gradients, float64 exact."""
+    q, k = qk()
+    start = np.broadcast_to(STARTS[starts], len(LENGTHS))
+    packed = tpn.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd")
+    pad = tpn.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="blhd")
+    oq, ok = packed.apply(q, k, cu_seqlens=CU, start_pos=STARTS[starts])
+    rq, rk = pad.apply(padded(q), padded(k), np.where(MASK, start[:, None] + np.arange(L), 0))
+    np.testing.assert_array_equal(oq, rq[MASK])
+    np.testing.assert_array_equal(ok, rk[MASK])
+    gq, gk = qk(seed=1)
+    dq, dk = packed.backward(gq, gk)
+    pq, pk = pad.backward(padded(gq), padded(gk))
+    np.testing.assert_allclose(dq, pq[MASK], **TOL["forward.float64"])
+    np.testing.assert_allclose(dk, pk[MASK], **TOL["forward.float64"])
+
+
+def test_bad_document_starts_are_refused_and_keep_nothing() -> None:
+    q, k = qk()
+    rope = tpn.RotaryEmbedding(DH, qk_layout="thd")
+    rope.apply(q, k, cu_seqlens=CU)
+    before = rope._last
+    for start_pos, error, text in (
+            ([1, 2], ConfigError, r"one int per document, shape \(4,\); got shape \(2,\)"),
+            ([0, 1, -2, 3], PositionError, r"start_pos -2 at index \(2,\) is negative"),
+            (np.array([0.0, 1.0, 2.0, 3.0]), PositionError, "integers"),
+            (-1, ConfigError, "start_pos must be >= 0, got -1")):
+        with pytest.raises(error, match=text):
+            rope.apply(q, k, cu_seqlens=CU, start_pos=start_pos)
+    assert rope._last is before
+    with pytest.raises(ConfigError, match="xPos packs every document from position 0.*got start_pos=3"):
+        tpn.XPosRotaryEmbedding(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU, start_pos=3)
+
+
 def test_packed_backward_matches_finite_differences() -> None:
     q, k = qk()
     check_grads(lambda: tpn.RotaryEmbedding(DH, scaling=SCALINGS["yarn"], max_seq_len=MAX, qk_layout="thd"), q,

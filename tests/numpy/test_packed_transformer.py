@@ -81,7 +81,9 @@ def test_a_position_past_a_learned_table_is_refused_per_document() -> None:
 
 @pytest.mark.parametrize("kwargs, error, text", [
     (dict(positions=np.arange(T)), ConfigError, "positions given together with cu_seqlens"),
-    (dict(start_pos=2), ConfigError, "start_pos=2 given together with cu_seqlens"),
+    (dict(start_pos=[0, 1]), ConfigError, r"one int per document, shape \(4,\); got shape \(2,\)"),
+    (dict(start_pos=[0, 1, -1, 0]), PositionError, r"start_pos -1 at index \(2,\) is negative"),
+    (dict(start_pos=[0, P - 4, 0, 0]), PositionError, rf"position {P} at index \(7,\) is out of range \[0, {P}\)"),
     (dict(cu_seqlens=np.array([0, 3, T - 1])), PositionError, f"must end at the number of tokens T = {T}"),
     (dict(cu_seqlens=np.array([0, 1, T + 2, T])), PositionError, r"cu_seqlens\[2\] ="),   # once written past T
     (dict(cu_seqlens=np.array([0, 1, 10**8, T])), PositionError, r"cu_seqlens\[2\] ="),
@@ -108,3 +110,23 @@ def test_more_than_one_row_padding_positions_and_bad_ids_are_refused() -> None:
     bad[2] = V
     with pytest.raises(TokenIdError):                                          # the ids first, as always
         make("learned")(bad, cu_seqlens=np.array([1.0]))
+
+
+@pytest.mark.parametrize("case", ["learned", "sinusoidal", "learned-bert"])
+def test_document_starts_give_each_document_its_call_at_that_start_pos(case: str) -> None:
+    """Documents continuing a KV cache, packed: start_pos (one per document, or one int) shifts each document's
+    positions, so each document's rows equal the layer called on it alone with that start_pos, and the packed
+    backward accumulates what the separate calls' backwards do."""
+    ids, tt, *_ = packed_and_padded()
+    packed, alone = make(case), make(case)
+    g = np.random.default_rng(1).standard_normal((T, D))
+    for starts in ([0, 4, 11, 2], np.array([5, 0, 1, 9]), 3):
+        out = call(packed, ids, tt, cu_seqlens=CU, start_pos=starts)
+        packed.backward(g)
+        per_doc = [starts] * 4 if isinstance(starts, int) else list(starts)
+        for a, b, s in zip(CU[:-1], CU[1:], per_doc, strict=True):
+            np.testing.assert_array_equal(out[a:b], call(alone, ids[a:b], tt[a:b], start_pos=s))
+            alone.backward(g[a:b])
+    grads = dict(alone.named_parameters())
+    for name, p in packed.named_parameters():
+        np.testing.assert_allclose(p.grad, grads[name].grad, rtol=1e-12, atol=1e-12, err_msg=name)

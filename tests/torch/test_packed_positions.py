@@ -30,6 +30,10 @@ def test_equal_to_the_numpy_formula(lengths: list[int], dtype: torch.dtype) -> N
     if len(want):
         np.testing.assert_array_equal(tpt.cu_seqlens_from_positions(torch.from_numpy(want)).numpy(),
                                       formula.cu_seqlens_from_positions(want))
+    starts = np.arange(len(lengths)) * 7 + 1                   # where each document starts counting
+    for start_pos in (starts, torch.from_numpy(starts), starts.tolist(), 5):
+        np.testing.assert_array_equal(tpt.positions_from_cu_seqlens(cu, start_pos=start_pos).numpy(),
+                                      formula.positions_from_cu_seqlens(cu.numpy(), start_pos=start_pos))
 
 
 @pytest.mark.parametrize("cu, total", [([1, 3], None), ([0, 3, 2], None), ([0, 3], 4)])
@@ -69,6 +73,9 @@ def test_no_host_sync_on_cuda_when_total_is_given() -> None:
     np.testing.assert_array_equal(cpu_of(pos).numpy(), [0, 1, 2, 0, 1, 0, 1, 2, 3])
     with no_host_sync(), pytest.raises(HostSync):            # without total, T is read: one sync
         tpt.positions_from_cu_seqlens(cu)
+    with no_host_sync():                                     # per-document starts on the device too
+        pos = tpt.positions_from_cu_seqlens(cu, total=9, start_pos=to_fake_cuda(torch.tensor([5, 9, 0, 2])))
+    np.testing.assert_array_equal(cpu_of(pos).numpy(), [5, 6, 7, 0, 1, 2, 3, 4, 5])
 
 
 @pytest.mark.parametrize("cu, total", [([1, 3], 3), ([0, 3, 2], 2), ([0, 3], 4)])

@@ -14,10 +14,11 @@ from transformers import DataCollatorWithFlattening
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 import tokenpos
+import tokenpos.tables
 import tokenpos.torch as tpt
 from tests.tolerances import TOL
 from tests.torch.fake_cuda import cpu_of, no_host_sync, to_fake_cuda
-from tests.torch.packed import CU, LENGTHS, L, T
+from tests.torch.packed import CU, LENGTHS, MASK, L, T
 from tests.torch.packed import pad_heads as padded
 from tests.torch.packed import unpad_heads as unpadded
 from tests.torch.test_no_host_sync import fake_cuda_module
@@ -71,6 +72,91 @@ def test_packed_equals_padded_with_equal_gradients(name: str, kernels: bool) -> 
     torch.testing.assert_close(k.grad, unpadded(kp.grad), **TOL["forward.float64"])
 
 
+STARTS = {"one int": 6, "per document": torch.tensor([0, 9, 30, 2])}     # flash-attn's seqlen_offsets
+
+
+def document_rows(x: torch.Tensor) -> list[torch.Tensor]:
+    """(T, H, Dh) packed -> each document's (n, H, Dh) rows."""
+    return list(torch.split(x, LENGTHS))
+
+
+@pytest.mark.parametrize("starts", sorted(STARTS))
+@pytest.mark.parametrize("name", ["default", "linear", "yarn", "llama3"])
+def test_document_starts_are_flash_attn_varlen_seqlen_offsets(name: str, starts: str) -> None:
+    """flash-attn's varlen rotary (apply_rotary_emb(x, cos, sin, seqlen_offsets, cu_seqlens)): document d's
+    token i is rotated at position seqlen_offsets[d] + i. Reference: HF's own rotation of each document alone
+    at those position ids."""
+    start = torch.as_tensor(STARTS[starts]).expand(len(LENGTHS))
+    q, k = qk()
+    rope = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd")
+    oq, ok = rope.apply(q, k, cu_seqlens=CU, start_pos=STARTS[starts])
+    hf = hf_rotary(SCALINGS[name])
+    for d, (xq, xk, yq, yk) in enumerate(zip(*map(document_rows, (q, k, oq, ok)), strict=True)):
+        hq_, hk_ = xq.transpose(0, 1)[None], xk.transpose(0, 1)[None]              # (1, H, n, Dh)
+        pos = (int(start[d]) + torch.arange(xq.shape[0]))[None]
+        ref_q, ref_k = apply_rotary_pos_emb(hq_, hk_, *hf(hq_, pos))
+        assert_hf_close(yq, ref_q[0].transpose(0, 1), xq, int(pos.max()))
+        assert_hf_close(yk, ref_k[0].transpose(0, 1), xk, int(pos.max()))
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels-on", "kernels-off"])
+@pytest.mark.parametrize("starts", sorted(STARTS))
+@pytest.mark.parametrize("name", ["default", "dynamic", "yarn"])
+def test_document_starts_equal_the_padded_rows_at_shifted_positions(name: str, starts: str, kernels: bool) -> None:
+    """Packed with start_pos equals the padded batch at positions start_pos[d] + arange(L), outputs and
+    gradients; the same when the starts arrive as a list, a NumPy array or a tensor."""
+    q, k = (t.requires_grad_() for t in qk(torch.float64))
+    qp, kp = (padded(t.detach()).requires_grad_() for t in (q, k))
+    start = torch.as_tensor(STARTS[starts]).expand(len(LENGTHS))
+    with tokenpos.use_kernels(kernels):
+        rope = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd")
+        oq, ok = rope.apply(q, k, cu_seqlens=CU, start_pos=STARTS[starts])
+        rq, rk = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name]).apply(   # pads at 0: dynamic
+            qp, kp, torch.where(MASK, start[:, None] + torch.arange(L), 0))              # reads the largest
+        if starts == "per document":
+            for other in (start.tolist(), start.numpy()):
+                torch.testing.assert_close(rope.apply(q, k, cu_seqlens=CU, start_pos=other)[0], oq, rtol=0, atol=0)
+    torch.testing.assert_close(oq, unpadded(rq), **TOL["forward.float64"])
+    torch.testing.assert_close(ok, unpadded(rk), **TOL["forward.float64"])
+    gq, gk = qk(torch.float64, seed=1)
+    (oq * gq).sum().add((ok * gk).sum()).backward()
+    (rq * padded(gq)).sum().add((rk * padded(gk)).sum()).backward()
+    torch.testing.assert_close(q.grad, unpadded(qp.grad), **TOL["forward.float64"])
+    torch.testing.assert_close(k.grad, unpadded(kp.grad), **TOL["forward.float64"])
+
+
+def test_document_starts_on_cuda_make_no_host_sync() -> None:
+    """Per-document starts as a tensor on the device: the positions are made there, nothing read on the host
+    (the bound of the positions is then unknown, so the rows come from the formula: the same values)."""
+    q, k = qk()
+    want = tpt.RotaryEmbedding(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU, start_pos=STARTS["per document"])
+    rope = fake_cuda_module(tpt.RotaryEmbedding(DH, qk_layout="thd"))
+    with no_host_sync():
+        got = rope.apply(to_fake_cuda(q), to_fake_cuda(k), cu_seqlens=to_fake_cuda(CU),
+                         start_pos=to_fake_cuda(STARTS["per document"]))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(cpu_of(a), b, **TOL["forward.float32"])
+
+
+@pytest.mark.parametrize("start_pos, error, text", [
+    ([1, 2], ConfigError, r"one int per document, shape \(4,\); got shape \(2,\)"),
+    (torch.tensor([[0, 1, 2, 3]]), ConfigError, r"one int per document, shape \(4,\); got shape \(1, 4\)"),
+    ([0, 1, -2, 3], tokenpos.tables.PositionError, r"start_pos -2 at index \(2,\) is negative"),
+    (torch.tensor([0.0, 1.0, 2.0, 3.0]), tokenpos.tables.PositionError, "integers"),
+    (-1, ConfigError, "start_pos must be >= 0, got -1"),
+])
+def test_bad_document_starts_are_refused(start_pos: Any, error: type, text: str) -> None:
+    q, k = qk()
+    with pytest.raises(error, match=text):
+        tpt.RotaryEmbedding(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU, start_pos=start_pos)
+
+
+def test_xpos_counts_every_packed_document_from_zero() -> None:
+    q, k = qk()
+    with pytest.raises(ConfigError, match="xPos packs every document from position 0.*got start_pos=3"):
+        tpt.XPosRotaryEmbedding(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU, start_pos=3)
+
+
 @pytest.mark.parametrize("name", ["default", "linear", "yarn", "llama3"])
 def test_static_scalings_read_the_cached_rows_so_packed_equals_padded_bit_for_bit(
         name: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,7 +208,6 @@ def test_packed_call_on_cuda_makes_no_host_sync(cls: type) -> None:
 @pytest.mark.parametrize("kwargs, text", [
     (dict(positions=torch.arange(T)), "positions given together with cu_seqlens"),
     (dict(key_positions=torch.arange(T)), "key_positions given together with cu_seqlens"),
-    (dict(start_pos=3), "start_pos=3 given together with cu_seqlens"),
 ])
 def test_positions_with_cu_seqlens_are_refused(kwargs: dict[str, Any], text: str) -> None:
     q, k = qk()

@@ -82,8 +82,6 @@ def test_refusals_name_the_value() -> None:
     emb = make("learned", torch.float32)
     with pytest.raises(ConfigError, match="positions given together with cu_seqlens"):
         emb(ids, torch.arange(T), cu_seqlens=CU)
-    with pytest.raises(ConfigError, match="start_pos=1 given together with cu_seqlens"):
-        emb(ids, start_pos=1, cu_seqlens=CU)
     with pytest.raises(ConfigError, match=r"a packed batch is one row.*got shape \(2, 13\)"):
         emb(ids.expand(2, T), cu_seqlens=CU)
     with pytest.raises(tpt.PositionError, match=f"must end at the number of tokens T = {T}, got cu_seqlens"):
@@ -128,3 +126,42 @@ def test_a_document_longer_than_the_position_table() -> None:
     sin = make("sinusoidal", torch.float64).eval()
     out = sin(ids, cu_seqlens=cu)
     torch.testing.assert_close(out[2:], sin(ids[2:][None])[0], **TOL["exact"])  # positions 0..P in one document
+
+
+STARTS = [0, 4, 11, 2]                                                  # where each document starts counting
+
+
+@pytest.mark.parametrize("case", ["learned", "sinusoidal", "learned-bert"])
+def test_document_starts_give_each_document_its_call_at_that_start_pos(case: str) -> None:
+    """Documents continuing a KV cache, packed: start_pos (one per document, or one int) shifts each document's
+    positions, so each document's rows equal the layer called on it alone with that start_pos; gradients of
+    the packed call equal the sum of the separate calls'."""
+    ids, tt, *_ = data()
+    packed, alone = make(case, torch.float64), make(case, torch.float64)
+    bounds = CU.tolist()
+    for starts in (STARTS, torch.tensor(STARTS), 3):
+        out = call(packed, ids, tt, cu_seqlens=CU, start_pos=starts)
+        each = [call(alone, ids[a:b], tt[a:b], start_pos=s) for a, b, s in
+                zip(bounds[:-1], bounds[1:], [starts] * 4 if isinstance(starts, int) else list(map(int, starts)),
+                    strict=True)]
+        torch.testing.assert_close(out, torch.cat(each), **TOL["exact"])
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    (out * g).sum().backward()
+    sum((e * g[a:b]).sum() for e, a, b in zip(each, bounds[:-1], bounds[1:], strict=True)).backward()
+    grads = dict(alone.named_parameters())
+    for name, p in packed.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, **TOL["grad.float64"], msg=name)
+
+
+def test_document_starts_past_the_table_are_refused_and_on_cuda_make_no_host_sync() -> None:
+    ids, *_ = data()
+    emb = make("learned", torch.float32)
+    with pytest.raises(tpt.PositionError, match=rf"position {P} at index \(7,\) is out of range \[0, {P}\)"):
+        emb(ids, cu_seqlens=CU, start_pos=[0, P - 4, 0, 0])                  # document 1: 5 tokens from P - 4
+    with pytest.raises(ConfigError, match=r"one int per document, shape \(4,\); got shape \(3,\)"):
+        emb(ids, cu_seqlens=CU, start_pos=[0, 1, 2])
+    want = emb(ids, cu_seqlens=CU, start_pos=STARTS)
+    dev = fake_cuda_module(make("learned", torch.float32))
+    with no_host_sync():
+        got = dev(to_fake_cuda(ids), cu_seqlens=to_fake_cuda(CU), start_pos=to_fake_cuda(torch.tensor(STARTS)))
+    torch.testing.assert_close(cpu_of(got.detach()), want.detach(), **TOL["forward.float32"])

@@ -133,13 +133,13 @@ class RotaryBase(Module):
 
     def _packed_positions(self, q: np.ndarray, positions: Any, start_pos: Any, key_positions: Any,
                           cu_seqlens: Any) -> tuple[np.ndarray, int]:
-        """Positions (T,) restarting per document for q (1, H, T, Dh), and ``max(positions) + 1`` (the
-        longest document), from the one compiled pass that also checks ``cu_seqlens``
-        (``kernels.packing.document_positions``, as ``TransformerEmbedding`` and the torch twin take
-        them); every other argument checked."""
+        """Positions (T,) of q (1, H, T, Dh), counting from ``start_pos`` in every document (0 by default; an
+        int, or one per document: flash-attn's ``seqlen_offsets``), and ``max(positions) + 1``, from the one
+        compiled pass that also checks ``cu_seqlens`` and ``start_pos`` (``kernels.packing.document_positions``,
+        as ``TransformerEmbedding`` and the torch twin take them); every other argument checked."""
         if not self.packs:
             raise ConfigError(rotary_packed_message(type(self).__name__))
-        return document_positions(cu_seqlens, check_packed_rotary_args(q.shape, positions, start_pos, key_positions))
+        return document_positions(cu_seqlens, check_packed_rotary_args(q.shape, positions, key_positions), start_pos)
 
     # -- rotation ----------------------------------------------------------------------------------
     @staticmethod

@@ -17,7 +17,7 @@ from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.tables.checks.rope import (
     check_qk_layout,
 )
-from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, xpos_layer_args
+from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, check_xpos_packed_start, xpos_layer_args
 from tokenpos.tables.checks.validation import check_positions
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq
@@ -74,6 +74,12 @@ class XPosRotaryEmbedding(RotaryBase):
         """Refused, as in the torch twin: xPos scales q and k differently, so one tensor alone is ambiguous
         (use :meth:`apply`; in the attention functions pass ``positions=`` so they call ``apply``)."""
         raise ConfigError(XPOS_TOGETHER_MESSAGE)
+
+    def _packed_positions(self, q: np.ndarray, positions: Any, start_pos: Any, key_positions: Any,
+                          cu_seqlens: Any) -> tuple[np.ndarray, int]:
+        """The base's, every document counted from 0 (:func:`check_xpos_packed_start`)."""
+        check_xpos_packed_start(start_pos)
+        return super()._packed_positions(q, positions, start_pos, key_positions, cu_seqlens)
 
     def _rotate_packed(self, q: np.ndarray, k: np.ndarray, pos: np.ndarray, end: int
                        ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:

@@ -165,16 +165,18 @@ class RotaryBase(TokenposModule):
         return pos_q, pos_q if key_positions is None else self._positions(key_positions, 0, k.shape[0], k.shape[2])
 
     def _packed_positions(self, q: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any,
-                          cu_seqlens: Any) -> tuple[torch.Tensor, int]:
-        """Positions restarting per document for q's packed view (:func:`to_bhld`), on q's device (no host
-        sync), shaped as q's (B, L): (1, T), or (T, 1) for T rows of one token; and a bound of
-        ``max(positions) + 1`` (:func:`.packing.document_positions`); every other argument checked."""
+                          cu_seqlens: Any) -> tuple[torch.Tensor, int | None]:
+        """Positions for q's packed view (:func:`to_bhld`) counting from ``start_pos`` in every document (0 by
+        default; an int, or one per document: flash-attn's ``seqlen_offsets``), on q's device (no host sync),
+        shaped as q's (B, L): (1, T), or (T, 1) for T rows of one token; and a bound of ``max(positions) + 1``,
+        None where it is not known without a sync (:func:`.packing.document_positions`); every other argument
+        checked."""
         if not self.packs:
             raise ConfigError(rotary_packed_message(type(self).__name__))
         B, H, L, Dh = q.shape
         row = (B, H, L, Dh) if self.qk_layout == "bhld" else (L, H, B, Dh)    # token-major views: rows are tokens
-        pos, end = document_positions(cu_seqlens, check_packed_rotary_args(row, positions, start_pos, key_positions),
-                                      q.device)
+        pos, end = document_positions(cu_seqlens, check_packed_rotary_args(row, positions, key_positions),
+                                      q.device, start_pos)
         return pos.view(B, L), end
 
     @staticmethod
@@ -214,10 +216,10 @@ class RotaryBase(TokenposModule):
         ck, sk = self._op_tables(tables_k[0], k), self._op_tables(tables_k[1], k)
         return ops.rotate(q, cq, sq, interleaved), ops.rotate(k, ck, sk, interleaved)
 
-    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int
+    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k (B, H, L, Dh) packed views (:func:`to_bhld`) rotated at the packed positions (B, L) (each in
-        [0, end)): the per-token path."""
+        [0, end); ``end`` None: not known): the per-token path."""
         return self._rotate_bhld(q, k, pos, 0, None)
 
     def _rotate_bhld(self, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any
@@ -230,6 +232,8 @@ class RotaryBase(TokenposModule):
         """Rotate q and k at ``positions`` (see the layer; given positions need start_pos=0); returns (q', k')
         with the input shapes and dtypes. With ``cu_seqlens`` (N + 1,): q (T, H, Dh) and k (T, Hk, Dh)
         (``qk_layout="thd"``; or one row of the declared layout), positions restarting at 0 in every document.
+        ``start_pos`` with ``cu_seqlens``: where each document starts counting, an int or one int per document
+        (N,) (flash-attn's ``seqlen_offsets``: documents continuing a KV cache).
         ``k`` None: q alone, returning (q', None) (q rotated as in a call with keys of q's length).
 
         ``apply(fn)`` with a single callable is ``nn.Module.apply`` (``model.apply(init_fn)`` recurses

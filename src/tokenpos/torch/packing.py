@@ -26,7 +26,9 @@ from tokenpos.tables.checks.packing import (
     cu_seqlens_device_message,
     cu_seqlens_dtype_message,
     cu_seqlens_shape_message,
+    document_starts_shape_message,
 )
+from tokenpos.tables.checks.validation import check_positions, check_start_pos
 from tokenpos.tables.errors import ConfigError, DtypeError
 from tokenpos.torch._checks import check_position_tensor, values_readable
 
@@ -70,38 +72,64 @@ def _check_layout(cu_seqlens: torch.Tensor, device: torch.device | None) -> None
         raise ConfigError(cu_seqlens_device_message(cu_seqlens.device, device))
 
 
-def packed_positions(cu: torch.Tensor, total: int) -> torch.Tensor:
-    """Positions (T,) int64 of checked ``cu`` (N + 1,) ending at ``total``: tensor ops of a size known on
-    the host (a scatter and a cumsum give each token its document), so no host sync."""
+def packed_positions(cu: torch.Tensor, total: int, starts: Any = 0) -> torch.Tensor:
+    """Positions (T,) int64 of checked ``cu`` (N + 1,) ending at ``total``, counting from ``starts`` in every
+    document (an int, or an (N,) int tensor on ``cu``'s device): tensor ops of a size known on the host (a
+    scatter and a cumsum give each token its document), so no host sync."""
     cu = cu.long()
     inner = cu[1:-1]                                                   # where documents 2..N start
     marks = torch.zeros(total + 1, dtype=torch.long, device=cu.device).index_add_(0, inner, torch.ones_like(inner))
     doc = marks[:total].cumsum(0)                                      # (T,) the document of each token
-    return torch.arange(total, device=cu.device) - cu.index_select(0, doc)
+    first = cu if isinstance(starts, int) and starts == 0 else cu[:-1] - starts    # where each document counts 0
+    return torch.arange(total, device=cu.device) - first.index_select(0, doc)
 
 
-def document_positions(cu_seqlens: Any, total: int, device: torch.device) -> tuple[torch.Tensor, int]:
+def _device_starts(start_pos: Any, num_docs: int, device: torch.device) -> int | torch.Tensor:
+    """``start_pos`` of a packed call whose values stay on ``device``: an int (checked), or an (N,) int tensor
+    there (dtype and shape checked here; negative values by the device-side check of positions)."""
+    if not isinstance(start_pos, torch.Tensor):
+        if isinstance(start_pos, (int, np.integer)) and not isinstance(start_pos, bool):
+            return check_start_pos(start_pos, 0)
+        return torch.as_tensor(check_positions(start_pos, what="start_pos"), device=device).reshape(
+            _starts_shape(np.shape(start_pos), num_docs))
+    starts = check_position_tensor(start_pos, device=device)
+    return starts.reshape(_starts_shape(tuple(starts.shape), num_docs)).long()
+
+
+def _starts_shape(shape: tuple[int, ...], num_docs: int) -> tuple[int]:
+    if tuple(shape) != (num_docs,):
+        raise ConfigError(document_starts_shape_message(tuple(shape), num_docs))
+    return (num_docs,)
+
+
+def document_positions(cu_seqlens: Any, total: int, device: torch.device, start_pos: Any = 0
+                       ) -> tuple[torch.Tensor, int | None]:
     """The layers' packed positions: ``cu_seqlens`` checked (:func:`check_cu_seqlens_tensor`'s rules, on
-    ``device``, ending at ``total``) -> (positions (T,) int64 restarting at 0 in every document, ``end``), no
-    host sync. ``end`` bounds ``max(positions) + 1``: with values on the host and a CPU layer the longest
-    document (``kernels.packing.document_positions``, which checks and computes in one pass over values it reads
-    anyway); elsewhere ``total`` (known without reading the device). So the caller needs no second
-    look at the positions. ``total`` is T as the caller's own packed check returned it
+    ``device``, ending at ``total``) and ``start_pos`` (where each document starts counting: an int, or one per
+    document) -> (positions (T,) int64, ``end``), no host sync. ``end`` bounds ``max(positions) + 1``: with
+    values on the host and a CPU layer it is read (``kernels.packing.document_positions``, which checks and
+    computes in one pass over values it reads anyway); elsewhere ``total`` plus an int ``start_pos`` (known
+    without reading the device), or None for per-document starts there (not known without a sync). So the
+    caller needs no second look at the positions. ``total`` is T as the caller's own packed check returned it
     (``tables.checks.packing.check_packed_*_args``: TransformerEmbedding's ids, the rotary layers' q)."""
-    if not isinstance(cu_seqlens, torch.Tensor):                       # a list, a NumPy array: host values
-        if device.type == "cpu":
-            pos, end = kernels.document_positions(cu_seqlens, total)
+    if device.type == "cpu" and (not isinstance(start_pos, torch.Tensor) or values_readable(start_pos)):
+        host = start_pos.cpu().numpy() if isinstance(start_pos, torch.Tensor) else start_pos
+        if not isinstance(cu_seqlens, torch.Tensor):                   # a list, a NumPy array: host values
+            pos, end = kernels.document_positions(cu_seqlens, total, host)
             return torch.from_numpy(pos), end
-    elif cu_seqlens.is_cpu and device.type == "cpu" and values_readable(cu_seqlens):
-        if cu_seqlens.dtype not in _CU_DTYPES:                          # (before .numpy(): bf16 has no NumPy twin)
-            raise DtypeError(cu_seqlens_dtype_message(cu_seqlens.dtype))
-        pos, end = kernels.document_positions(cu_seqlens.numpy(), total)     # shape and values: the shared checks
-        return torch.from_numpy(pos), end
-    return packed_positions(check_cu_seqlens_tensor(cu_seqlens, total, device=device), total), total
+        if cu_seqlens.is_cpu and values_readable(cu_seqlens):
+            if cu_seqlens.dtype not in _CU_DTYPES:                      # (before .numpy(): bf16 has no NumPy twin)
+                raise DtypeError(cu_seqlens_dtype_message(cu_seqlens.dtype))
+            pos, end = kernels.document_positions(cu_seqlens.numpy(), total, host)   # the shared checks
+            return torch.from_numpy(pos), end
+    cu = check_cu_seqlens_tensor(cu_seqlens, total, device=device)
+    starts = _device_starts(start_pos, cu.shape[0] - 1, device)
+    return packed_positions(cu, total, starts), (total + starts if isinstance(starts, int) else None)
 
 
-def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None) -> torch.Tensor:
-    """``cu_seqlens`` (N + 1,) -> positions (T,) int64 on its device, 0, 1, ... in every document.
+def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None, *, start_pos: Any = 0) -> torch.Tensor:
+    """``cu_seqlens`` (N + 1,) -> positions (T,) int64 on its device, 0, 1, ... in every document (from
+    ``start_pos`` in every document: an int, or (N,) ints, one per document, flash-attn's ``seqlen_offsets``).
 
     Give ``total`` (T) on an accelerator: without it T is read from ``cu_seqlens[-1]`` (one host sync).
 
@@ -112,7 +140,8 @@ def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None) -> torc
     if total is None and cu.is_meta:
         raise ConfigError("cu_seqlens is on the meta device, which holds no values: pass total= (T) to get "
                           "the (T,) positions")
-    return packed_positions(cu, int(cu[-1]) if total is None else int(total))
+    n = int(cu[-1]) if total is None else int(total)
+    return packed_positions(cu, n, _device_starts(start_pos, cu.shape[0] - 1, cu.device))
 
 
 def cu_seqlens_from_positions(positions: Any) -> torch.Tensor:

@@ -105,16 +105,16 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
         cos, sin = self._pairs_of(x, positions, start_pos, seq_len)
         return self._out(ops.rotate(x, self._op_tables(cos, x), self._op_tables(sin, x), self.interleaved))
 
-    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int
+    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k packed views (:func:`to_bhld`: (T, H, 1, Dh) or (1, H, T, Dh)) at the packed positions, of
         their (B, L), in [0, end): one op pass reading the cached (P, F) cos / sin at the positions
         (flash-attn's rotary cache; no per-call table), when one static frequency variant serves every
-        position and the cache holds the first ``end`` rows (``end``: the longest document on the CPU, T
+        position and the cache holds the first ``end`` rows (``end``: read on the CPU, T plus an int start_pos
         elsewhere, :func:`.packing.document_positions`). Otherwise
-        (dynamic NTK, longrope, positions past the cache, q and k of two dtypes) the per-token formula
-        path of :meth:`_rotate_bhld`."""
-        if self.freqs.length_dependent or q.dtype != k.dtype:
+        (dynamic NTK, longrope, positions past the cache or not bounded on the host, q and k of two dtypes) the
+        per-token formula path of :meth:`_rotate_bhld`."""
+        if self.freqs.length_dependent or q.dtype != k.dtype or end is None:
             return self._rotate_bhld(q, k, pos, 0, None)
         tables = None
         with self._guard():

@@ -115,8 +115,9 @@ class TransformerEmbedding(TokenposModule):
         must then be 0 (anything else: ConfigError; add the offset to the positions instead).
         Packed documents: ids (T,) or (1, T) and ``cu_seqlens`` (N + 1,) (0, the cumulative lengths, T):
         the positions restart at 0 in every document (``positions_from_cu_seqlens``), so each token
-        gets the output it would get in the same documents padded in (N, max length); positions,
-        start_pos != 0 or position_ids="padding" together with cu_seqlens: ConfigError.
+        gets the output it would get in the same documents padded in (N, max length); ``start_pos``, an
+        int or (N,) ints, is where each document starts counting (documents continuing a KV cache, as
+        flash-attn's ``seqlen_offsets``); positions or position_ids="padding" with cu_seqlens: ConfigError.
 
     state_dict: ``token.weight``, ``position.weight`` (learned), ``token_type.weight``
     (num_token_types > 0), ``norm.weight`` and ``norm.bias`` (layernorm) / ``norm.weight`` (rmsnorm).
@@ -188,9 +189,9 @@ class TransformerEmbedding(TokenposModule):
         limit = table_limit(position)
         end: int | None                                             # max(positions) + 1; None: not read
         if cu_seqlens is not None:                                  # packed: positions restart per document
-            total = check_packed_embedding_args(shape, positions, start_pos, self.position_ids)
-            pos, end = document_positions(cu_seqlens, total, ids.device)
-            if limit is not None and end > limit:                   # a document may run past the table
+            total = check_packed_embedding_args(shape, positions, self.position_ids)
+            pos, end = document_positions(cu_seqlens, total, ids.device, start_pos)   # from start_pos in each
+            if limit is not None and (end is None or end > limit):  # a document may run past the table
                 check_position_tensor(pos, limit, broadcast_to=shape)
         elif positions is not None:                                 # given: used as they are
             check_start_pos_with_positions(start_pos, positions)

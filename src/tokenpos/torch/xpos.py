@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from tokenpos.tables.checks.rope import check_qk_layout
-from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, xpos_layer_args
+from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, check_xpos_packed_start, xpos_layer_args
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope import rope_inv_freq
 from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale_of, xpos_scaled_tables, xpos_zeta
@@ -82,7 +82,13 @@ class XPosRotaryEmbedding(RotaryBase):
         in the attention functions pass ``positions=`` so they call ``apply``)."""
         raise ConfigError(XPOS_TOGETHER_MESSAGE)
 
-    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int
+    def _packed_positions(self, q: torch.Tensor, positions: Any, start_pos: Any, key_positions: Any,
+                          cu_seqlens: Any) -> tuple[torch.Tensor, int | None]:
+        """The base's, every document counted from 0 (:func:`check_xpos_packed_start`)."""
+        check_xpos_packed_start(start_pos)
+        return super()._packed_positions(q, positions, start_pos, key_positions, cu_seqlens)
+
+    def _rotate_packed(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, end: int | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k packed views at the packed positions (their (B, L)): every document scaled around its own
         centre (``center``, or its length // 2), as if it were run alone; on the device (no host sync)."""

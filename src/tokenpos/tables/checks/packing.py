@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.tables.checks.validation import check_int, index_array
+from tokenpos.tables.checks.validation import INT64_MAX, check_int, check_positions, check_start_pos, index_array
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError
 
 CU_SEQLENS_DTYPES = ("int32", "int64")
@@ -80,6 +80,33 @@ def check_cu_seqlens(cu_seqlens: Any, total: Any = None) -> np.ndarray:
     return cu
 
 
+def document_starts_shape_message(shape: tuple[int, ...], num_docs: int) -> str:
+    return (f"start_pos with cu_seqlens must be an int or one int per document, shape ({num_docs},); got shape "
+            f"{tuple(int(s) for s in shape)}")
+
+
+def check_document_starts(start_pos: Any, lengths: np.ndarray) -> np.ndarray:
+    """Where each of N documents starts counting (flash-attn's ``seqlen_offsets``): ``start_pos`` an int >= 0
+    (every document) or N ints >= 0, one per document, for documents of ``lengths`` (N,) int64 -> (N,) int64.
+
+    Raises:
+        ConfigError: not an int or (N,); PositionError: a negative or non-integer value, or a document whose
+            last position would pass 2**63 - 1.
+    """
+    n = lengths.shape[0]
+    if isinstance(start_pos, (int, np.integer)) and not isinstance(start_pos, bool):
+        return np.full(n, check_start_pos(start_pos, int(lengths.max(initial=0))), dtype=np.int64)
+    starts = check_positions(start_pos, what="start_pos")
+    if starts.shape != (n,):
+        raise ConfigError(document_starts_shape_message(starts.shape, n))
+    over = np.flatnonzero(starts > INT64_MAX - lengths)
+    if over.size:
+        d = int(over[0])
+        raise PositionError(f"start_pos {int(starts[d])} of document {d} with its {int(lengths[d])} tokens overflows "
+                            f"int64; expected start_pos + length <= {INT64_MAX}")
+    return starts
+
+
 def check_restarting_positions(positions: np.ndarray) -> None:
     """Positions (T,) int64 of a packed row: 0 first, then each one either the previous + 1 or 0 (a new
     document). Raises PositionError naming the first one that breaks this."""
@@ -92,39 +119,37 @@ def check_restarting_positions(positions: np.ndarray) -> None:
                             f"{int(positions[i])} after positions[{i - 1}] = {int(positions[i - 1])}")
 
 
-def check_packed_embedding_args(ids_shape: tuple[int, ...], positions: Any, start_pos: Any, position_ids: str) -> int:
+def check_packed_embedding_args(ids_shape: tuple[int, ...], positions: Any, position_ids: str) -> int:
     """What ``TransformerEmbedding.forward(ids, ..., cu_seqlens=...)`` needs besides ``cu_seqlens``: ids
-    (T,) or (1, T), no positions and start_pos 0 (the positions come from cu_seqlens), default
-    position ids (RoBERTa's come from the padding). Returns T. Raises ConfigError."""
+    (T,) or (1, T), no positions (they come from cu_seqlens; ``start_pos``, where each document starts,
+    is checked with them), default position ids (RoBERTa's come from the padding). Returns T. Raises
+    ConfigError."""
     if len(ids_shape) == 2 and ids_shape[0] != 1:
         raise ConfigError(packed_batch_message(ids_shape, "ids of shape (T,) or (1, T)"))
     if positions is not None:
         raise ConfigError(packed_positions_given_message("positions"))
-    if start_pos != 0:
-        raise ConfigError(packed_positions_given_message(f"start_pos={start_pos!r}"))
     if position_ids != "default":
         raise ConfigError(f"position_ids={position_ids!r} derives the positions from the ids; with cu_seqlens "
                           f"they come from the documents: expected position_ids='default'")
     return int(ids_shape[-1])
 
 
-def _check_no_positions(positions: Any, start_pos: Any, key_positions: Any) -> None:
-    """With cu_seqlens the positions come from it: none given, no key_positions, start_pos 0 or None."""
+def _check_no_positions(positions: Any, key_positions: Any) -> None:
+    """With cu_seqlens the positions come from it: none given, no key_positions."""
     for name, value in (("positions", positions), ("key_positions", key_positions)):
         if value is not None:
             raise ConfigError(packed_positions_given_message(name))
-    if start_pos is not None and start_pos != 0:
-        raise ConfigError(packed_positions_given_message(f"start_pos={start_pos!r}"))
 
 
-def check_packed_rotary_args(bhld_shape: tuple[int, ...], positions: Any, start_pos: Any, key_positions: Any) -> int:
+def check_packed_rotary_args(bhld_shape: tuple[int, ...], positions: Any, key_positions: Any) -> int:
     """What a rotary ``apply(q, k, cu_seqlens=...)`` needs besides ``cu_seqlens``: one row (q as (1, H, T,
-    Dh) once in (B, H, L, Dh); always so with ``qk_layout="thd"``), no positions, key_positions or
-    start_pos (the positions come from cu_seqlens). Returns T. Raises ConfigError."""
+    Dh) once in (B, H, L, Dh); always so with ``qk_layout="thd"``), no positions or key_positions (the
+    positions come from cu_seqlens; ``start_pos``, where each document starts, is checked with them).
+    Returns T. Raises ConfigError."""
     if bhld_shape[0] != 1:
         raise ConfigError(packed_batch_message(bhld_shape, "q of shape (T, H, Dh) (qk_layout='thd') or "
                                                            "(1, H, T, Dh) as (B, H, L, Dh)"))
-    _check_no_positions(positions, start_pos, key_positions)
+    _check_no_positions(positions, key_positions)
     return int(bhld_shape[2])
 
 
@@ -137,5 +162,9 @@ def check_packed_attention_args(q_shape: tuple[int, ...], k_shape: tuple[int, ..
         raise ConfigError(f"with cu_seqlens q, k and v are one packed row of the same T tokens, (T, H, Dh) or "
                           f"(1, H, T, Dh); got q {tuple(int(s) for s in q_shape)} and k "
                           f"{tuple(int(s) for s in k_shape)} as (B, H, L, Dh)")
-    _check_no_positions(positions, start_pos, key_positions)
+    _check_no_positions(positions, key_positions)
+    if start_pos is not None and (not isinstance(start_pos, (int, np.integer)) or start_pos != 0):
+        raise ConfigError(f"start_pos={start_pos!r} given together with cu_seqlens; packed attention runs over "
+                          f"the same T tokens as queries and keys (no KV cache), so the positions restart at 0 "
+                          f"in every document: pass start_pos 0 or None")
     return int(q_shape[2])

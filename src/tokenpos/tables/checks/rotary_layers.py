@@ -32,6 +32,16 @@ XPOS_TOGETHER_MESSAGE = (f"xPos scales q up and k down: rotate q and k together,
                          "(scaled_dot_product_attention does so)")
 
 
+def check_xpos_packed_start(start_pos: Any) -> None:
+    """A packed xPos call counts every document from 0: its scale centre is the document's own (as if run
+    alone), found where the positions restart. ``start_pos`` other than 0 (documents continuing a cache) is
+    refused with ConfigError: xPos decodes over a cache with ``key_positions``, unpacked."""
+    if not (isinstance(start_pos, (int, np.integer)) and not isinstance(start_pos, bool) and start_pos == 0):
+        raise ConfigError(f"xPos packs every document from position 0 (each scaled around its own centre); got "
+                          f"start_pos={start_pos!r} with cu_seqlens. To continue a KV cache, rotate unpacked with "
+                          f"start_pos and key_positions")
+
+
 def xpos_layer_args(head_dim: Any, rotary_dim: Any, scale_base: Any, center: Any, interleaved: Any, *,
                     bool_types: tuple[type, ...] = (bool,)) -> tuple[int, int, float, float | None, bool]:
     """``(head_dim, rotary_dim R, scale_base, center, interleaved)`` of an xPos layer, checked.

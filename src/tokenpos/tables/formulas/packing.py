@@ -11,26 +11,32 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.tables.checks.packing import check_cu_seqlens, check_restarting_positions
+from tokenpos.tables.checks.packing import check_cu_seqlens, check_document_starts, check_restarting_positions
 from tokenpos.tables.checks.validation import check_positions
 from tokenpos.tables.errors import ConfigError
 
 
-def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None) -> np.ndarray:
+def positions_from_cu_seqlens(cu_seqlens: Any, total: int | None = None, *, start_pos: Any = 0) -> np.ndarray:
     """(N + 1,) int32 / int64 ``cu_seqlens`` -> positions (T,) int64, 0, 1, ... inside every document.
 
-    ``total`` (T), when given, must equal ``cu_seqlens[-1]``. Example: ``[0, 3, 5] -> [0, 1, 2, 0, 1]``.
+    ``total`` (T), when given, must equal ``cu_seqlens[-1]``. ``start_pos``: where each document starts
+    counting, an int for all or (N,) ints, one per document (flash-attn's ``seqlen_offsets``: documents
+    continuing a KV cache). Example: ``[0, 3, 5] -> [0, 1, 2, 0, 1]``; with ``start_pos=[4, 0]``:
+    ``[4, 5, 6, 0, 1]``.
     """
-    return document_positions(cu_seqlens, total)[0]
+    return document_positions(cu_seqlens, total, start_pos)[0]
 
 
-def document_positions(cu_seqlens: Any, total: int | None = None) -> tuple[np.ndarray, int]:
-    """The layers' packed positions: ``cu_seqlens`` checked (``check_cu_seqlens``) -> (positions (T,) int64 of
-    :func:`positions_from_cu_seqlens`, the longest document's length: ``max(positions) + 1``, 0 for none), so
-    a layer bounds the positions without reading them again."""
+def document_positions(cu_seqlens: Any, total: int | None = None, start_pos: Any = 0) -> tuple[np.ndarray, int]:
+    """The layers' packed positions: ``cu_seqlens`` and ``start_pos`` checked (``check_cu_seqlens``,
+    ``check_document_starts``) -> (positions (T,) int64 of :func:`positions_from_cu_seqlens`, ``max(positions)
+    + 1``: the largest start + length over the documents with tokens, 0 for none), so a layer bounds the
+    positions without reading them again."""
     cu = check_cu_seqlens(cu_seqlens, total)
     lengths = np.diff(cu)
-    return np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], lengths), int(lengths.max(initial=0))
+    starts = check_document_starts(start_pos, lengths)
+    end = int((starts + lengths)[lengths > 0].max(initial=0))
+    return np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1] - starts, lengths), end
 
 
 def cu_seqlens_from_positions(positions: Any) -> np.ndarray:
