@@ -23,7 +23,7 @@ ConfigError (``tables.checks.validation.check_start_pos_with_positions``) before
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,12 @@ from tokenpos.tables.checks.rope import (
     rope_layout_shape_message,
     rotary_packed_message,
 )
-from tokenpos.tables.checks.validation import check_positions, check_start_pos, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import (
+    check_grad,
+    check_positions,
+    check_start_pos,
+    check_start_pos_with_positions,
+)
 from tokenpos.tables.errors import ConfigError
 
 
@@ -70,10 +75,13 @@ def _bhld(x: np.ndarray, qk_layout: str) -> np.ndarray:
 @dataclass(frozen=True)
 class RotaryCache:
     """What ``apply_backward`` needs: the functional cache of q, and of k when k was rotated by its own
-    tables (None when one ``rope_qk`` pass rotated both)."""
+    tables (None when one ``rope_qk`` pass rotated both); the shapes of q' and k' as returned (the declared
+    layout), which their gradients must have (``k_shape`` None: ``apply`` was called without k)."""
 
     q: F.RopeCache
     k: F.RopeCache | None
+    q_shape: tuple[int, ...] = ()
+    k_shape: tuple[int, ...] | None = ()
 
 
 class RotaryBase(Module):
@@ -178,15 +186,21 @@ class RotaryBase(Module):
                                                                                      key_positions, cu_seqlens))
         else:
             q_out, k_out, cache = self._rotate_bhld(q, k, positions, start_pos, key_positions)
-        return self._out(q_out), self._out(k_out), cache
+        q_out, k_out = self._out(q_out), self._out(k_out)
+        return q_out, k_out, replace(cache, q_shape=q_out.shape, k_shape=k_out.shape)
 
     def apply_backward(self, grad_q: Any, grad_k: Any, cache: RotaryCache) -> tuple[np.ndarray, np.ndarray | None]:
         """Gradients (dq, dk) w.r.t. q and k from those w.r.t. q' and k' (declared layout): the transpose
-        of the forward map (the rotation by -angle, scaled as the forward was). ``grad_k`` None: (dq, None)."""
-        gq = _bhld(np.asarray(grad_q), self.qk_layout)
+        of the forward map (the rotation by -angle, scaled as the forward was). ``grad_k`` None: (dq, None).
+        Each gradient must be a floating array of its output's shape (``check_grad``); ``grad_k`` after a call
+        without k is refused (ConfigError)."""
+        gq = _bhld(check_grad("grad_q", grad_q, cache.q_shape), self.qk_layout)
         if grad_k is None:
             return self._out(F.rope_backward(gq, cache.q)), None
-        gk = _bhld(np.asarray(grad_k), self.qk_layout)
+        if cache.k_shape is None:
+            raise ConfigError("grad_k given, but apply was called without k (it returned (q', None)); expected "
+                              "backward(grad_q) alone")
+        gk = _bhld(check_grad("grad_k", grad_k, cache.k_shape), self.qk_layout)
         if cache.k is None:
             dq, dk = F.rope_qk_backward(gq, gk, cache.q)
         else:
@@ -207,9 +221,10 @@ class RotaryBase(Module):
         if k is None:
             check_no_key_positions(key_positions)
             q = np.asarray(q)
-        q_out, k_out, self._last = self.apply_forward(q, one_head(q, self.qk_layout) if k is None else k,
-                                                      positions, start_pos=start_pos, key_positions=key_positions,
-                                                      cu_seqlens=cu_seqlens)
+        q_out, k_out, cache = self.apply_forward(q, one_head(q, self.qk_layout) if k is None else k,
+                                                 positions, start_pos=start_pos, key_positions=key_positions,
+                                                 cu_seqlens=cu_seqlens)
+        self._last = cache if k is not None else replace(cache, k_shape=None)
         return q_out, (None if k is None else k_out)
 
     forward = apply

@@ -48,7 +48,7 @@ from tokenpos.tables.checks.attention import (
     key_start_message,
 )
 from tokenpos.tables.checks.packing import check_packed_attention_args
-from tokenpos.tables.checks.validation import check_float_array, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_float_array, check_grad, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.formulas.attention import causal_keep_mask, resolve_query_start
 from tokenpos.tables.formulas.llama4 import query_temperature
@@ -214,7 +214,8 @@ def scaled_dot_product_attention_backward(dout: Any, cache: AttentionCache) -> t
     Bias schemes receive their gradient through ``positional.backward(grad_bias (H, Lq, Lk))``.
     """
     c = cache
-    dout = np.asarray(dout).astype(c.v.dtype, copy=False)                     # (B, H, Lq, Dh)
+    b, h, lq, dv_ = c.probs.shape[:-1] + c.v.shape[-1:]                      # the output, (B, H, Lq, Dv)
+    dout = check_grad("dout", dout, (lq, h, dv_) if c.thd else (b, h, lq, dv_)).astype(c.v.dtype, copy=False)
     if c.thd:
         dout = _bhld(dout)
     dv = np.swapaxes(c.probs, -1, -2) @ dout                                  # (B, H, Lk, Dh)

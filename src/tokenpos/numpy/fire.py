@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.checks.validation import check_dtype, check_float, check_positive_int
+from tokenpos.tables.checks.validation import check_dtype, check_float, check_grad, check_positive_int
 from tokenpos.tables.formulas.fire import FIRE_EPS, FIRE_INIT_C, FIRE_PARAMS, fire_bias, fire_bias_backward, fire_init
 from tokenpos.tables.formulas.init import resolve_rng
 
@@ -69,9 +69,7 @@ class FIRE(Module):
 
     def backward(self, grad_bias: Any, *, query_offset: int | None = None) -> None:
         """Accumulate d(loss)/d(every parameter) from grad_bias (H, Lq, Lk) (pass the forward's query_offset)."""
-        grad = np.asarray(grad_bias)
-        if grad.ndim != 3 or grad.shape[0] != self.num_heads:
-            raise ValueError(f"grad_bias must have shape ({self.num_heads}, Lq, Lk), got {grad.shape}")
+        grad = check_grad("grad_bias", grad_bias, (self.num_heads, "Lq", "Lk"))
         params = self._params()
         _, cache = fire_bias(params, grad.shape[1], grad.shape[2], init_L=self.init_L, query_offset=query_offset,
                              eps=self.eps)

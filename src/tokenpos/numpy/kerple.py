@@ -13,7 +13,7 @@ import numpy as np
 
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.checks.bias import check_kerple_eps
-from tokenpos.tables.checks.validation import check_dtype, check_positive_int
+from tokenpos.tables.checks.validation import check_dtype, check_grad, check_positive_int
 from tokenpos.tables.formulas.init import resolve_rng
 from tokenpos.tables.formulas.kerple import (
     KERPLE_EPS,
@@ -70,9 +70,7 @@ class KERPLE(Module):
 
     def backward(self, grad_bias: Any, *, query_offset: int | None = None) -> None:
         """Accumulate d(loss)/d(r1, r2) from grad_bias (H, Lq, Lk) (pass the forward's query_offset)."""
-        grad = np.asarray(grad_bias)
-        if grad.ndim != 3 or grad.shape[0] != self.num_heads:
-            raise ValueError(f"grad_bias must have shape ({self.num_heads}, Lq, Lk), got {grad.shape}")
+        grad = check_grad("grad_bias", grad_bias, (self.num_heads, "Lq", "Lk"))
         dist = kerple_distance(grad.shape[1], grad.shape[2], query_offset)
         d_r1, d_r2 = kerple_bias_backward(grad.astype(np.float64), self.r1.data.astype(np.float64),
                                           self.r2.data.astype(np.float64), dist)

@@ -13,6 +13,7 @@ from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.checks.validation import (
     check_dtype,
+    check_grad,
     check_padding_idx,
     check_positive_int,
     check_seq_len_or_positions,
@@ -77,9 +78,7 @@ class LearnedPositionalEmbedding(Module):
     def backward(self, grad_output: np.ndarray) -> None:
         """Accumulate the gradient of the last forward into the rows used (duplicates add up)."""
         cache = self._cached(self._cache)
-        grad = np.asarray(grad_output)
-        if grad.shape != cache.ids.shape + (self.d_model,):
-            raise ValueError(f"grad_output must have shape {cache.ids.shape + (self.d_model,)}, got {grad.shape}")
+        grad = check_grad("grad_output", grad_output, cache.ids.shape + (self.d_model,))
         if self.weight.requires_grad:
             (rows_at, rows), _ = F.embedding_backward(grad, cache)
             self.weight.accumulate_rows(rows_at, rows, coalesced=True)

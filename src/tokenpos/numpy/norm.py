@@ -18,6 +18,7 @@ from tokenpos.tables.checks.validation import (
     check_feature_dim,
     check_float,
     check_float_array,
+    check_grad,
     check_positive_int,
 )
 
@@ -85,7 +86,7 @@ class LayerNorm(_Norm):
 
     def norm_backward(self, grad_output: Any, cache: F.NormCache) -> np.ndarray:
         """dy (..., D) -> dx (..., D); accumulates d weight and d bias."""
-        dx, dw, db = F.layernorm_backward(np.asarray(grad_output), cache)
+        dx, dw, db = F.layernorm_backward(check_grad("grad_output", grad_output, cache.xhat.shape), cache)
         self.weight.accumulate(dw)
         self.bias.accumulate(db)
         return dx
@@ -111,7 +112,7 @@ class RMSNorm(_Norm):
 
     def norm_backward(self, grad_output: Any, cache: F.NormCache) -> np.ndarray:
         """dy (..., D) -> dx (..., D); accumulates d weight."""
-        dx, dw = F.rmsnorm_backward(np.asarray(grad_output), cache)
+        dx, dw = F.rmsnorm_backward(check_grad("grad_output", grad_output, cache.xhat.shape), cache)
         self.weight.accumulate(dw)
         return dx
 

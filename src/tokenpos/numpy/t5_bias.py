@@ -12,7 +12,7 @@ import numpy as np
 
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.checks.bias import check_t5_config
-from tokenpos.tables.checks.validation import check_dtype, check_positive_int
+from tokenpos.tables.checks.validation import check_dtype, check_grad, check_positive_int
 from tokenpos.tables.formulas.init import init_weight, resolve_rng
 from tokenpos.tables.formulas.t5 import t5_bias, t5_bias_backward, t5_bucket_matrix
 
@@ -68,9 +68,7 @@ class T5RelativePositionBias(Module):
 
     def backward(self, grad_bias: Any, *, query_offset: int | None = None) -> None:
         """Accumulate d(loss)/d(weight) from grad_bias (H, Lq, Lk) (pass the forward's query_offset)."""
-        grad = np.asarray(grad_bias)
-        if grad.ndim != 3 or grad.shape[0] != self.num_heads:
-            raise ValueError(f"grad_bias must have shape ({self.num_heads}, Lq, Lk), got {grad.shape}")
+        grad = check_grad("grad_bias", grad_bias, (self.num_heads, "Lq", "Lk"))
         buckets = self.buckets(grad.shape[1], grad.shape[2], query_offset=query_offset)
         self.weight.accumulate(t5_bias_backward(grad, buckets, self.num_buckets))
         return None

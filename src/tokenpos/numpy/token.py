@@ -19,6 +19,7 @@ from tokenpos.tables.checks.validation import (
     check_dtype,
     check_feature_dim,
     check_float_array,
+    check_grad,
     check_padding_idx,
     check_positive_int,
     check_token_ids,
@@ -97,9 +98,7 @@ class TokenEmbedding(Module):
     def backward(self, grad_output: np.ndarray) -> None:
         """Accumulate the row-sparse gradient of the last forward; returns None (ids are not float)."""
         cache = self._cached(self._cache)
-        grad = np.asarray(grad_output)
-        if grad.shape != cache.ids.shape + (self.d_model,):
-            raise ValueError(f"grad_output must have shape {cache.ids.shape + (self.d_model,)}, got {grad.shape}")
+        grad = check_grad("grad_output", grad_output, cache.ids.shape + (self.d_model,))
         if self.weight.requires_grad:
             (ids, rows), _ = F.embedding_backward(grad, cache)
             self.weight.accumulate_rows(ids, rows, coalesced=True)
@@ -119,9 +118,7 @@ class TokenEmbedding(Module):
         receives gradient here.
         """
         cache = self._cached(self._attend_cache, "attend_backward")
-        g = np.asarray(grad_logits)
-        if g.shape != cache.h.shape[:-1] + (self.vocab_size,):
-            raise ValueError(f"grad_logits must have shape {cache.h.shape[:-1] + (self.vocab_size,)}, got {g.shape}")
+        g = check_grad("grad_logits", grad_logits, cache.h.shape[:-1] + (self.vocab_size,))
         dh, dweight = F.attend_backward(g, cache)
         self.weight.accumulate(dweight)
         return dh
@@ -145,11 +142,7 @@ class TokenEmbedding(Module):
         """grad of the loss (() or the (...) of reduction "none"; default 1) -> grad_h (..., D); adds the
         dense (V, D) weight gradient (every row receives gradient, as in ``attend_backward``)."""
         cache = self._cached(self._loss_cache, "loss_backward")
-        g = np.asarray(grad_loss, dtype=np.float64)
-        expected = cache.shape[:-1] if cache.reduction == "none" else ()
-        if g.shape != expected:
-            raise ValueError(f"grad_loss must have shape {expected}, got {g.shape}")
-        dh, dweight = F.tied_cross_entropy_backward(g, cache)
+        dh, dweight = F.tied_cross_entropy_backward(F.loss_grad("grad_loss", grad_loss, cache), cache)
         self.weight.accumulate(dweight)
         return dh
 

@@ -27,6 +27,7 @@ from tokenpos.numpy.token import TokenEmbedding
 from tokenpos.tables.checks.embedding import check_embedding_args
 from tokenpos.tables.checks.packing import check_packed_embedding_args
 from tokenpos.tables.checks.validation import (
+    check_grad,
     check_positions,
     check_positions_at,
     check_start_pos_with_positions,
@@ -225,9 +226,7 @@ class TransformerEmbedding(Module):
     def backward(self, grad_output: np.ndarray) -> None:
         """Gradients flow to the token table (row-sparse), learned positions, token types and norm."""
         cache = self._cached(self._cache)
-        g = np.asarray(grad_output)
-        if g.shape != cache.shape:
-            raise ValueError(f"grad_output must have shape {cache.shape}, got {g.shape}")
+        g = check_grad("grad_output", grad_output, cache.shape)
         if cache.dropout is not None:
             g = F.dropout_backward(g, cache.dropout)
         if cache.norm is not None:

@@ -27,10 +27,12 @@ inputs (the public ``tokenpos.numpy.tied_cross_entropy`` and ``TokenEmbedding.lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from tokenpos.numpy.functional._dispatch import compute_dtype, kept
+from tokenpos.tables.checks.validation import check_grad
 from tokenpos.tables.formulas.tied_loss import (
     default_chunk_size,
     reduce_weights,
@@ -150,6 +152,14 @@ def tied_cross_entropy_forward(h: np.ndarray, weight: np.ndarray, targets: np.nd
     return loss, cache
 
 
+def loss_grad(name: str, dloss: Any, cache: TiedLossCache) -> np.ndarray:
+    """The gradient of a tied loss checked (``check_grad``): () or, for reduction "none", the loss's (...);
+    an integer one (an exact scale) as float64."""
+    g = np.asarray(dloss)
+    return check_grad(name, g.astype(np.float64) if g.dtype.kind in "iu" else g,
+                      cache.shape[:-1] if cache.reduction == "none" else ())
+
+
 def tied_cross_entropy_backward(dloss: np.ndarray | float, cache: TiedLossCache) -> tuple[np.ndarray, np.ndarray]:
     """dloss (() or (...) for "none") -> (dh (..., D) in h's dtype, dweight (V, D) in weight's dtype).
 
@@ -159,7 +169,8 @@ def tied_cross_entropy_backward(dloss: np.ndarray | float, cache: TiedLossCache)
     h2, weight, t, c = cache.h, cache.weight, cache.targets, cache.chunk_size
     V, D = weight.shape
     dt = compute_dtype(h2.dtype)
-    scale = np.asarray(dloss, dtype=dt)                                        # converted before taking anything
+    dloss = loss_grad("dloss", dloss, cache)                                   # checked before taking anything
+    scale = dloss.astype(dt, copy=False)
     try:
         dh_kept, dweight_kept = cache.grads.pop()                              # computed by the forward, once
     except IndexError:

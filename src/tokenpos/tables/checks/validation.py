@@ -206,6 +206,21 @@ def check_float_array(name: str, x: Any) -> np.ndarray:
     return arr
 
 
+def check_grad(name: str, grad: Any, shape: tuple[int | str, ...]) -> np.ndarray:
+    """A gradient handed to a NumPy backward: a floating array of exactly ``shape``, the forward output's (a
+    name such as "Lq": any size on that axis); the one check of every backward's incoming gradient.
+
+    Raises:
+        DtypeError: not floating point (an integer gradient would truncate dx, a complex one drop its
+            imaginary part). ConfigError: another shape (broadcasting it would give a wrong gradient).
+    """
+    arr = check_float_array(name, grad)
+    if arr.ndim != len(shape) or any(not isinstance(s, str) and s != a for s, a in zip(shape, arr.shape, strict=False)):
+        want = "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise ConfigError(f"{name} must have shape {want}, got {tuple(arr.shape)}: the forward output's shape")
+    return arr
+
+
 def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
