@@ -33,8 +33,39 @@ def test_accumulate_rows_keeps_a_row_sparse_gradient_with_duplicates_summed():
     dense = np.zeros((6, 3))
     dense[[0, 1, 4]] = sg.rows
     np.testing.assert_array_equal(p.grad, dense)          # the dense view on request
-    assert p.sparse_grad is None                          # ...which is then the gradient
+    p.grad[1] *= 0.5                                      # ...which is then the gradient (edited in place)
+    after = p.sparse_grad                                 # its touched rows, read from it
+    np.testing.assert_array_equal(after.indices, [0, 1, 4])
+    np.testing.assert_array_equal(after.rows, [[5, 5, 5], [6, 1, 1], [4, 4, 4]])
     np.testing.assert_array_equal(sg.to_dense((6, 3), np.float64), dense)
+    p.accumulate_rows(np.array([2]), np.ones((1, 3)))     # more rows after the fold join them
+    np.testing.assert_array_equal(p.sparse_grad.indices, [0, 1, 2, 4])
+    p.grad = np.ones((6, 3))                              # a dense gradient of the user's: every row counts
+    assert p.sparse_grad is None
+
+
+@pytest.mark.parametrize("make_opt", [
+    lambda ps: tpn.optim.Adam(ps, lr=0.1, sparse_mode="lazy"),
+    lambda ps: tpn.optim.Adam(ps, lr=0.1, sparse_mode="sparse_adam"),
+    lambda ps: tpn.optim.AdamW(ps, lr=0.1, weight_decay=0.1, sparse_mode="lazy"),
+    lambda ps: tpn.optim.SGD(ps, lr=0.1, momentum=0.9, sparse_mode="lazy"),
+])
+def test_reading_the_gradient_does_not_change_a_lazy_update(make_opt) -> None:  # noqa: ANN001
+    """A grad-norm log between backward and step read ``grad``, which folded the row-sparse gradient into a
+    dense one, and lazy / SparseAdam updates then moved every row and decayed every moment."""
+    def run(read: bool) -> np.ndarray:
+        tok = tpn.TokenEmbedding(6, 2, seed=0)
+        opt = make_opt(tok.parameters())
+        for ids in (np.array([1]), np.array([2, 2]), np.array([1, 4])):
+            tok.zero_grad()
+            tok(ids)
+            tok.backward(np.ones((ids.size, 2), np.float32))
+            if read:
+                float(np.linalg.norm(tok.weight.grad))
+            opt.step()
+        return tok.weight.data.copy()
+
+    np.testing.assert_array_equal(run(read=True), run(read=False))
 
 
 def test_dense_and_sparse_accumulate_together():

@@ -30,13 +30,15 @@ def grad_for(step: int, shape) -> np.ndarray:
 
 
 def run(layer, opt, *, steps=4, densify=False):
-    """Forward/backward/step over BATCHES; ``densify`` reads ``.grad`` first, making the gradient dense."""
+    """Forward/backward/step over BATCHES; ``densify`` sets ``.grad`` to its dense value first, making the
+    gradient dense (a read alone keeps the rows the backward touched)."""
     for t in range(steps):
         ids = BATCHES[t % len(BATCHES)]
         opt.zero_grad()
         out = layer(ids)
         layer.backward(grad_for(t, out.shape))
         if densify:
+            layer.weight.grad = layer.weight.grad
             assert layer.weight.grad is not None and layer.weight.sparse_grad is None
         else:
             assert layer.weight.sparse_grad is not None

@@ -66,6 +66,9 @@ class Parameter:
         self.requires_grad = requires_grad
         self._dense: np.ndarray | None = None
         self._chunks: list[RowSparseGrad] = []
+        # the rows a dense gradient holds when only row-sparse backwards made it (unique, sorted); None once a
+        # dense gradient was added or set: then every row may hold one
+        self._touched: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -80,13 +83,20 @@ class Parameter:
     def grad(self) -> np.ndarray | None:
         """The dense gradient, or None before any backward.
 
-        Reading it folds any row-sparse chunks into one dense array (so what you read, clip or edit
-        is what the optimiser uses); ``sparse_grad`` is None afterwards.
+        Reading it folds any row-sparse chunks into one dense array, so what you read, clip or edit in place
+        is what the optimiser uses. The rows the backwards touched stay known: ``sparse_grad`` then reads them
+        from this array, so reading the gradient (a norm for a log) never turns a lazy optimiser's row update
+        into a dense one. Edit those rows; a value written into another row of a row-sparse gradient is not
+        read (set ``grad`` to make a dense gradient of your own).
         """
         if self._chunks:
-            dense = self._dense if self._dense is not None else np.zeros_like(self.data)
+            fresh = self._dense is None
+            dense = np.zeros_like(self.data) if self._dense is None else self._dense
             for chunk in self._chunks:
                 dense[chunk.indices] += chunk.rows
+            if fresh or self._touched is not None:
+                self._touched = np.unique(np.concatenate([c.indices for c in self._chunks]
+                                                         + ([] if fresh else [self._touched])))
             self._dense, self._chunks = dense, []
         return self._dense
 
@@ -95,12 +105,18 @@ class Parameter:
         if value is not None and np.shape(value) != self.data.shape:
             raise ValueError(f"grad must have shape {self.data.shape}, got {np.shape(value)}")
         self._dense = None if value is None else np.asarray(value, dtype=self.data.dtype)
-        self._chunks = []
+        self._chunks, self._touched = [], None
 
     @property
     def sparse_grad(self) -> RowSparseGrad | None:
-        """The gradient as unique sorted ids + summed rows, or None if it is dense or absent."""
-        if self._dense is not None or not self._chunks:
+        """The gradient as unique sorted ids + summed rows, or None if it is dense or absent (a dense
+        gradient that only row-sparse backwards made, folded by reading ``grad``, gives its touched rows)."""
+        if self._dense is not None:
+            if self._touched is None:
+                return None
+            self.grad  # noqa: B018  (fold any newer chunks)
+            return RowSparseGrad(self._touched, self._dense[self._touched])
+        if not self._chunks:
             return None
         if len(self._chunks) > 1:
             ids = np.concatenate([c.indices for c in self._chunks])
@@ -120,6 +136,7 @@ class Parameter:
         if self._chunks:
             self.grad  # noqa: B018  (fold the chunks into the dense array)
         self._dense = grad.copy() if self._dense is None else self._dense + grad
+        self._touched = None
 
     def accumulate_rows(self, indices: np.ndarray, rows: np.ndarray, *, coalesced: bool = False) -> None:
         """Add ``rows[j]`` to row ``indices[j]`` (duplicates add up). indices (n,), rows (n, D)."""
@@ -128,12 +145,14 @@ class Parameter:
         rows = np.asarray(rows, dtype=self.data.dtype)
         if self._dense is not None:
             np.add.at(self._dense, indices, rows)
+            if self._touched is not None:
+                self._touched = np.union1d(self._touched, np.asarray(indices, np.int64).reshape(-1))
             return
         chunk = RowSparseGrad(np.asarray(indices, np.int64), rows) if coalesced else coalesce_rows(indices, rows)
         self._chunks.append(chunk)
 
     def zero_grad(self) -> None:
-        self._dense, self._chunks = None, []
+        self._dense, self._chunks, self._touched = None, [], None
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype}, requires_grad={self.requires_grad})"
