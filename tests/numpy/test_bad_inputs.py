@@ -170,6 +170,9 @@ def test_eval_mode_survives_a_failed_call():
     (lambda: tpn.TransformerEmbedding(10, 4, norm="batchnorm"), r"norm must be one of 'layernorm', 'rmsnorm'; got"),
     (lambda: tpn.TransformerEmbedding(10, 4, num_token_types=-1), r"num_token_types must be >= 0, got -1"),
     (lambda: tpn.SinusoidalPositionalEncoding(10, 4, layout="x"), r"layout must be"),
+    (lambda: tpn.SinCos2DPositionalEncoding(2, 2, 4, dtype=np.int32),
+     r"dtype must be one of float16, float32, float64; got int32"),   # gave a truncated table
+    (lambda: tpn.SinCos2DPositionalEncoding(2, 2, 4, dtype=np.complex64), r"dtype must be one of .*; got complex64"),
 ])
 def test_bad_constructor_arguments(build, pattern):
     with pytest.raises(ValueError, match=pattern) as err:

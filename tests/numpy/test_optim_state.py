@@ -98,6 +98,11 @@ def test_bad_checkpoints_are_refused_and_change_nothing(bad, match):
       "0.step": np.int64(5)}, "'0.step' is 5, more than step_count 1"),
     ({"step_count": np.int64(1), "0.m": np.zeros((10, 4), np.float32), "0.v": -np.ones((10, 4), np.float32),
       "0.step": np.int64(1)}, "'0.v' has negative entries"),
+    ({"step_count": np.int64(1), "0.m": np.zeros((10, 4), np.float32), "0.v": np.full((10, 4), np.nan, np.float32),
+      "0.step": np.int64(1)}, r"'0.v' has non-finite entries \(NaN or inf\)"),      # NaN passed the >= 0 test
+    ({"step_count": np.int64(1), "0.m": np.full((10, 4), np.inf, np.float32), "0.v": np.zeros((10, 4), np.float32),
+      "0.step": np.int64(1)}, "'0.m' has non-finite entries"),
+    ("not a dict", "a state_dict must be a dict of arrays, got str"),
 ])
 def test_a_partial_or_negative_state_is_refused_whole_before_anything_changes(bad, match):
     emb = tpn.TokenEmbedding(10, 4, seed=0)

@@ -145,3 +145,30 @@ def test_torch_tensors_load():
         layer.load_state_dict({"weight": torch.ones(3, 2, dtype=torch.bfloat16)})
     with pytest.raises(tpn.StateDictError, match="dtype float64, expected float32"):
         layer.load_state_dict({"weight": torch.ones(3, 2, dtype=torch.float64)})
+
+
+@pytest.mark.parametrize("state", [None, "token.weight", [("token.weight", np.zeros((5, 4)))]])
+def test_a_state_that_is_not_a_mapping_is_a_state_dict_error(state: object) -> None:
+    """``load_state_dict`` of something that is not a dict raised AttributeError from ``.items()``."""
+    from tokenpos.tables import StateDictError
+
+    emb = tpn.TransformerEmbedding(5, 4, 8, seed=0)
+    before = emb.state_dict()
+    with pytest.raises(StateDictError, match=f"a state_dict must be a dict of arrays, got {type(state).__name__}"):
+        emb.load_state_dict(state)  # type: ignore[arg-type]
+    for key, value in emb.state_dict().items():
+        np.testing.assert_array_equal(value, before[key])
+
+
+def test_a_negative_seed_is_a_config_error_naming_it() -> None:
+    """seed=-1 gave NumPy's bare "expected non-negative integer" ValueError."""
+    import torch
+
+    import tokenpos.torch as tpt
+    from tokenpos.tables import ConfigError
+
+    for build in (lambda: tpn.TokenEmbedding(5, 4, seed=-1), lambda: tpt.TokenEmbedding(5, 4, seed=-1)):
+        with pytest.raises(ConfigError, match="seed must be an integer >= 0 or None, got -1"):
+            build()
+    assert torch.equal(tpt.TokenEmbedding(5, 4, seed=0).weight, torch.from_numpy(tpn.TokenEmbedding(5, 4, seed=0)
+                                                                                   .weight.data))

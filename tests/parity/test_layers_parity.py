@@ -54,6 +54,11 @@ CASES = {
     "te_t5":              ("TransformerEmbedding", (50, 8, 16), {"positional": "t5", "num_heads": 2}, (IDS,), {}),
     "te_f64":             ("TransformerEmbedding", (50, 8, 16), {"dtype": np.float64, "norm": "layernorm"},
                            (IDS,), {}),
+    # dtype=None is the default in both backends: float32 (NumPy read None as float64, so the states did not load)
+    "token_dtype_none":   ("TokenEmbedding", (50, 8), {"dtype": None}, (IDS,), {}),
+    "te_dtype_none":      ("TransformerEmbedding", (50, 8, 16), {"dtype": None, "num_token_types": 2,
+                                                                 "norm": "layernorm"}, (IDS,), {}),
+    "sincos2d_dtype_none": ("SinCos2DPositionalEncoding", (2, 3, 8), {"dtype": None}, (np.array([0, 5, 2]),), {}),
 }
 
 

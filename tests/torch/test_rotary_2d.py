@@ -85,3 +85,10 @@ def test_bf16_at_position_one_million_keeps_accurate_angles() -> None:
     truth = rope_rotate(x.double().numpy(), np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1))
     err = float(np.abs(out.double().numpy() - truth).max()) / float(x.abs().max())
     assert out.dtype == torch.bfloat16 and err <= TOL["rope.bf16_far"]["scale"]
+
+
+def test_sincos_2d_refuses_a_dtype_that_is_not_floating() -> None:
+    """dtype=torch.int32 gave a truncated table; now refused as every other layer refuses it."""
+    with pytest.raises(ConfigError, match="dtype must be one of float16, bfloat16, float32, float64; got int32"):
+        SinCos2DPositionalEncoding(2, 2, 4, dtype=torch.int32)
+    assert SinCos2DPositionalEncoding(2, 2, 4, dtype=np.float64)().dtype == torch.float64

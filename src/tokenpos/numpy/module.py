@@ -19,7 +19,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tokenpos.tables.checks.validation import check_state_dict, dtype_name, numpy_dtype_message, numpy_holds
+from tokenpos.tables.checks.validation import (
+    check_state_dict,
+    check_state_mapping,
+    dtype_name,
+    numpy_dtype_message,
+    numpy_holds,
+)
 from tokenpos.tables.errors import StateDictError
 
 
@@ -262,6 +268,7 @@ class Module:
             StateDictError: a missing/unexpected key (strict), or a wrong shape or dtype; nothing has
                 been written when it is raised.
         """
+        check_state_mapping(state)
         params = dict(self.named_parameters(remove_duplicate=False))       # every key, as state_dict
         layer = type(self).__name__
         arrays = {k: _to_numpy(k, v, params[k].dtype if k in params else None, layer) for k, v in state.items()}

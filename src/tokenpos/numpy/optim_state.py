@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy.module import Parameter
+from tokenpos.tables.checks.validation import check_state_mapping
 from tokenpos.tables.errors import StateDictError
 
 StateDtype = Callable[[Parameter, str], np.dtype]
@@ -43,6 +44,7 @@ def check_optimizer_state(state: dict[str, Any], params: Sequence[Parameter], na
     Raises:
         StateDictError: the first problem, naming the key.
     """
+    check_state_mapping(state)
     arrays = {str(k): np.asarray(v) for k, v in state.items()}
     if "step_count" not in arrays:
         raise StateDictError("optimizer state_dict needs a scalar 'step_count'; got keys " + str(sorted(arrays)))
@@ -68,6 +70,9 @@ def check_optimizer_state(state: dict[str, Any], params: Sequence[Parameter], na
             if value.shape != p.data.shape or value.dtype != want_dtype:
                 raise StateDictError(f"optimizer state {key!r} has shape {value.shape} and dtype {value.dtype}, "
                                      f"expected shape {p.data.shape} and dtype {want_dtype}")
+            if not np.isfinite(value).all():                  # NaN passed the >= 0 test below and every later step
+                raise StateDictError(f"optimizer state {key!r} has non-finite entries (NaN or inf); expected finite "
+                                     f"moments")
             if name == "v" and bool(np.any(value < 0)):
                 raise StateDictError(f"optimizer state {key!r} has negative entries; a second moment is >= 0")
             new.setdefault(id(p), {})[name] = value.copy()

@@ -20,7 +20,7 @@ from tokenpos.tables.checks.rotary_layers import (
     check_rope2d_positions_given,
     check_rope2d_positions_shape,
 )
-from tokenpos.tables.checks.validation import check_positions, check_seq_len_or_positions
+from tokenpos.tables.checks.validation import check_dtype, check_positions, check_seq_len_or_positions
 from tokenpos.tables.formulas.mrope import mrope_angles
 from tokenpos.tables.formulas.rope2d import rope2d_layer_args, sincos_2d_table
 from tokenpos.tables.hf.models import rope2d_args_from_hf_config
@@ -123,7 +123,7 @@ class SinCos2DPositionalEncoding(Module):
                  dtype: Any = np.float32, seed: Any = None, rng: Any = None) -> None:
         super().__init__()
         self.table64 = sincos_2d_table(height, width, d_model, base=base, cls_token=cls_token)
-        self.dtype = np.dtype(dtype)
+        self.dtype = check_dtype("dtype", dtype)
         self.table = self.table64.astype(self.dtype)                          # (P, D), read by the embedding op
         self.height, self.width, self.d_model, self.cls_token = height, width, d_model, cls_token
         self.max_seq_len = self.table.shape[0]

@@ -15,7 +15,7 @@ from tokenpos.tables.checks.rope import check_qk_layout, check_qk_lengths
 from tokenpos.tables.checks.rotary_layers import check_rope2d_positions_given, check_rope2d_positions_shape
 from tokenpos.tables.formulas.rope2d import rope2d_inv_freq, rope2d_layer_args, sincos_2d_table
 from tokenpos.tables.hf.models import rope2d_args_from_hf_config
-from tokenpos.torch._checks import as_index, check_position_tensor, check_seq_len, is_seq_len
+from tokenpos.torch._checks import as_index, check_position_tensor, check_seq_len, is_seq_len, resolve_dtype
 from tokenpos.torch._checks import calc_dtype as _calc
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch._rotary_base import RotaryBase
@@ -110,7 +110,7 @@ class SinCos2DPositionalEncoding(TokenposModule):
         super().__init__()
         self.height, self.width, self.d_model, self.cls_token, self.base = height, width, d_model, cls_token, base
         self.max_seq_len = height * width + int(bool(cls_token))
-        self.out_dtype = dtype or torch.get_default_dtype()
+        self.out_dtype = resolve_dtype(dtype)
         dev = torch.empty(0, device=device).device
         self.table64: torch.Tensor
         self.register_buffer("table64", torch.empty(0, device=dev, dtype=_calc(dev)), persistent=False)

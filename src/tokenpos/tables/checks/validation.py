@@ -8,7 +8,7 @@ Messages follow "what, got, expected".
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -171,7 +171,10 @@ def check_padding_idx(padding_idx: Any, vocab_size: int) -> int | None:
 
 
 def check_dtype(name: str, dtype: Any, allowed: Sequence[Any] = (np.float16, np.float32, np.float64)) -> np.dtype:
-    """A NumPy floating dtype among ``allowed``."""
+    """A NumPy floating dtype among ``allowed``; None is the default, float32 (as torch's default dtype; NumPy
+    would read None as float64)."""
+    if dtype is None:
+        dtype = np.float32
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
@@ -318,6 +321,13 @@ def check_feature_dim(name: str, array_shape: tuple[int, ...], expected: int) ->
 # ----------------------------------------------------------------------------------------------
 # state_dict
 # ----------------------------------------------------------------------------------------------
+
+
+def check_state_mapping(state: Any) -> None:
+    """What a ``load_state_dict`` is handed must be a mapping of names to arrays (StateDictError otherwise, not
+    the AttributeError of calling ``.items()`` on it)."""
+    if not isinstance(state, Mapping):
+        raise StateDictError(f"a state_dict must be a dict of arrays, got {type(state).__name__}")
 
 
 def check_state_dict(state: dict[str, Any], expected: dict[str, tuple[tuple[int, ...], Any]], *,

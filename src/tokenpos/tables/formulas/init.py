@@ -29,8 +29,8 @@ def resolve_rng(seed: Any = None, rng: np.random.Generator | None = None) -> np.
         if not isinstance(rng, np.random.Generator):
             raise ConfigError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
         return rng
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise ConfigError(f"seed must be an integer or None, got {seed!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ConfigError(f"seed must be an integer >= 0 or None, got {seed!r}")
     return np.random.default_rng(seed)
 
 
