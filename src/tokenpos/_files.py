@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,9 +45,14 @@ def check_output_path(path: str | os.PathLike[str], *, overwrite: bool = True,
     if target.exists() and not overwrite:
         raise FileExistsError(f"output file {str(target)!r} exists; pass --force to replace it")
     parent = target.parent if str(target.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise NotADirectoryError(f"output directory {str(parent)!r} of {str(target)!r} is not a directory")
     if not parent.is_dir():
         raise FileNotFoundError(f"output directory {str(parent)!r} of {str(target)!r} does not exist")
-    fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".probe")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".probe")
+    except OSError as exc:                               # the probe's own name would only confuse
+        raise type(exc)(exc.errno, f"cannot create {str(target)!r} in {str(parent)!r}: {exc.strerror}") from None
     os.close(fd)
     os.unlink(probe)
     if target.exists() and not os.access(target, os.W_OK):
@@ -56,21 +63,39 @@ def check_output_path(path: str | os.PathLike[str], *, overwrite: bool = True,
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[object]:
     """Open a temporary file beside ``path``; on a clean exit it is flushed, fsynced and renamed over
-    ``path``; on an exception it is removed and ``path`` is left as it was."""
-    target = Path(path)
+    ``path``; on an exception it is removed and ``path`` is left as it was.
+
+    The file gets the mode a plain ``open()`` would give it: a replaced file's own, else 0o666 less the
+    umask (the kernel applies it when the temporary file is created). A symbolic link is written through:
+    the file it points to is replaced and the link stays."""
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     parent = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
+    keep = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else None
+    fd, tmp = _create_beside(parent, target.name)
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
+        if keep is not None:
+            os.chmod(tmp, keep)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _create_beside(parent: Path, name: str) -> tuple[int, str]:
+    """A new file ``.{name}.<random>.tmp`` in ``parent``, created with mode 0o666 so that the umask applies (as
+    for any file a program opens; ``tempfile.mkstemp`` would make it 0o600): (its descriptor, its path)."""
+    for _ in range(100):
+        tmp = os.path.join(parent, f".{name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {name!r} in {str(parent)!r}")
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -153,6 +153,18 @@ BAD = [
     (["plot", "sinusoidal", "--out", "missing/x.png"], "plot", "output directory 'missing' of"),
     (["plot", "sinusoidal", "--num-heads", "4"], "plot", "does not apply"),
     (["plot", "rope", "--factor", "-2"], "plot", "--factor"),
+    (["plot", "sinusoidal", "--out", ""], "plot", "output path must name a file, got ''"),   # was KIND.png
+    (["plot", "similarity", "--head-dim", "9"], "plot", "head_dim must be an even number >= 2"),  # a broadcast error
+    (["plot", "similarity", "--head-dim", "1"], "plot", "head_dim must be an even number >= 2"),  # a wrong plot
+    (["plot", "rope", "--head-dim", "2"], "plot", "head_dim must be an even number >= 4"),     # "dynamic needs"
+    (["plot", "mrope", "--head-dim", "3"], "plot", "head_dim must be an even number >= 2"),
+    # checked before any training, so nothing is written (--lr inf failed at the JSON, after the whole run)
+    (["extrapolate", "--quick", "--lr", "inf", "--checkpoint-dir", "ck"], "extrapolate",
+     "lr must be a finite number > 0, got inf"),
+    (["extrapolate", "--quick", "--lr", "-1", "--checkpoint-dir", "ck"], "extrapolate", "lr must be a finite"),
+    (["extrapolate", "--quick", "--seed", "-1", "--checkpoint-dir", "ck"], "extrapolate",
+     "seeds must be integers in [0, 2**63), got [-1]"),
+    (["extrapolate", "--quick", "--seed", str(2**70), "--checkpoint-dir", "ck"], "extrapolate", "seeds must be"),
     (["report", "--quick", "--full"], "report", "not allowed"),
     (["report", "--extrapolation", "/nonexistent/results.json", "--no-progress"], "report", "does not exist"),
     (["frobnicate"], "tokenpos", "invalid choice"),
@@ -170,7 +182,7 @@ def test_bad_arguments_one_line(argv: list[str], cmd: str, text: str, tmp_path: 
     prefix = "tokenpos: error:" if cmd == "tokenpos" else f"tokenpos {cmd}: error:"
     assert lines[0].startswith(prefix) and text in lines[0]
     assert "Traceback" not in err + out
-    assert not list(tmp_path.glob("*.png"))
+    assert not list(tmp_path.glob("*.png")) and not (tmp_path / "ck").exists()
 
 
 def test_unwritable_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

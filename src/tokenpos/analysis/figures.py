@@ -34,6 +34,15 @@ def check_size(name: str, value: int, limit: str | None = None) -> int:
     return check_int(name, value, minimum=1, maximum=LIMITS[limit or name])
 
 
+def check_head_dim(value: int, minimum: int = 2) -> int:
+    """A rotary head dim option: a size (:func:`check_size`), even (features rotate in pairs, as every rotary
+    layer requires) and at least ``minimum`` (ConfigError otherwise)."""
+    value = check_size("head_dim", value)
+    if value % 2 or value < minimum:
+        raise ConfigError(f"head_dim must be an even number >= {minimum} (features rotate in pairs), got {value}")
+    return value
+
+
 def new_figure(width: float = 8.0, height: float = 5.0) -> Any:
     """A Figure on its own Agg canvas (no pyplot, no global backend switch)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -21,7 +21,17 @@ from typing import Any
 import numpy as np
 
 from tokenpos.analysis import plots_relative, plots_rope
-from tokenpos.analysis.figures import FORMATS, LIMITS, MAX_DPI, MAX_PIXELS, check_size, new_figure, output_path, save
+from tokenpos.analysis.figures import (
+    FORMATS,
+    LIMITS,
+    MAX_DPI,
+    MAX_PIXELS,
+    check_head_dim,
+    check_size,
+    new_figure,
+    output_path,
+    save,
+)
 from tokenpos.tables.checks.validation import check_choice, check_int, check_positive_int
 
 # ---------------------------------------------------------------------------------------------- sinusoidal
@@ -92,7 +102,7 @@ def plot_similarity(path: str | Path, *, max_distance: int = 256, d_model: int =
     """Line plot: similarity of two position encodings against their distance (see similarity_curves)."""
     check_size("max_distance", max_distance)
     check_size("d_model", d_model)
-    check_size("head_dim", head_dim)
+    check_head_dim(head_dim)
     check_int("max_distance * d_model", max_distance * d_model, maximum=LIMITS["table_cells"])
     k, curves = similarity_curves(max_distance=max_distance, d_model=d_model, head_dim=head_dim, seed=seed)
     fig = new_figure(8.0, 5.0)

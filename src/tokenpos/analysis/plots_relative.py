@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.analysis.figures import check_size, new_figure, save
+from tokenpos.analysis.figures import check_head_dim, check_size, new_figure, save
 from tokenpos.tables.checks.validation import check_float
 
 # ---------------------------------------------------------------------------------------------- rope
@@ -51,7 +51,7 @@ def rope_wavelengths(*, head_dim: int = 128, base: float = 10000.0, original_max
 def plot_rope(path: str | Path, *, head_dim: int = 128, base: float = 10000.0, original_max: int = 4096,
               factor: float = 4.0, dpi: int = 110) -> Path:
     """Two panels: the wavelength of each rotary pair per scaling; its ratio to the unscaled wavelength."""
-    check_size("head_dim", head_dim)
+    check_head_dim(head_dim, minimum=4)                  # dynamic NTK, one of the scalings drawn, needs R > 2
     check_size("original_max", original_max)
     check_float("factor", factor, low=0.0, high=1e6, low_inclusive=False)
     waves = rope_wavelengths(head_dim=head_dim, base=base, original_max=original_max, factor=factor)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos.analysis.figures import new_figure, save
+from tokenpos.analysis.figures import check_head_dim, new_figure, save
 from tokenpos.tables.checks.validation import check_positive_int
 from tokenpos.tables.formulas.mrope import mrope_axis_map, mrope_position_ids
 from tokenpos.tables.formulas.rope import rope_inv_freq
@@ -23,7 +23,7 @@ AXES = ("T", "H", "W")
 
 def mrope_example(head_dim: int = 128) -> dict[str, Any]:
     """The data of :func:`figure_mrope`: axis maps of both layouts and a text + image + text sequence's ids."""
-    f = check_positive_int("head_dim", head_dim) // 2
+    f = check_head_dim(head_dim) // 2
     t = f // 4
     h = (f - t) // 2
     section = [f - 2 * h, h, h]

@@ -34,7 +34,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=positive_int, metavar="L",
                    help="context length: rows of a learned position table (overrides a preset's)")
     p.add_argument("--positional", choices=POSITIONAL_KINDS, default=None,
-                   help="positional scheme of a custom model (default: learned)")
+                   help="positional scheme of a custom model (default: learned, its table counted when "
+                        "--max-seq-len is given; an explicit --positional learned needs it)")
     p.add_argument("--num-heads", type=positive_int, metavar="H", help="heads (sizes the T5 bias table)")
     p.add_argument("--untied", action="store_true", help="the output projection has its own V x D table")
     p.add_argument("--total-params", type=positive_int, metavar="N",

@@ -41,7 +41,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("figure options (each applies to the kinds that use it)")
     g.add_argument("--d-model", type=positive_int, help="sinusoidal, similarity: embedding width (128)")
     g.add_argument("--num-positions", type=positive_int, help="sinusoidal: rows of the heatmap (256)")
-    g.add_argument("--head-dim", type=positive_int, help="similarity (64), rope (128): rotary head dim")
+    g.add_argument("--head-dim", type=positive_int,
+                   help="similarity (64), rope (128), mrope (128), positions2d (64): rotary head dim, even")
     g.add_argument("--num-heads", type=positive_int, help="alibi (8), fire, kerple (4): number of heads")
     g.add_argument("--seq-len", type=positive_int,
                    help="alibi (24), t5 (256), fire (512), kerple (256): query/key length")
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenpos.analysis.extrapolate import plot_bias
     from tokenpos.analysis.plots import FORMATS, PLOTS
 
-    out = check_output_path(args.out or f"{args.kind}.png", overwrite=args.force,
+    out = check_output_path(f"{args.kind}.png" if args.out is None else args.out, overwrite=args.force,
                             suffixes=tuple(f".{f}" for f in FORMATS))      # before any drawing
 
     fn = PLOTS.get(args.kind) or getattr(plot_bias, f"plot_{args.kind}")

@@ -171,3 +171,20 @@ def test_other_invalid_arguments() -> None:
         rope_inv_freq(HEAD_DIM, partial_rotary_factor=1.5)
     with pytest.raises(ConfigError, match="seq_len"):
         rope_inv_freq(HEAD_DIM, seq_len=2.5)
+
+
+def test_a_negative_seq_len_is_refused() -> None:
+    with pytest.raises(ConfigError, match="seq_len must be an integer >= 0 or None, got -5"):
+        rope_inv_freq(HEAD_DIM, scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=64,
+                      seq_len=-5)
+
+
+def test_rope_rotate_refuses_tables_that_do_not_fit_x() -> None:
+    """An odd width (from an odd head_dim) or one wider than x was broadcast, silently widening x."""
+    from tokenpos.tables import rope_cos_sin, rope_rotate
+
+    cos, sin = rope_cos_sin(np.arange(4), rope_inv_freq(1)[0])                 # (4, 2) for a head_dim of 1
+    with pytest.raises(ConfigError, match=r"even width R <= Dh = 1 .*got 2 and 2"):
+        rope_rotate(np.ones((4, 1)), cos, sin)
+    with pytest.raises(ConfigError, match="got 3 and 3"):
+        rope_rotate(np.ones((4, 8)), np.ones((4, 3)), np.ones((4, 3)))

@@ -14,6 +14,7 @@ in. The add-k n-gram baselines (``ngram.py``) are scored once on each protocol's
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -126,8 +127,13 @@ class ExtrapolationConfig:
             raise ConfigError(f"eval_tokens must be a positive integer or None, got {self.eval_tokens!r}")
         if not isinstance(self.stride, int) or not 1 <= self.stride <= self.train_len:
             raise ConfigError(f"sliding_stride must be an integer in [1, train_len], got {self.sliding_stride!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not 0 < self.lr < math.inf:
+            raise ConfigError(f"lr must be a finite number > 0, got {self.lr!r}")
         if len(set(self.seed_list)) != len(self.seed_list):
             raise ConfigError(f"seeds must be distinct, got {list(self.seed_list)}")
+        bad_seeds = [s for s in self.seed_list if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63]
+        if bad_seeds:                      # torch.manual_seed and NumPy take [0, 2**63): refused before any work
+            raise ConfigError(f"seeds must be integers in [0, 2**63), got {bad_seeds}")
         if self.task is not None:
             self.task.validate()
         return self

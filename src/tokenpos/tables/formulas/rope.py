@@ -92,8 +92,8 @@ def rope_inv_freq(head_dim: int, *, base: float = 10000.0, scaling: Any = None,
     if max_position_embeddings is not None:
         max_position_embeddings = check_int("max_position_embeddings", max_position_embeddings, minimum=1)
     if seq_len is not None:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral):
-            raise ConfigError(f"seq_len must be an integer or None, got {seq_len!r}")
+        if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 0:
+            raise ConfigError(f"seq_len must be an integer >= 0 or None, got {seq_len!r}")
         seq_len = int(seq_len)
     fn = ROPE_INIT_FUNCTIONS[params["rope_type"]]
     inv_freq, attention_factor = fn(params, dim=dim, base=base,
@@ -164,6 +164,9 @@ def rope_rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, interleaved:
         (..., Dh), x's dtype.
     """
     r = cos.shape[-1]
+    if r % 2 or r > x.shape[-1] or sin.shape[-1] != r:
+        raise ConfigError(f"cos and sin must have the same even width R <= Dh = {x.shape[-1]} (the rotated "
+                          f"features, in pairs); got {cos.shape[-1]} and {sin.shape[-1]}")
     xr = x[..., :r]
     rot = rotate_pairs(xr) if interleaved else rotate_half(xr)
     out = xr * cos + rot * sin
