@@ -53,13 +53,25 @@ def test_packed_matches_hf_at_the_flattening_collators_position_ids(name: str) -
         assert np.abs(ours - ref).max() <= (tol["atol"] + tol["per_position"] * (L - 1)) * np.abs(x).max()
 
 
+STARTS = {"one int": 6, "per document": np.array([0, 9, 30, 2])}         # flash-attn's seqlen_offsets
+
+
+@pytest.mark.parametrize("starts", ["none", *sorted(STARTS)])
 @pytest.mark.parametrize("name", ["default", "linear", "dynamic", "yarn", "llama3"])
-def test_packed_equals_padded_with_equal_gradients(name: str, kernel_mode: bool) -> None:
+def test_packed_equals_padded_with_equal_gradients(name: str, starts: str, kernel_mode: bool) -> None:
+    """Packed equals the padded batch, outputs exact and gradients (float64); with start_pos (where each document
+    starts counting) the padded rows sit at start_pos[d] + arange(L), pads at 0 so that dynamic NTK reads the
+    same largest position."""
     q, k = qk()
     packed = tpn.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd")
     pad = tpn.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="blhd")
-    oq, ok = packed.apply(q, k, cu_seqlens=CU)
-    rq, rk = pad.apply(padded(q), padded(k))
+    if starts == "none":
+        oq, ok = packed.apply(q, k, cu_seqlens=CU)
+        rq, rk = pad.apply(padded(q), padded(k))
+    else:
+        start = np.broadcast_to(STARTS[starts], len(LENGTHS))
+        oq, ok = packed.apply(q, k, cu_seqlens=CU, start_pos=STARTS[starts])
+        rq, rk = pad.apply(padded(q), padded(k), np.where(MASK, start[:, None] + np.arange(L), 0))
     np.testing.assert_array_equal(oq, rq[MASK])
     np.testing.assert_array_equal(ok, rk[MASK])
     gq, gk = qk(seed=1)
@@ -67,9 +79,6 @@ def test_packed_equals_padded_with_equal_gradients(name: str, kernel_mode: bool)
     pq, pk = pad.backward(padded(gq), padded(gk))
     np.testing.assert_allclose(dq, pq[MASK], **TOL["forward.float64"])
     np.testing.assert_allclose(dk, pk[MASK], **TOL["forward.float64"])
-
-
-STARTS = {"one int": 6, "per document": np.array([0, 9, 30, 2])}         # flash-attn's seqlen_offsets
 
 
 @pytest.mark.parametrize("starts", sorted(STARTS))
@@ -88,26 +97,6 @@ def test_document_starts_are_flash_attn_varlen_seqlen_offsets(name: str, starts:
         for ours, ref, x in zip((oq[a:b], ok[a:b]), apply_rotary_pos_emb(tq, tk, *hf(tq, pos)), (q, k), strict=True):
             ref = ref[0].transpose(0, 1).numpy()
             assert np.abs(ours - ref).max() <= (tol["atol"] + tol["per_position"] * int(pos.max())) * np.abs(x).max()
-
-
-@pytest.mark.parametrize("starts", sorted(STARTS))
-@pytest.mark.parametrize("name", ["default", "dynamic", "yarn"])
-def test_document_starts_equal_the_padded_rows_at_shifted_positions(name: str, starts: str, kernel_mode: bool) -> None:
-    """Packed with start_pos equals the padded batch at positions start_pos[d] + arange(L) (pads at 0, so that
-    dynamic NTK reads the same largest position), outputs and gradients, float64 exact."""
-    q, k = qk()
-    start = np.broadcast_to(STARTS[starts], len(LENGTHS))
-    packed = tpn.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd")
-    pad = tpn.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="blhd")
-    oq, ok = packed.apply(q, k, cu_seqlens=CU, start_pos=STARTS[starts])
-    rq, rk = pad.apply(padded(q), padded(k), np.where(MASK, start[:, None] + np.arange(L), 0))
-    np.testing.assert_array_equal(oq, rq[MASK])
-    np.testing.assert_array_equal(ok, rk[MASK])
-    gq, gk = qk(seed=1)
-    dq, dk = packed.backward(gq, gk)
-    pq, pk = pad.backward(padded(gq), padded(gk))
-    np.testing.assert_allclose(dq, pq[MASK], **TOL["forward.float64"])
-    np.testing.assert_allclose(dk, pk[MASK], **TOL["forward.float64"])
 
 
 def test_bad_document_starts_are_refused_and_keep_nothing() -> None:

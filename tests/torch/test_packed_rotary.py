@@ -54,24 +54,6 @@ def test_packed_matches_hf_at_the_flattening_collators_position_ids(name: str) -
     assert_hf_close(ok, ref_k[0].transpose(0, 1), k, L - 1)
 
 
-@pytest.mark.parametrize("kernels", [True, False], ids=["kernels-on", "kernels-off"])
-@pytest.mark.parametrize("name", ["default", "linear", "dynamic", "yarn", "llama3"])
-def test_packed_equals_padded_with_equal_gradients(name: str, kernels: bool) -> None:
-    q, k = (t.requires_grad_() for t in qk(torch.float64))
-    qp, kp = (padded(t.detach()).requires_grad_() for t in (q, k))
-    with tokenpos.use_kernels(kernels):
-        oq, ok = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd").apply(
-            q, k, cu_seqlens=CU)
-        rq, rk = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name]).apply(qp, kp)
-    torch.testing.assert_close(oq, unpadded(rq), **TOL["forward.float64"])
-    torch.testing.assert_close(ok, unpadded(rk), **TOL["forward.float64"])
-    gq, gk = qk(torch.float64, seed=1)
-    (oq * gq).sum().add((ok * gk).sum()).backward()
-    (rq * padded(gq)).sum().add((rk * padded(gk)).sum()).backward()
-    torch.testing.assert_close(q.grad, unpadded(qp.grad), **TOL["forward.float64"])
-    torch.testing.assert_close(k.grad, unpadded(kp.grad), **TOL["forward.float64"])
-
-
 STARTS = {"one int": 6, "per document": torch.tensor([0, 9, 30, 2])}     # flash-attn's seqlen_offsets
 
 
@@ -100,19 +82,24 @@ def test_document_starts_are_flash_attn_varlen_seqlen_offsets(name: str, starts:
 
 
 @pytest.mark.parametrize("kernels", [True, False], ids=["kernels-on", "kernels-off"])
-@pytest.mark.parametrize("starts", sorted(STARTS))
-@pytest.mark.parametrize("name", ["default", "dynamic", "yarn"])
-def test_document_starts_equal_the_padded_rows_at_shifted_positions(name: str, starts: str, kernels: bool) -> None:
-    """Packed with start_pos equals the padded batch at positions start_pos[d] + arange(L), outputs and
-    gradients; the same when the starts arrive as a list, a NumPy array or a tensor."""
+@pytest.mark.parametrize("starts", ["none", *sorted(STARTS)])
+@pytest.mark.parametrize("name", ["default", "linear", "dynamic", "yarn", "llama3"])
+def test_packed_equals_padded_with_equal_gradients(name: str, starts: str, kernels: bool) -> None:
+    """Packed equals the padded batch, outputs and gradients; with start_pos (where each document starts
+    counting) the padded rows sit at start_pos[d] + arange(L), pads at 0 so that dynamic NTK reads the same
+    largest position; the same when the starts arrive as a list, a NumPy array or a tensor."""
     q, k = (t.requires_grad_() for t in qk(torch.float64))
     qp, kp = (padded(t.detach()).requires_grad_() for t in (q, k))
-    start = torch.as_tensor(STARTS[starts]).expand(len(LENGTHS))
+    start = torch.as_tensor(STARTS.get(starts, 0)).expand(len(LENGTHS))
     with tokenpos.use_kernels(kernels):
         rope = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name], qk_layout="thd")
-        oq, ok = rope.apply(q, k, cu_seqlens=CU, start_pos=STARTS[starts])
-        rq, rk = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name]).apply(   # pads at 0: dynamic
-            qp, kp, torch.where(MASK, start[:, None] + torch.arange(L), 0))              # reads the largest
+        pad = tpt.RotaryEmbedding(DH, max_seq_len=MAX, scaling=SCALINGS[name])
+        if starts == "none":
+            oq, ok = rope.apply(q, k, cu_seqlens=CU)
+            rq, rk = pad.apply(qp, kp)
+        else:
+            oq, ok = rope.apply(q, k, cu_seqlens=CU, start_pos=STARTS[starts])
+            rq, rk = pad.apply(qp, kp, torch.where(MASK, start[:, None] + torch.arange(L), 0))
         if starts == "per document":
             for other in (start.tolist(), start.numpy()):
                 torch.testing.assert_close(rope.apply(q, k, cu_seqlens=CU, start_pos=other)[0], oq, rtol=0, atol=0)
