@@ -214,17 +214,61 @@ def test_on_a_device_no_host_sync_and_a_bad_target_fails_a_device_assert(reducti
         tpt.tied_cross_entropy(to_fake_cuda(h), to_fake_cuda(w), to_fake_cuda(bad), reduction=reduction)
 
 
-def test_a_second_backward_through_the_same_graph_is_refused_not_wrong() -> None:
-    """The eager entry scales the forward's gradients in place (no second (V, D) table): a second backward with
-    retain_graph=True fails autograd's saved-tensor version check instead of giving grad**2."""
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_a_second_backward_through_the_same_graph_gives_the_same_gradients(reduction: str) -> None:
+    """The eager entry hands the forward's gradients over, scaled in place (no second (V, D) table); a second
+    backward (retain_graph, gradcheck's reentrancy check) recomputes them: the same values, never grad**2. It
+    used to fail autograd's saved-tensor version check."""
     h, w, t = _inputs(50, (2, 3), D=8)
     h.requires_grad_()
-    loss = tpt.tied_cross_entropy(h, w, t)
-    loss.backward(torch.tensor(2.0, dtype=torch.float64), retain_graph=True)
-    first = h.grad.clone()
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        loss.backward(retain_graph=True)
-    assert torch.equal(h.grad, first)
+    w.requires_grad_()
+    loss = tpt.tied_cross_entropy(h, w, t, reduction=reduction).sum()
+    first = torch.autograd.grad(loss * 2.0, (h, w), retain_graph=True)
+    again = torch.autograd.grad(loss * 2.0, (h, w))
+    for a, b in zip(first, again, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda x, y: tpt.tied_cross_entropy(x, y, t, reduction=reduction),
+                                    (h.detach().requires_grad_(), w.detach().requires_grad_()), nondet_tol=1e-12)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "op"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_a_second_derivative_raises_instead_of_being_zero(reduction: str, compiled: bool) -> None:
+    """``create_graph=True`` then a gradient penalty: the first-order gradient had no graph, so the penalty's
+    gradient was silently 0 ("mean") or an internal mm(out=) error ("none")."""
+    h, w, t = _inputs(50, (2, 3), D=8)
+    h.requires_grad_()
+    w.requires_grad_()
+    if compiled:   # the op's own autograd (what torch.compile traces)
+        loss = torch.ops.tokenpos.tied_cross_entropy(h, w, t, -100, 0.0, reduction, None, None, reduction != "none")[0]
+    else:
+        loss = tpt.tied_cross_entropy(h, w, t, reduction=reduction)
+    g, = torch.autograd.grad(loss.sum(), h, create_graph=True)
+    with pytest.raises(RuntimeError, match="tied_cross_entropy has no second derivative"):
+        ((g ** 2).sum() + 0 * h.sum()).backward()
+    h.grad = None
+    tpt.tied_cross_entropy(h, w, t, reduction=reduction).sum().backward()
+    assert h.grad is not None and h.grad.grad_fn is None                  # a plain backward builds no graph
+
+
+def test_fp16_gradients_survive_a_grad_scaler() -> None:
+    """fp16 with GradScaler: the gradients were kept at d loss = 1 in fp16 and scaled in fp16, where the default
+    scale 2**16 is inf (every step skipped) and small gradients were flushed to 0 before the scale could save
+    them. Now they equal F.cross_entropy's (fp32 logits) and the step is taken."""
+    gen = torch.Generator().manual_seed(0)
+    V, D, N = 64, 32, 512
+    w32 = torch.randn(V, D, generator=gen) * 0.02
+    h = torch.randn(N, D, generator=gen).half()
+    t = torch.randint(0, V, (N,), generator=gen)
+    grads = []
+    for fn in (lambda w: tpt.tied_cross_entropy(h, w, t), lambda w: F.cross_entropy((h @ w.T).float(), t)):
+        w = w32.half().requires_grad_()
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.scale(fn(w)).backward()
+        assert torch.isfinite(w.grad).all()
+        grads.append(w.grad.float() / scaler.get_scale())
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=2e-3 * float(grads[1].abs().max()))
+    assert (grads[0] == 0).sum() <= (grads[1] == 0).sum()                  # no more flushed to 0 than the reference
 
 
 def test_torch_func_transforms_are_refused_with_a_typed_error() -> None:

@@ -40,8 +40,11 @@ def tied_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: Any, *, i
     check_float_tensor("h", h)
     check_float_tensor("weight", weight)
     t = targets if isinstance(targets, torch.Tensor) else torch.as_tensor(targets, device=weight.device)
-    # a scalar loss that needs gradients gets them from the forward's own blocks (no recomputed logits)
-    with_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad) and reduction != "none"
+    # a scalar loss that needs gradients gets them from the forward's own blocks (no recomputed logits); not in
+    # fp16, whose loss is scaled (GradScaler): gradients kept at d loss = 1 would be rounded to fp16 before the
+    # scale (small ones flushed to 0) and a scale of 2**16 is inf in fp16, so its backward recomputes them, scaled
+    with_grad = (torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad) and reduction != "none"
+                 and h.dtype != torch.float16)
     if is_compiling():       # the constants are checked by the op's fake while tracing, the values by the op
         return torch.ops.tokenpos.tied_cross_entropy(h, weight, t, ignore_index, label_smoothing, reduction, softcap,
                                                      chunk_size, with_grad)[0]

@@ -21,4 +21,4 @@ def test_every_check_passes_on_every_rank(results: dict[int, list[CheckResults]]
     assert len(results[world]) == world
     failed = {f"{name} (rank {rank})": tb for rank, res in enumerate(results[world]) for name, tb in res.items() if tb}
     assert not failed, "\n".join(f"{k}:\n{v}" for k, v in failed.items())
-    assert len(results[world][0]) == 4 * 4 + 2
+    assert len(results[world][0]) == 4 * 4 + 3

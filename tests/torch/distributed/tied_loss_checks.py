@@ -71,11 +71,21 @@ def check_bad_targets(V: int) -> None:
         assert got == _raises(TokenIdError, lambda b=bad: ref.loss(h, b)), got
 
 
+def check_no_second_derivative(V: int) -> None:
+    """A gradient penalty through the loss raises (its blocks are written with out=: an internal mm error before)."""
+    emb = VocabParallelEmbedding(V, D, seed=SEED, pad_to_multiple_of=8)
+    h = torch.randn(2, 3, D, requires_grad=True)
+    g, = torch.autograd.grad(emb.loss(h, _targets(V, (2, 3))), h, create_graph=True)
+    assert _raises(RuntimeError, lambda: ((g ** 2).sum() + 0 * h.sum()).backward()).startswith(
+        "tied_cross_entropy has no second derivative"), "second derivative"
+
+
 def rank_main(rank: int, world: int) -> CheckResults:
     checks: list[tuple[str, Any]] = []
     for V, pad in ((1003, 1), (1003, 8), (50257, 1), (5, 8)):     # V=5, pad 8: at W = 4 a rank of padding only
         for reduction, eps, cap in CASES:
             checks.append((f"match_V{V}_pad{pad}_{reduction}_{eps}_{cap}",
                            partial(check_matches_one_process, V, pad, reduction, eps, cap)))
-    checks += [("all_ignored", partial(check_all_ignored, 1003)), ("bad_targets", partial(check_bad_targets, 1003))]
+    checks += [("all_ignored", partial(check_all_ignored, 1003)), ("bad_targets", partial(check_bad_targets, 1003)),
+               ("no_second_derivative", partial(check_no_second_derivative, 1003))]
     return run_checks(checks)

@@ -25,7 +25,14 @@ import torch
 import torch.distributed as dist
 
 from tokenpos.torch.distributed._comm import all_reduce
-from tokenpos.torch.ops.tied_loss import compute_dtype, local_grads, local_pass, reduce_loss, token_weights
+from tokenpos.torch.ops.tied_loss import (
+    compute_dtype,
+    first_order,
+    local_grads,
+    local_pass,
+    reduce_loss,
+    token_weights,
+)
 
 
 class VocabParallelTiedLoss(torch.autograd.Function):
@@ -68,6 +75,7 @@ class VocabParallelTiedLoss(torch.autograd.Function):
         return reduce_loss(per, valid, reduction, tuple(targets.shape))
 
     @staticmethod
+    @first_order                       # a second derivative raises (its blocks are written with out=)
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         h, weight, lse, local_t, here, valid = ctx.saved_tensors
         n_real, vocab_size, eps, reduction, softcap, chunk_size = ctx.args

@@ -27,6 +27,7 @@ values are checked in the op's implementation (a TokenIdError on the CPU, a devi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -348,18 +349,53 @@ def _fake_backward(grad: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, ta
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
     h, weight, targets = inputs[:3]
     ctx.with_grad = inputs[-1]
-    ctx.save_for_backward(*((h, weight, targets, output[1]) if not ctx.with_grad else output[2:]))
+    ctx.save_for_backward(h, weight, targets, *output[1:])            # (dh, dweight empty without with_grad)
     ctx.options = inputs[3:-1]
     ctx.mark_non_differentiable(*output[1:])
 
 
+SECOND_DERIVATIVE_MESSAGE = ("tied_cross_entropy has no second derivative (a gradient penalty through "
+                             "create_graph=True); use F.cross_entropy(h @ weight.T, targets) for that term")
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """Identity on a first-order gradient made with ``create_graph=True``, tied to the loss's inputs (``anchors``:
+    h, weight), whose backward raises: a second derivative through the tied loss fails loudly."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, *anchors: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise RuntimeError(SECOND_DERIVATIVE_MESSAGE)
+
+
+def first_order(backward: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
+    """A backward of the tied loss (its ctx saves h and weight first): run without building a graph; under
+    ``create_graph=True`` its gradients go through :class:`_NoSecondDerivative`. (``once_differentiable`` marks
+    them only when the incoming gradient requires grad, which a loss's does not: a gradient penalty on them was
+    silently zero.)"""
+    @functools.wraps(backward)
+    def wrapper(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        with torch.no_grad():
+            out = backward(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return out
+        anchors = [t for t in ctx.saved_tensors[:2] if t.requires_grad]
+        if not anchors:
+            return out
+        return tuple(_NoSecondDerivative.apply(g, *anchors) if isinstance(g, torch.Tensor) else g for g in out)
+    return wrapper
+
+
+@first_order
 def _backward(ctx: Any, grad: torch.Tensor, *_rest: Any) -> tuple[Any, ...]:
-    """First order only: the saved gradients (with_grad) or the backward op, neither differentiable again."""
+    """First order only (:func:`first_order`): the saved gradients (with_grad) or the backward op."""
+    h, weight, targets, lse, dh, dw = ctx.saved_tensors
     if ctx.with_grad:
-        dh, dw = ctx.saved_tensors
         dh, dw = (dh * grad).to(dh.dtype), (dw * grad).to(dw.dtype)
     else:
-        h, weight, targets, lse = ctx.saved_tensors
         dh, dw = torch.ops.tokenpos.tied_cross_entropy_backward(grad, h, weight, targets, lse, *ctx.options)
     return (dh if ctx.needs_input_grad[0] else None, dw if ctx.needs_input_grad[1] else None,
             None, None, None, None, None, None, None)
@@ -370,9 +406,11 @@ tied_cross_entropy.register_autograd(_backward, setup_context=_setup)
 
 class TiedLoss(torch.autograd.Function):
     """The eager entry (``tokenpos.torch.tied_cross_entropy`` outside ``torch.compile`` and ``torch.func``): the
-    op's implementations without the dispatcher, returning the loss only. With ``with_grad`` its backward scales
-    the forward's gradients in place (no second (V, D) table, which an op's traced backward must make); a
-    second backward through the same graph (retain_graph) is refused by autograd's saved-tensor version check."""
+    op's implementations without the dispatcher, returning the loss only. With ``with_grad`` its first backward
+    hands over the forward's gradients, scaled in place (no second (V, D) table, which an op's traced backward
+    must make); a second backward through the same graph (``retain_graph``) recomputes them from lse, as the
+    NumPy twin does (the same gradients to rounding, so ``gradcheck`` needs a ``nondet_tol`` of about 1e-12 for
+    "mean" and "sum"). First order only (:func:`first_order`: a second derivative raises)."""
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
@@ -380,18 +418,19 @@ class TiedLoss(torch.autograd.Function):
                 with_grad: bool) -> torch.Tensor:
         loss, lse, dh, dw = forward_impl(h, weight, targets, ignore_index, eps, reduction, softcap, chunk_size,
                                          with_grad)
-        ctx.with_grad = with_grad
-        ctx.save_for_backward(*((dh, dw) if with_grad else (h, weight, targets, lse)))
+        ctx.grads = [(dh, dw)] if with_grad else []          # intermediates, handed over once (not saved tensors)
+        ctx.save_for_backward(h, weight, targets, lse)
         ctx.options = (ignore_index, eps, reduction, softcap, chunk_size)
         return loss
 
     @staticmethod
+    @first_order
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        if ctx.with_grad:
-            dh, dw = ctx.saved_tensors
-            dh, dw = dh.mul_(grad.to(dh.dtype)), dw.mul_(grad.to(dw.dtype))
+        h, weight, targets, lse = ctx.saved_tensors          # the version check: weight not changed in place since
+        if ctx.grads:
+            dh, dw = ctx.grads.pop()
+            dh, dw = dh.mul_(grad), dw.mul_(grad)            # grad as it is: a loss scale may not fit h's dtype
         else:
-            h, weight, targets, lse = ctx.saved_tensors
             dh, dw = backward_impl(grad, h, weight, targets, lse, *ctx.options)
         return (dh if ctx.needs_input_grad[0] else None, dw if ctx.needs_input_grad[1] else None,
                 None, None, None, None, None, None, None)
