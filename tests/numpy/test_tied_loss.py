@@ -160,6 +160,11 @@ def test_loss_backward_before_loss_raises() -> None:
         tpn.TokenEmbedding(5, 3).loss_backward()
 
 
+ENTRIES = {"tied_cross_entropy": tpn.tied_cross_entropy,
+           # the public functional pair checks what the function checks (a target of -1 read row V - 1 before)
+           "functional.tied_cross_entropy_forward": lambda *a, **k: F.tied_cross_entropy_forward(*a, **k)[0]}
+
+
 @pytest.mark.parametrize(("targets", "match"), [
     ([[1, 5]], r"target 5 at index \(0, 1\) is out of range \[0, 5\) and is not ignore_index=-100"),
     ([[-1, 0]], r"target -1 at index \(0, 0\) is out of range"),
@@ -173,28 +178,31 @@ def test_a_bad_target_raises_token_id_error_and_changes_nothing(targets: object,
     with pytest.raises(TokenIdError, match=match):
         layer.loss(np.ones((1, 2, 3)), targets)
     assert layer._loss_cache is cache
-    with pytest.raises(TokenIdError, match=match):
-        tpn.tied_cross_entropy(np.ones((1, 2, 3)), np.ones((5, 3)), targets)
+    for call in ENTRIES.values():
+        with pytest.raises(TokenIdError, match=match):
+            call(np.ones((1, 2, 3)), np.ones((5, 3)), targets)
 
 
-def test_bad_shapes_dtypes_and_options_raise_typed_errors() -> None:
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+def test_bad_shapes_dtypes_and_options_raise_typed_errors(entry: str) -> None:
+    call = ENTRIES[entry]
     h, w, t = np.ones((2, 4)), np.ones((7, 4)), np.array([1, 2])
     with pytest.raises(DtypeError, match="h and weight must have the same dtype, got h float32 and weight float64"):
-        tpn.tied_cross_entropy(h.astype(np.float32), w, t)
+        call(h.astype(np.float32), w, t)
     with pytest.raises(DtypeError, match="h must be"):
-        tpn.tied_cross_entropy(h.astype(np.int64), w, t)
+        call(h.astype(np.int64), w, t)
     with pytest.raises(ConfigError, match=r"h must have shape \(\.\.\., 4\)"):
-        tpn.tied_cross_entropy(np.ones((2, 3)), w, t)
+        call(np.ones((2, 3)), w, t)
     with pytest.raises(ConfigError, match=r"targets must have shape \(2,\)"):
-        tpn.tied_cross_entropy(h, w, np.array([1, 2, 3]))
+        call(h, w, np.array([1, 2, 3]))
     with pytest.raises(ConfigError, match="reduction"):
-        tpn.tied_cross_entropy(h, w, t, reduction="avg")
+        call(h, w, t, reduction="avg")
     with pytest.raises(ConfigError, match="softcap must be > 0"):
-        tpn.tied_cross_entropy(h, w, t, softcap=0.0)
+        call(h, w, t, softcap=0.0)
     with pytest.raises(ConfigError, match="label_smoothing"):
-        tpn.tied_cross_entropy(h, w, t, label_smoothing=1.5)
+        call(h, w, t, label_smoothing=1.5)
     with pytest.raises(ConfigError, match="chunk_size"):
-        tpn.tied_cross_entropy(h, w, t, chunk_size=0)
+        call(h, w, t, chunk_size=0)
 
 
 def _pair(h: np.ndarray, w: np.ndarray, t: np.ndarray, with_grad: bool, **kw: object) -> tuple[np.ndarray, ...]:

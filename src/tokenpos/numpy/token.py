@@ -12,7 +12,6 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
-from tokenpos.numpy.tied_loss import check_tied_loss_args
 from tokenpos.tables.checks.validation import (
     check_bool,
     check_choice,
@@ -132,10 +131,9 @@ class TokenEmbedding(Module):
         of logits (``loss_backward`` then only scales them). Raises as that function does (a bad target:
         TokenIdError).
         """
-        h, w, t, opts = check_tied_loss_args(h, self.weight.data, targets, ignore_index=ignore_index,
-                                             label_smoothing=label_smoothing, reduction=reduction, softcap=softcap,
-                                             chunk_size=chunk_size)
-        loss, self._loss_cache = F.tied_cross_entropy_forward(h, w, t, **opts, with_grad=self.training)
+        loss, self._loss_cache = F.tied_cross_entropy_forward(
+            h, self.weight.data, targets, ignore_index=ignore_index, label_smoothing=label_smoothing,
+            reduction=reduction, softcap=softcap, chunk_size=chunk_size, with_grad=self.training)
         return loss
 
     def loss_backward(self, grad_loss: Any = 1.0) -> np.ndarray:

@@ -23,6 +23,7 @@ from tokenpos.numpy.functional.norm import (
 from tokenpos.numpy.functional.rope import RopeCache, rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
 from tokenpos.numpy.functional.tied_loss import (
     TiedLossCache,
+    check_tied_loss_args,
     loss_grad,
     tied_cross_entropy_backward,
     tied_cross_entropy_forward,
@@ -52,6 +53,7 @@ __all__ = [
     "rope_qk_forward",
     "use_kernel",
     "TiedLossCache",
+    "check_tied_loss_args",
     "loss_grad",
     "tied_cross_entropy_backward",
     "tied_cross_entropy_forward",

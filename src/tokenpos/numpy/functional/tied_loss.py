@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy.functional._dispatch import compute_dtype, kept
-from tokenpos.tables.checks.validation import check_grad
+from tokenpos.tables.checks.tied_loss import check_options, check_same_dtype, check_shapes, check_targets
+from tokenpos.tables.checks.validation import check_float_array, check_grad
 from tokenpos.tables.formulas.tied_loss import (
     default_chunk_size,
     reduce_weights,
@@ -101,14 +102,48 @@ class _Blocks:
             dweight[v:v + _ROWS] += part
 
 
-def tied_cross_entropy_forward(h: np.ndarray, weight: np.ndarray, targets: np.ndarray, *, ignore_index: int = -100,
+def check_tied_loss_args(h: Any, weight: Any, targets: Any, *, ignore_index: Any, label_smoothing: Any,
+                         reduction: Any, softcap: Any, chunk_size: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                                 dict[str, Any]]:
+    """(h, weight, targets int64, the options checked), the one check of the NumPy tied loss's inputs.
+
+    Raises:
+        DtypeError: h or weight not float, or of two dtypes.
+        ConfigError: shapes that do not fit, a bad option.
+        TokenIdError: a target outside [0, V) that is not ``ignore_index``, or non-integer targets.
+    """
+    h = check_float_array("h", h)
+    weight = check_float_array("weight", weight)
+    check_same_dtype(h.dtype, weight.dtype)
+    t = np.asarray(targets)
+    check_shapes(h.shape, weight.shape, t.shape)
+    ignore_index, eps, reduction, cap, chunk = check_options(ignore_index, label_smoothing, reduction, softcap,
+                                                             chunk_size)
+    t = check_targets(t, weight.shape[0], ignore_index)
+    return h, weight, t, {"ignore_index": ignore_index, "label_smoothing": eps, "reduction": reduction,
+                          "softcap": cap, "chunk_size": chunk}
+
+
+def tied_cross_entropy_forward(h: Any, weight: Any, targets: Any, *, ignore_index: int = -100,
                                label_smoothing: float = 0.0, reduction: str = "mean", softcap: float | None = None,
                                chunk_size: int | None = None, with_grad: bool = False
                                ) -> tuple[np.ndarray, TiedLossCache]:
-    """h (..., D), weight (V, D), targets (...) int -> (loss () or (...) for "none", cache).
+    """h (..., D), weight (V, D), targets (...) int -> (loss () or (...) for "none", cache), every input checked
+    first (:func:`check_tied_loss_args`: a target outside [0, V) that is not ``ignore_index`` is a TokenIdError,
+    never a wrapped-around row).
 
     ``with_grad``: also compute the gradients now, from the same blocks (ignored for reduction "none").
     """
+    h, weight, t, opts = check_tied_loss_args(h, weight, targets, ignore_index=ignore_index,
+                                              label_smoothing=label_smoothing, reduction=reduction, softcap=softcap,
+                                              chunk_size=chunk_size)
+    return _forward(h, weight, t, **opts, with_grad=bool(with_grad))
+
+
+def _forward(h: np.ndarray, weight: np.ndarray, targets: np.ndarray, *, ignore_index: int, label_smoothing: float,
+             reduction: str, softcap: float | None, chunk_size: int | None, with_grad: bool
+             ) -> tuple[np.ndarray, TiedLossCache]:
+    """:func:`tied_cross_entropy_forward` on checked inputs."""
     V, D = weight.shape
     dt = compute_dtype(h.dtype)
     h2 = kept(h).reshape(-1, D)                                               # (N, D)
