@@ -54,6 +54,29 @@ def test_factory_kwargs(name: str, dtype: Any) -> None:
     assert all(p.is_meta for p in meta.parameters())
 
 
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_deferred_init_under_a_meta_default_device(name: str) -> None:
+    """torchtitan's pattern: build under ``with torch.device("meta")``, then ``to_empty`` and ``reset_parameters``.
+    Drawing the init seed from torch's generator made a meta tensor there (``.item()`` failed)."""
+    args, kwargs = LAYERS[name]
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        layer = getattr(tpt, name)(*args, **kwargs)
+    assert all(p.is_meta for p in layer.parameters())
+    layer = layer.to_empty(device="cpu")
+    layer.reset_parameters(seed=3)
+    want = getattr(tpt, name)(*args, **kwargs, seed=3) if "seed" in _init_args(name) else getattr(tpt, name)(
+        *args, **kwargs)
+    for key, value in want.state_dict().items():
+        assert torch.equal(layer.state_dict()[key], value), key
+
+
+def _init_args(name: str) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(getattr(tpt, name)).parameters)
+
+
 def test_reset_parameters_and_seeds_match_numpy() -> None:
     for init in ("normal", "trunc_normal", "xavier_uniform", "standard_normal"):
         t = tpt.TokenEmbedding(30, 5, init=init, padding_idx=2, seed=7)

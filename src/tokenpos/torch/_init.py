@@ -20,10 +20,13 @@ from tokenpos.tables.formulas.init import init_weight, resolve_rng
 
 
 def torch_seed(generator: torch.Generator | None = None) -> int:
-    """A fresh 63-bit seed from ``generator`` (or torch's default generator)."""
+    """A fresh 63-bit seed from ``generator`` (or torch's default CPU generator), drawn on the generator's device
+    whatever the default device is (under ``with torch.device("meta")``, deferred init, it would be a meta
+    tensor with no value to read)."""
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ConfigError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    return int(torch.randint(0, SEED_MASK, (), generator=generator, dtype=torch.int64))
+    device = "cpu" if generator is None else generator.device
+    return int(torch.randint(0, SEED_MASK, (), generator=generator, dtype=torch.int64, device=device))
 
 
 def resolve_torch_rng(seed: Any = None, rng: np.random.Generator | None = None,
