@@ -195,3 +195,62 @@ def test_a_layer_that_rotates_qk_together_decodes_through_one_apply_whatever_its
     torch.testing.assert_close(together, plain, rtol=1e-12, atol=1e-12)
     np_together, _ = np_forward(q[:, :, -lq:], k, v, positional=TOGETHER_ROPE[0](8, max_seq_len=16))
     torch.testing.assert_close(torch.from_numpy(np_together), plain, rtol=1e-12, atol=1e-12)
+
+
+LAYOUT_CASES = {
+    "rope": (lambda m, lay: m.RotaryEmbedding(8, qk_layout=lay), None),
+    "xpos": (lambda m, lay: m.XPosRotaryEmbedding(8, scale_base=16.0, qk_layout=lay), np.array([0, 3, 4, 9, 12])),
+    "mrope": (lambda m, lay: m.MRotaryEmbedding(8, mrope_section=[2, 1, 1], qk_layout=lay),
+              RNG.integers(0, 20, (3, 1, 5))),
+}
+
+
+class _NpAll(_NpMods):
+    RotaryEmbedding = NpRope
+
+
+class _TAll(_TMods):
+    RotaryEmbedding = TRope
+
+
+@pytest.mark.parametrize("layout", ["blhd", "thd"])
+@pytest.mark.parametrize("name", sorted(LAYOUT_CASES))
+def test_a_layer_of_any_qk_layout_attends_as_the_bhld_one(name: str, layout: str) -> None:
+    """The attention functions hand q and k (B, H, L, Dh) to the rotary layer in its own qk_layout (and the
+    gradients back): a "blhd" layer read the head axis as positions (silently wrong), a "thd" one was refused
+    with a misleading shape error. Both backends, outputs and gradients, equal to the "bhld" layer."""
+    make, pos = LAYOUT_CASES[name]
+    q, k, v = (np.random.default_rng(i).standard_normal((1, 2, 5, 8)) for i in range(3))
+    t_pos = None if pos is None else torch.from_numpy(pos)
+    qt, kt, vt = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
+    want = scaled_dot_product_attention(qt, kt, vt, positional=make(_TAll, "bhld"), positions=t_pos)
+    g = torch.from_numpy(np.random.default_rng(9).standard_normal(want.shape))
+    want_grads = torch.autograd.grad(want, (qt, kt, vt), g)
+    got = scaled_dot_product_attention(qt, kt, vt, positional=make(_TAll, layout), positions=t_pos)
+    got_grads = torch.autograd.grad(got, (qt, kt, vt), g)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    out, cache = np_forward(q, k, v, positional=make(_NpAll, layout), positions=pos)
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=0, atol=1e-12)
+    for a, b in zip(np_backward(g.numpy(), cache), want_grads, strict=True):
+        np.testing.assert_allclose(a, b.numpy(), rtol=0, atol=1e-12)
+
+
+def test_a_packed_row_attends_with_the_thd_layer_the_readme_builds() -> None:
+    q = torch.randn(8, 2, 16, dtype=torch.float64)
+    cu = torch.tensor([0, 3, 8])
+    for mods, conv in ((_TAll, lambda x: x), (_NpAll, lambda x: x.numpy())):
+        attend = scaled_dot_product_attention if mods is _TAll else (lambda *a, **kw: np_forward(*a, **kw)[0])
+        want = attend(conv(q), conv(q), conv(q), positional=mods.RotaryEmbedding(16), cu_seqlens=conv(cu))
+        got = attend(conv(q), conv(q), conv(q), positional=mods.RotaryEmbedding(16, qk_layout="thd"),
+                     cu_seqlens=conv(cu))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-12)
+
+
+def test_a_thd_layer_in_a_batch_of_several_rows_is_refused() -> None:
+    x = torch.randn(2, 2, 5, 8)
+    with pytest.raises(ConfigError, match="qk_layout='thd' rotates one packed row .* q has 2 rows"):
+        scaled_dot_product_attention(x, x, x, positional=TRope(8, qk_layout="thd"))
+    with pytest.raises(ConfigError, match="qk_layout='thd' rotates one packed row"):
+        np_forward(x.numpy(), x.numpy(), x.numpy(), positional=NpRope(8, qk_layout="thd"))

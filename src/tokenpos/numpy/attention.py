@@ -46,11 +46,17 @@ from tokenpos.tables.checks.attention import (
     check_rotated_keys,
     check_scheme,
     key_start_message,
+    rotary_layout,
 )
 from tokenpos.tables.checks.packing import check_packed_attention_args
 from tokenpos.tables.checks.validation import check_float_array, check_grad, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
-from tokenpos.tables.formulas.attention import causal_keep_mask, resolve_query_start
+from tokenpos.tables.formulas.attention import (
+    causal_keep_mask,
+    from_rotary_layout,
+    resolve_query_start,
+    to_rotary_layout,
+)
 from tokenpos.tables.formulas.llama4 import query_temperature
 from tokenpos.tables.formulas.packing import positions_from_cu_seqlens
 
@@ -109,11 +115,11 @@ def _own(x: np.ndarray, dtype: np.dtype, inputs: tuple[np.ndarray, ...]) -> np.n
     return kept(x) if any(np.may_share_memory(x, a) for a in inputs) else x
 
 
-def _rotate(positional: Any, q: np.ndarray, k: np.ndarray, positions: Any, start_pos: int | None,
+def _rotate(positional: Any, q: np.ndarray, k: np.ndarray, lq: int, lk: int, positions: Any, start_pos: int | None,
             key_positions: Any, rotate_keys: bool) -> tuple[np.ndarray, np.ndarray, Any]:
-    """q, k rotated at their positions, and the rotary cache. ``start_pos`` was checked against
-    ``positions`` by the caller; the layer gets start 0 with given positions (they are used as given)."""
-    lq, lk = q.shape[2], k.shape[2]
+    """q, k (in the layer's qk_layout; Lq and Lk queries and keys) rotated at their positions, and the rotary
+    cache. ``start_pos`` was checked against ``positions`` by the caller; the layer gets start 0 with given
+    positions (they are used as given)."""
     if positions is not None and lq != lk and key_positions is None and rotate_keys:
         raise ConfigError(key_start_message(None, lq, lk))
     q_start = 0 if positions is not None else resolve_query_start(start_pos, lq, lk)
@@ -167,8 +173,11 @@ def scaled_dot_product_attention_forward(
     dtypes = (q.dtype, k.dtype, v.dtype)
     compute = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     rotary_cache = None
-    if kind == "rotary":
-        q, k, rotary_cache = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
+    if kind == "rotary":                            # the layer sees q and k in its own qk_layout, and back
+        layout = rotary_layout(positional, q.shape[0])
+        ql, kl, rotary_cache = _rotate(positional, to_rotary_layout(q, layout), to_rotary_layout(k, layout),
+                                       q.shape[2], k.shape[2], positions, start_pos, key_positions, rotate_keys)
+        q, k = from_rotary_layout(ql, layout), from_rotary_layout(kl, layout)
     q, k, v = (_own(x, compute, inputs) for x in (q, k, v))                   # kept for backward: private
     temperature = None
     if attn_temperature is not None:
@@ -235,11 +244,13 @@ def scaled_dot_product_attention_backward(dout: Any, cache: AttentionCache) -> t
     dk = (np.swapaxes(dlogits, -1, -2) @ c.q) * c.scale                       # (B, H, Lk, Dh)
     if c.temperature is not None:
         dq = dq * c.temperature
-    if kind == "rotary":
+    if kind == "rotary":                            # through the layer in its own qk_layout, as the forward went
+        layout = rotary_layout(c.positional, dq.shape[0])
+        gq, gk = to_rotary_layout(dq, layout), to_rotary_layout(dk if c.rotate_keys else dq, layout)
+        gq, gk = c.positional.apply_backward(gq, gk, c.rotary_cache)
+        dq = from_rotary_layout(gq, layout)
         if c.rotate_keys:
-            dq, dk = c.positional.apply_backward(dq, dk, c.rotary_cache)
-        else:
-            dq, _ = c.positional.apply_backward(dq, dq, c.rotary_cache)
+            dk = from_rotary_layout(gk, layout)
     dq, dk, dv = dq.astype(c.dtypes[0], copy=False), dk.astype(c.dtypes[1], copy=False), dv.astype(c.dtypes[2],
                                                                                                 copy=False)
     return (_thd(dq), _thd(dk), _thd(dv)) if c.thd else (dq, dk, dv)

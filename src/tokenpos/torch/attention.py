@@ -35,11 +35,12 @@ from tokenpos.tables.checks.attention import (
     check_scheme,
     check_temperature,
     key_start_message,
+    rotary_layout,
 )
 from tokenpos.tables.checks.packing import check_packed_attention_args
 from tokenpos.tables.checks.validation import check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
-from tokenpos.tables.formulas.attention import resolve_query_start
+from tokenpos.tables.formulas.attention import from_rotary_layout, resolve_query_start, to_rotary_layout
 from tokenpos.tables.formulas.llama4 import query_temperature
 from tokenpos.torch._checks import calc_dtype, check_float_tensor, check_position_tensor
 from tokenpos.torch.packing import check_cu_seqlens_tensor, packed_positions
@@ -59,11 +60,10 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ConfigError(attention_shape_message(tuple(q.shape), tuple(k.shape), tuple(v.shape)))
 
 
-def _rotate(positional: Any, q: torch.Tensor, k: torch.Tensor, positions: Any, start_pos: int | None,
-            key_positions: Any, rotate_keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k rotated at their positions. ``start_pos`` was checked against ``positions`` by the caller;
-    the layer gets start 0 with given positions (they are used as given)."""
-    lq, lk = q.shape[2], k.shape[2]
+def _rotate(positional: Any, q: torch.Tensor, k: torch.Tensor, lq: int, lk: int, positions: Any,
+            start_pos: int | None, key_positions: Any, rotate_keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k (in the layer's qk_layout; Lq and Lk queries and keys) rotated at their positions. ``start_pos`` was
+    checked against ``positions`` by the caller; the layer gets start 0 with given positions (used as given)."""
     if positions is not None and lq != lk and key_positions is None and rotate_keys:
         raise ConfigError(key_start_message(None, lq, lk))
     q_start = 0 if positions is not None else resolve_query_start(start_pos, lq, lk)
@@ -140,10 +140,15 @@ def scaled_dot_product_attention(
     check_start_pos_with_positions(start_pos, positions, none_ok=True)
     out_dtype = q.dtype
     compute = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))
-    if kind == "rotary" and packed is not None and rotate_keys and getattr(positional, "packs", False):
-        q, k = positional.apply(q, k, cu_seqlens=cu_seqlens)                  # its packed path: cached rows
-    elif kind == "rotary":
-        q, k = _rotate(positional, q, k, positions, start_pos, key_positions, rotate_keys)
+    if kind == "rotary":                            # the layer sees q and k in its own qk_layout, and back
+        layout = rotary_layout(positional, q.shape[0])
+        ql, kl = to_rotary_layout(q, layout), to_rotary_layout(k, layout)
+        if packed is not None and rotate_keys and getattr(positional, "packs", False):
+            ql, kl = positional.apply(ql, kl, cu_seqlens=cu_seqlens)        # its packed path: cached rows
+        else:
+            ql, kl = _rotate(positional, ql, kl, q.shape[2], k.shape[2], positions, start_pos, key_positions,
+                             rotate_keys)
+        q, k = from_rotary_layout(ql, layout), from_rotary_layout(kl, layout)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     if attn_temperature is not None:
         q = q * _query_temperature(attn_temperature, positions, start_pos, q.shape[2], k.shape[2], q.device, compute)

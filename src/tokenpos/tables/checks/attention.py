@@ -103,3 +103,17 @@ def check_temperature(attn_temperature: Any) -> tuple[float, float]:
         raise ConfigError(f"attn_temperature must be (floor_scale, attn_scale), got {attn_temperature!r}")
     floor_scale = check_float("floor_scale", attn_temperature[0], low=0.0, low_inclusive=False)
     return floor_scale, check_float("attn_scale", attn_temperature[1])
+
+
+def rotary_layout(positional: Any, batch: int) -> str:
+    """The declared ``qk_layout`` of a rotary layer the attention functions hand q and k (B, H, L, Dh) to
+    (``"bhld"`` when it declares none): a ``"thd"`` layer rotates one packed row, so B must be 1.
+
+    Raises:
+        ConfigError: a ``"thd"`` layer with a batch of several rows.
+    """
+    layout = str(getattr(positional, "qk_layout", "bhld"))
+    if layout == "thd" and batch != 1:
+        raise ConfigError(f"{type(positional).__name__} with qk_layout='thd' rotates one packed row (T, H, Dh); "
+                          f"the attention's q has {batch} rows: use qk_layout='bhld' or 'blhd' for a batch")
+    return layout
