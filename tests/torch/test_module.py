@@ -3,6 +3,7 @@ state_dict keys and round trips with the NumPy backend, from_pretrained, attend,
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -71,9 +72,52 @@ def test_deferred_init_under_a_meta_default_device(name: str) -> None:
         assert torch.equal(layer.state_dict()[key], value), key
 
 
-def _init_args(name: str) -> set[str]:
-    import inspect
+DEFERRED = {   # layers whose non-persistent tables reset_parameters must rebuild after to_empty
+    "T5RelativePositionBias": lambda device: tpt.T5RelativePositionBias(4, num_buckets=8, max_distance=6, seed=0,
+                                                                        device=device),
+    "TransformerEmbedding-t5": lambda device: tpt.TransformerEmbedding(20, 8, 12, positional="t5", num_heads=2, seed=0,
+                                                                       device=device),
+    "RotaryEmbedding-dynamic": lambda device: tpt.RotaryEmbedding(8, max_seq_len=32, device=device,
+                                                                  scaling={"rope_type": "dynamic", "factor": 2.0}),
+    "XPosRotaryEmbedding": lambda device: tpt.XPosRotaryEmbedding(8, device=device),
+    "MRotaryEmbedding": lambda device: tpt.MRotaryEmbedding(8, mrope_section=[2, 1, 1], device=device),
+    "RotaryEmbedding2D": lambda device: tpt.RotaryEmbedding2D(8, device=device),
+}
 
+
+@pytest.mark.parametrize("name", sorted(DEFERRED))
+def test_every_buffer_is_rebuilt_after_meta_then_to_empty(name: str) -> None:
+    """After ``device="meta"``, ``to_empty`` and ``reset_parameters(seed=0)`` every buffer equals a fresh layer's:
+    T5's bucket table and dynamic NTK's ``dynamic_len`` were left as uninitialised memory (an IndexError, or a
+    rotation silently at another length)."""
+    fresh = DEFERRED[name]("cpu")
+    layer = DEFERRED[name]("meta").to_empty(device="cpu")
+    for buf in layer.buffers():                           # uninitialised memory made explicit: garbage everywhere
+        buf.fill_(7 if buf.dtype == torch.int64 else float("nan"))
+    layer.reset_parameters(seed=0) if "seed" in str(inspect.signature(layer.reset_parameters)) \
+        else layer.reset_parameters()
+    want = dict(fresh.named_buffers())
+    for key, buf in layer.named_buffers():
+        assert torch.equal(buf, want[key]), key
+    for key, p in fresh.named_parameters():
+        assert torch.equal(dict(layer.named_parameters())[key], p), key
+
+
+@pytest.mark.parametrize("name", ["XPosRotaryEmbedding", "MRotaryEmbedding", "RotaryEmbedding2D",
+                                  "RotaryEmbedding-dynamic"])
+@pytest.mark.parametrize("cast", ["float", "half-then-float", "to-float32"])
+def test_a_float32_cast_keeps_the_frequencies_float64(name: str, cast: str) -> None:
+    """``model.float()`` left xPos, M-RoPE and 2-D RoPE frequencies in float32 (2.7e-4 of |q| at 32k positions):
+    every rotary layer's tables come back in float64."""
+    layer = DEFERRED[name]("cpu")
+    layer = {"float": lambda m: m.float(), "half-then-float": lambda m: m.half().float(),
+             "to-float32": lambda m: m.to(torch.float32)}[cast](layer)
+    want = dict(DEFERRED[name]("cpu").named_buffers())
+    for key, buf in layer.named_buffers():
+        assert buf.dtype == want[key].dtype and torch.equal(buf, want[key]), key
+
+
+def _init_args(name: str) -> set[str]:
     return set(inspect.signature(getattr(tpt, name)).parameters)
 
 

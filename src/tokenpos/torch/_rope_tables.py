@@ -106,10 +106,14 @@ class RopeTables(RotaryBase):
         return contextlib.nullcontext() if is_compiling() else self._lock
 
     def _load_tables(self) -> None:
-        """(Re)compute the frequencies and the cache from ``tokenpos.tables`` in float64."""
+        """(Re)compute the frequencies and the cache from ``tokenpos.tables`` in float64, and start HF's dynamic
+        state afresh (a layer made on the meta device, then ``to_empty``, held an uninitialised ``dynamic_len``)."""
+        self._rope_state = self.freqs.initial_state
+        if self.rope_type == "dynamic":
+            self.dynamic_len.fill_(self.max_seq_len)
         self.inv_freq = self._table(self.freqs.original_inv_freq)
-        if self.freqs.long_inv_freq is not None:
-            self.long_inv_freq = self._table(self.freqs.long_inv_freq)
+        self.long_inv_freq = self.inv_freq.new_empty((0,)) if self.freqs.long_inv_freq is None \
+            else self._table(self.freqs.long_inv_freq)
         variant, inv_np, _ = self._variant(self.max_seq_len, mutate=False)
         assert inv_np is not None
         self._build(variant, inv_np, self.max_seq_len)
@@ -178,10 +182,6 @@ class RopeTables(RotaryBase):
         if memo is None or memo[0] != self.scaling:
             memo = self._scaling_memo = (copy.deepcopy(self.scaling), freeze_rope_scaling(self.scaling))
         return memo[1]  # type: ignore[no-any-return]
-
-    def _tables_cast(self) -> bool:
-        # .to(device) moves the tables; .half() / .to(dtype) must not cast them: recompute in float64
-        return self.inv_freq.dtype != _calc_dtype(self.inv_freq.device)
 
     # -- cos / sin (one entry per rotated pair: (..., F)) ------------------------------------------
     def _formula(self, pos: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -104,8 +104,9 @@ class RotaryBase(TokenposModule):
         return torch.tensor(values).to(dev, calc_dtype(dev))
 
     def _tables_cast(self) -> bool:
-        """Whether a dtype cast (``.half()``, ``.to(dtype)``) reached the frequencies (then reloaded)."""
-        return self.inv_freq.dtype not in (torch.float64, torch.float32)
+        """Whether a dtype cast (``.half()``, ``.float()``, ``.to(dtype)``) reached the frequencies (then reloaded in
+        the table dtype of :func:`calc_dtype`: a ``model.float()`` once left xPos, M-RoPE and 2-D RoPE in float32)."""
+        return self.inv_freq.dtype != calc_dtype(self.inv_freq.device)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         out = super()._apply(fn, recurse)             # .half() must not cast the frequencies: reload them

@@ -58,17 +58,22 @@ class T5RelativePositionBias(TokenposModule):
         self.init, self.std = check_choice("init", init, INIT_SCHEMES), std
         self.weight = nn.Parameter(torch.empty(self.num_buckets, self.num_heads, device=device,
                                                dtype=resolve_dtype(dtype)))
-        table = t5_relative_bucket(np.arange(-self.max_distance, self.max_distance + 1),
-                                   bidirectional=self.bidirectional, num_buckets=self.num_buckets,
-                                   max_distance=self.max_distance)
         self.bucket_table: torch.Tensor
-        self.register_buffer("bucket_table", torch.from_numpy(table).to(self.weight.device), persistent=False)
+        self.register_buffer("bucket_table", torch.empty(2 * self.max_distance + 1, dtype=torch.int64,
+                                                         device=self.weight.device), persistent=False)
         self.reset_parameters(seed=seed, rng=rng, generator=generator)
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None,
                          generator: torch.Generator | None = None) -> None:
-        """Re-draw the weight (seed/rng: the NumPy numbers; else seeded from torch's generator)."""
+        """Re-draw the weight (seed/rng: the NumPy numbers; else seeded from torch's generator) and refill the
+        bucket table (a layer made on the meta device, then ``to_empty``, held uninitialised buckets)."""
         fill_init_(self.weight, self.init, self.std, resolve_torch_rng(seed, rng, generator))
+        if not self.bucket_table.is_meta:
+            table = t5_relative_bucket(np.arange(-self.max_distance, self.max_distance + 1),
+                                       bidirectional=self.bidirectional, num_buckets=self.num_buckets,
+                                       max_distance=self.max_distance)
+            with torch.no_grad():
+                self.bucket_table.copy_(torch.from_numpy(table))
 
     def buckets(self, q_len: int, k_len: int, *, query_offset: int | None = None) -> torch.Tensor:
         """The bucket of each (query, key) pair: (Lq, Lk) int64 on the weight's device."""
