@@ -125,6 +125,32 @@ def test_document_starts_on_cuda_make_no_host_sync() -> None:
         torch.testing.assert_close(cpu_of(a), b, **TOL["forward.float32"])
 
 
+def test_document_starts_on_another_device_than_the_data_are_refused() -> None:
+    q, k = qk()
+    rope = fake_cuda_module(tpt.RotaryEmbedding(DH, qk_layout="thd"))
+    with pytest.raises(ConfigError, match="start_pos is on cpu, but the data is on cuda:0"):
+        rope.apply(to_fake_cuda(q), to_fake_cuda(k), cu_seqlens=to_fake_cuda(CU), start_pos=STARTS["per document"])
+
+
+def test_document_starts_of_every_form_compile_into_one_graph() -> None:
+    """The README's form, start_pos=[...], failed under torch.compile(fullgraph=True) ("ndarray attribute
+    access": the check traced NumPy); a list, a NumPy array, a tensor and a 0-d tensor (one for all) now compile
+    and equal eager."""
+    q, k = qk()
+    rope = tpt.RotaryEmbedding(DH, qk_layout="thd")
+    starts = STARTS["per document"]
+    want = rope.apply(q, k, cu_seqlens=CU, start_pos=starts)
+    fn = torch.compile(lambda a, b, s: rope.apply(a, b, cu_seqlens=CU, start_pos=s), backend="aot_eager",
+                       fullgraph=True)
+    for form in (starts.tolist(), starts.numpy(), starts):
+        for a, b in zip(fn(q, k, form), want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    one = rope.apply(q, k, cu_seqlens=CU, start_pos=3)
+    for got in (rope.apply(q, k, cu_seqlens=CU, start_pos=torch.tensor(3)), fn(q, k, torch.tensor(3))):
+        for a, b in zip(got, one, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("start_pos, error, text", [
     ([1, 2], ConfigError, r"one int per document, shape \(4,\); got shape \(2,\)"),
     (torch.tensor([[0, 1, 2, 3]]), ConfigError, r"one int per document, shape \(4,\); got shape \(1, 4\)"),

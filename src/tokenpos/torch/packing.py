@@ -28,7 +28,7 @@ from tokenpos.tables.checks.packing import (
     cu_seqlens_shape_message,
     document_starts_shape_message,
 )
-from tokenpos.tables.checks.validation import check_positions, check_start_pos
+from tokenpos.tables.checks.validation import check_start_pos
 from tokenpos.tables.errors import ConfigError, DtypeError
 from tokenpos.torch._checks import check_position_tensor, values_readable
 
@@ -85,14 +85,19 @@ def packed_positions(cu: torch.Tensor, total: int, starts: Any = 0) -> torch.Ten
 
 
 def _device_starts(start_pos: Any, num_docs: int, device: torch.device) -> int | torch.Tensor:
-    """``start_pos`` of a packed call whose values stay on ``device``: an int (checked), or an (N,) int tensor
-    there (dtype and shape checked here; negative values by the device-side check of positions)."""
+    """``start_pos`` of a packed call whose values stay on ``device``: an int (checked), or (N,) ints (a 0-d tensor:
+    one for all) as a tensor there (dtype, device and shape checked here; negative values by the device-side
+    check of positions). A list or a NumPy array becomes a tensor first, so a compiled call traces no NumPy."""
+    if isinstance(start_pos, (int, np.integer)) and not isinstance(start_pos, bool):
+        return check_start_pos(int(start_pos), 0)
     if not isinstance(start_pos, torch.Tensor):
-        if isinstance(start_pos, (int, np.integer)) and not isinstance(start_pos, bool):
-            return check_start_pos(start_pos, 0)
-        return torch.as_tensor(check_positions(start_pos, what="start_pos"), device=device).reshape(
-            _starts_shape(np.shape(start_pos), num_docs))
-    starts = check_position_tensor(start_pos, device=device)
+        start_pos = torch.as_tensor(start_pos, device=device)
+    elif start_pos.device != device:
+        raise ConfigError(f"start_pos is on {start_pos.device}, but the data is on {device}; expected start_pos on "
+                          f"{device}")
+    starts = check_position_tensor(start_pos)
+    if starts.dim() == 0:
+        return starts.long().expand(num_docs)
     return starts.reshape(_starts_shape(tuple(starts.shape), num_docs)).long()
 
 

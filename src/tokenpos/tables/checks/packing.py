@@ -87,7 +87,8 @@ def document_starts_shape_message(shape: tuple[int, ...], num_docs: int) -> str:
 
 def check_document_starts(start_pos: Any, lengths: np.ndarray) -> np.ndarray:
     """Where each of N documents starts counting (flash-attn's ``seqlen_offsets``): ``start_pos`` an int >= 0
-    (every document) or N ints >= 0, one per document, for documents of ``lengths`` (N,) int64 -> (N,) int64.
+    (every document; a 0-d array too) or N ints >= 0, one per document, for documents of ``lengths`` (N,) int64
+    -> (N,) int64.
 
     Raises:
         ConfigError: not an int or (N,); PositionError: a negative or non-integer value, or a document whose
@@ -97,6 +98,8 @@ def check_document_starts(start_pos: Any, lengths: np.ndarray) -> np.ndarray:
     if isinstance(start_pos, (int, np.integer)) and not isinstance(start_pos, bool):
         return np.full(n, check_start_pos(start_pos, int(lengths.max(initial=0))), dtype=np.int64)
     starts = check_positions(start_pos, what="start_pos")
+    if starts.ndim == 0:                                  # a 0-d array or tensor: one start for every document
+        starts = np.full(n, starts, dtype=np.int64)
     if starts.shape != (n,):
         raise ConfigError(document_starts_shape_message(starts.shape, n))
     over = np.flatnonzero(starts > INT64_MAX - lengths)
