@@ -176,3 +176,14 @@ def test_unsupported_models_name_the_families() -> None:
     rel = SimpleNamespace(config=SimpleNamespace(model_type="bert", position_embedding_type="relative_key"))
     with pytest.raises(tpt.ConfigError, match="absolute"):
         tpt.from_hf(rel)
+
+
+def test_a_model_without_its_embedding_modules_is_a_config_error_naming_it() -> None:
+    """A supported family with its embedding module removed raised a bare AttributeError."""
+    gpt2 = _gpt2(False)
+    gpt2.wpe = None
+    with pytest.raises(tpt.ConfigError, match=r"could not read the input embedding of this 'gpt2' model \(GPT2Model\)"):
+        tpt.from_hf(gpt2)
+    bert = SimpleNamespace(config=SimpleNamespace(model_type="bert"), base_model=SimpleNamespace(embeddings=None))
+    with pytest.raises(tpt.ConfigError, match="'bert' model"):
+        tpt.from_hf(bert)

@@ -85,6 +85,11 @@ DEFERRED = {   # layers whose non-persistent tables reset_parameters must rebuil
 }
 
 
+def test_nope_takes_the_factory_keywords_of_every_layer() -> None:
+    assert tpt.NoPositionalEncoding(device="meta", dtype=torch.bfloat16)(4) is None
+    assert list(tpn.NoPositionalEncoding(dtype=np.float64).parameters()) == []
+
+
 @pytest.mark.parametrize("name", sorted(DEFERRED))
 def test_every_buffer_is_rebuilt_after_meta_then_to_empty(name: str) -> None:
     """After ``device="meta"``, ``to_empty`` and ``reset_parameters(seed=0)`` every buffer equals a fresh layer's:

@@ -23,7 +23,9 @@ class NoPositionalEncoding(Module):
     kind = "none"
     name = "none"
 
-    def __init__(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, *, seed: int | None = None, rng: np.random.Generator | None = None,
+                 dtype: Any = np.float32) -> None:
+        """``dtype``: the keyword every NumPy layer takes (NoPE holds no array)."""
         super().__init__()
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:

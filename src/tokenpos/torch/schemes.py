@@ -28,7 +28,9 @@ class NoPositionalEncoding(TokenposModule):
     kind = "none"
     name = "none"
 
-    def __init__(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, *, seed: int | None = None, rng: np.random.Generator | None = None, device: Any = None,
+                 dtype: Any = None) -> None:
+        """``device`` and ``dtype``: the factory keywords every torch layer takes (NoPE holds no tensor)."""
         super().__init__()
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:

@@ -103,6 +103,8 @@ def test_a_packed_row_counts_every_sample_from_zero() -> None:
     ([0, 0, 0], np.array([0, 3.0]), {}, DtypeError, "int32 or int64"),
     ([[0, 0], [0, 0]], [0, 2], {}, ConfigError, r"one row: with cu_seqlens expected token_types \(1, T\)"),
     ([0, 0, 0], [0, 3], {"attention_mask": np.ones((1, 3))}, ConfigError, "a packed row has no padding"),
+    ([0, 0, 0], [0, 3], {"spatial_merge_size": 0}, ConfigError, "spatial_merge_size must be >= 1, got 0"),  # 1/0
+    ([0, 0, 0], [0, 3], {"spatial_merge_size": 2.5}, ConfigError, "spatial_merge_size must be an integer"),  # cut
 ])
 def test_bad_packed_calls_are_refused(types: list, cu: Any, kwargs: dict, error: type, text: str) -> None:
     with pytest.raises(error, match=text):

@@ -167,7 +167,7 @@ def mrope_position_ids(token_types: Any, image_grid_thw: Any = None, video_grid_
         types = types[None]
     if types.ndim != 2 or not np.issubdtype(types.dtype, np.integer) or not np.isin(types, (0, 1, 2)).all():
         raise ConfigError(f"token_types must be (B, L) ints in {{0, 1, 2}}, got {types.dtype} {types.shape}")
-    m = int(spatial_merge_size)
+    m = check_int("spatial_merge_size", spatial_merge_size, minimum=1)   # 0 divided by zero, 2.5 was cut to 2
     grids = {1: _grid(image_grid_thw, "image_grid_thw"), 2: _grid(video_grid_thw, "video_grid_thw")}
     if split_video_frames and grids[2] is not None:
         frames = np.repeat(grids[2], grids[2][:, 0], axis=0)

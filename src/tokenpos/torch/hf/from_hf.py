@@ -73,8 +73,9 @@ def from_hf(model: Any, *, freeze: bool = False) -> TransformerEmbedding:
         With ``positions`` given, ``start_pos`` must be 0 (ConfigError otherwise: HF would ignore it).
 
     Raises:
-        ConfigError: a model outside the supported families (the message names them), or a
-            configuration the block cannot reproduce (relative position embeddings).
+        ConfigError: a model outside the supported families (the message names them), a
+            configuration the block cannot reproduce (relative position embeddings), or a model of a
+            supported family without its embedding modules.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -88,12 +89,16 @@ def from_hf(model: Any, *, freeze: bool = False) -> TransformerEmbedding:
         raise ConfigError(f"from_hf reproduces absolute position embeddings only; got "
                           f"position_embedding_type={kind!r}")
     base = _base(model)
-    if model_type in LLAMA_TYPES:
-        layer = _from_llama(base, config)
-    elif model_type in GPT2_TYPES:
-        layer = _from_gpt2(base, config)
-    else:
-        layer = _from_bert_like(base.embeddings, config, padding=model_type in ROBERTA_TYPES)
+    try:
+        if model_type in LLAMA_TYPES:
+            layer = _from_llama(base, config)
+        elif model_type in GPT2_TYPES:
+            layer = _from_gpt2(base, config)
+        else:
+            layer = _from_bert_like(base.embeddings, config, padding=model_type in ROBERTA_TYPES)
+    except AttributeError as err:          # a module the family has was removed or set to None
+        raise ConfigError(f"from_hf could not read the input embedding of this {model_type!r} model "
+                          f"({type(model).__name__}): {err}; expected the family's embedding modules") from err
     if freeze:
         layer.requires_grad_(False)
     return layer.train(bool(getattr(model, "training", False)))
