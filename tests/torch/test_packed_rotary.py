@@ -130,6 +130,9 @@ def test_document_starts_on_another_device_than_the_data_are_refused() -> None:
     rope = fake_cuda_module(tpt.RotaryEmbedding(DH, qk_layout="thd"))
     with pytest.raises(ConfigError, match="start_pos is on cpu, but the data is on cuda:0"):
         rope.apply(to_fake_cuda(q), to_fake_cuda(k), cu_seqlens=to_fake_cuda(CU), start_pos=STARTS["per document"])
+    with pytest.raises(ConfigError, match="start_pos is on cuda:0, but the data is on cpu"):   # never copied back
+        tpt.RotaryEmbedding(DH, qk_layout="thd").apply(q, k, cu_seqlens=CU,
+                                                       start_pos=to_fake_cuda(STARTS["per document"]))
 
 
 def test_document_starts_of_every_form_compile_into_one_graph() -> None:

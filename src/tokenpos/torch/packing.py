@@ -117,8 +117,9 @@ def document_positions(cu_seqlens: Any, total: int, device: torch.device, start_
     without reading the device), or None for per-document starts there (not known without a sync). So the
     caller needs no second look at the positions. ``total`` is T as the caller's own packed check returned it
     (``tables.checks.packing.check_packed_*_args``: TransformerEmbedding's ids, the rotary layers' q)."""
-    if device.type == "cpu" and (not isinstance(start_pos, torch.Tensor) or values_readable(start_pos)):
-        host = start_pos.cpu().numpy() if isinstance(start_pos, torch.Tensor) else start_pos
+    if device.type == "cpu" and (not isinstance(start_pos, torch.Tensor)
+                                 or (start_pos.is_cpu and values_readable(start_pos))):
+        host = start_pos.numpy() if isinstance(start_pos, torch.Tensor) else start_pos
         if not isinstance(cu_seqlens, torch.Tensor):                   # a list, a NumPy array: host values
             pos, end = kernels.document_positions(cu_seqlens, total, host)
             return torch.from_numpy(pos), end
