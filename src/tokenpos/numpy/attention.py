@@ -41,9 +41,12 @@ import numpy as np
 from tokenpos.numpy.functional._dispatch import kept
 from tokenpos.tables.checks.attention import (
     attention_shape_message,
+    check_bias_positions,
     check_bias_shape,
+    check_mask_dtype,
     check_mask_shape,
     check_rotated_keys,
+    check_scale,
     check_scheme,
     key_start_message,
     rotary_layout,
@@ -164,11 +167,17 @@ def scaled_dot_product_attention_forward(
     _check_shapes(q, k, v)
     kind = check_scheme(positional)
     if attn_mask is not None:
-        check_mask_shape(np.shape(attn_mask), (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+        attn_mask = np.asarray(attn_mask)
+        check_mask_dtype(attn_mask.dtype)
+        check_mask_shape(attn_mask.shape, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+    scale = check_scale(scale)
     packed = None
     if cu_seqlens is not None:                                                # positions inside each document
         n = check_packed_attention_args(q.shape, k.shape, positions, start_pos, key_positions)
         packed = positions = positions_from_cu_seqlens(cu_seqlens, n)
+    else:
+        check_bias_positions(positional, kind, positions, key_positions, start_pos, q.shape[2], k.shape[2],
+                             attn_temperature is not None)
     check_start_pos_with_positions(start_pos, positions, none_ok=True)
     dtypes = (q.dtype, k.dtype, v.dtype)
     compute = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
@@ -184,7 +193,7 @@ def scaled_dot_product_attention_forward(
         temperature = query_temperature(attn_temperature, positions, start_pos, q.shape[2], k.shape[2], compute)
         q = q * temperature                                                    # (B|1, 1, Lq, 1)
     lq, lk, dh = q.shape[2], k.shape[2], q.shape[3]
-    scale = float(1.0 / np.sqrt(dh)) if scale is None else float(scale)
+    scale = float(1.0 / np.sqrt(dh)) if scale is None else scale
     logits = (q @ np.swapaxes(k, -1, -2)) * scale                              # (B, H, Lq, Lk)
     if kind == "bias":
         bias = np.asarray(positional.bias(lq, lk))                           # (H, Lq, Lk)

@@ -29,9 +29,12 @@ import torch
 
 from tokenpos.tables.checks.attention import (
     attention_shape_message,
+    check_bias_positions,
     check_bias_shape,
+    check_mask_dtype,
     check_mask_shape,
     check_rotated_keys,
+    check_scale,
     check_scheme,
     check_temperature,
     key_start_message,
@@ -42,7 +45,7 @@ from tokenpos.tables.checks.validation import check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.formulas.attention import from_rotary_layout, resolve_query_start, to_rotary_layout
 from tokenpos.tables.formulas.llama4 import query_temperature
-from tokenpos.torch._checks import calc_dtype, check_float_tensor, check_position_tensor
+from tokenpos.torch._checks import calc_dtype, check_float_tensor, check_position_tensor, values_readable
 from tokenpos.torch.packing import check_cu_seqlens_tensor, packed_positions
 
 
@@ -58,6 +61,14 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         and k.shape[2] == v.shape[2] and q.shape[3] == k.shape[3] and q.shape[2] <= k.shape[2]
     if not ok:
         raise ConfigError(attention_shape_message(tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+
+
+def _host_values(x: Any) -> Any:
+    """Positions as values the shared checks can read: a CPU tensor's (outside compile / torch.func), anything
+    else not a tensor as it is; None for a tensor elsewhere (reading it would sync)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    return x.detach().numpy() if x.is_cpu and values_readable(x) else None
 
 
 def _rotate(positional: Any, q: torch.Tensor, k: torch.Tensor, lq: int, lk: int, positions: Any,
@@ -131,12 +142,19 @@ def scaled_dot_product_attention(
     _check_shapes(q, k, v)
     kind = check_scheme(positional)
     if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):                             # a NumPy mask, a list
+            attn_mask = torch.as_tensor(attn_mask, device=q.device)
+        check_mask_dtype(attn_mask.dtype)
         check_mask_shape(tuple(attn_mask.shape), (q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+    scale = check_scale(scale)
     packed = None
     if cu_seqlens is not None:                                                  # positions inside each document
         n = check_packed_attention_args(tuple(q.shape), tuple(k.shape), positions, start_pos, key_positions)
         cu_seqlens = check_cu_seqlens_tensor(cu_seqlens, n, device=q.device)
         packed = positions = packed_positions(cu_seqlens, n)
+    else:
+        check_bias_positions(positional, kind, _host_values(positions), _host_values(key_positions), start_pos,
+                             q.shape[2], k.shape[2], attn_temperature is not None)
     check_start_pos_with_positions(start_pos, positions, none_ok=True)
     out_dtype = q.dtype
     compute = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.promote_types(v.dtype, torch.float32))
@@ -153,7 +171,7 @@ def scaled_dot_product_attention(
     if attn_temperature is not None:
         q = q * _query_temperature(attn_temperature, positions, start_pos, q.shape[2], k.shape[2], q.device, compute)
     lq, lk, dh = q.shape[2], k.shape[2], q.shape[3]
-    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(dh) if scale is None else scale
     logits = torch.matmul(q, k.transpose(-1, -2)) * scale                        # (B, H, Lq, Lk)
     if kind == "bias":
         bias = positional.bias(lq, lk)                                        # (H, Lq, Lk)

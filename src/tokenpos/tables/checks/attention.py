@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from tokenpos.tables.checks.validation import check_float
-from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.errors import ConfigError, DtypeError
 
 
 def attention_shape_message(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...]) -> str:
@@ -66,6 +66,59 @@ def check_scheme(positional: Any) -> str:
     if isinstance(positional, str) or kind not in ("additive", "rotary", "bias", "none"):
         raise ConfigError(scheme_object_message(positional))
     return str(kind)
+
+
+def check_mask_dtype(dtype: Any) -> None:
+    """An attention mask is bool (True = attend) or additive floats. An integer one (HF's 0/1
+    ``attention_mask``) would be added to the logits, masking nothing; a complex one would lose its imaginary
+    part. Raises DtypeError naming the dtype."""
+    name = str(dtype).replace("torch.", "")
+    if name != "bool" and not (name.startswith("float") or name.startswith("bfloat")):
+        raise DtypeError(f"attn_mask must be bool (True = attend) or additive floats, got dtype {name}; for a 0/1 "
+                         f"mask (HF's attention_mask) pass mask.bool()")
+
+
+def check_scale(scale: Any) -> float | None:
+    """The logit scale: None (1 / sqrt(Dh)) or a finite number > 0 (ConfigError otherwise)."""
+    return None if scale is None else check_float("scale", scale, low=0.0, low_inclusive=False)
+
+
+def check_bias_positions(positional: Any, kind: str, positions: Any, key_positions: Any, start_pos: Any,
+                         q_len: int, k_len: int, temperature: bool) -> None:
+    """Positions that no part of the call would read are refused, never ignored. A bias scheme (and no scheme)
+    puts query i at key index ``Lk - Lq + i`` of keys counted from 0: ``positions`` and ``key_positions`` must
+    say the same (a cache with gaps would otherwise be measured as contiguous), and ``start_pos`` must be None or
+    Lk - Lq. Llama 4's ``attn_temperature`` reads ``positions`` and ``start_pos``; rotary schemes read all three.
+    ``positions`` / ``key_positions``: NumPy values, or None (not given, or not readable here: the torch twin
+    then checks them on the device).
+
+    Raises:
+        ConfigError: naming the argument, what was given and what the scheme measures.
+    """
+    if kind == "rotary":
+        return
+    what = "no positional scheme" if positional is None else type(positional).__name__
+    offset = k_len - q_len
+
+    def refuse(arg: str, got: Any) -> None:
+        raise ConfigError(f"{arg} {got} given, but {what} reads no positions: query i sits at key index Lk - Lq + i "
+                          f"= {offset} + i of keys 0 .. {k_len - 1}, and other {arg} would be ignored; pass "
+                          f"positions that differ only with a rotary scheme (or attn_temperature)")
+    if key_positions is not None and not _rows_equal(key_positions, np.arange(k_len)):
+        refuse("key_positions", np.asarray(key_positions).tolist())
+    if temperature:
+        return
+    if positions is not None and not _rows_equal(positions, offset + np.arange(q_len)):
+        refuse("positions", np.asarray(positions).tolist())
+    if positions is None and start_pos is not None and not (         # (with positions: the start_pos rule)
+            isinstance(start_pos, (int, np.integer)) and not isinstance(start_pos, bool) and start_pos == offset):
+        refuse("start_pos", repr(start_pos))
+
+
+def _rows_equal(values: Any, want: np.ndarray) -> bool:
+    """Whether every row of ``values`` (..., n) is ``want`` (n,)."""
+    v = np.asarray(values)
+    return v.ndim >= 1 and v.shape[-1] == want.shape[0] and bool((v == want).all())
 
 
 def check_mask_shape(mask_shape: tuple[int, ...], target: tuple[int, ...]) -> None:
