@@ -225,6 +225,43 @@ def test_gemma_scale_is_rounded_to_the_weight_dtype_before_the_multiply() -> Non
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("rope", [False, True])
+def test_a_cast_after_patch_reaches_the_scale_and_what_unpatch_puts_back(rope: bool) -> None:
+    """``model.to(bfloat16)`` after patch: Gemma's scale was frozen at its float32 value (logits 0.0195 off), and
+    the HF rotary module displaced by ``angles="exact"`` stayed float32, so the unpatched model differed from one
+    never patched. Both now follow every cast of the model."""
+    ids = _ids(5)
+    cases = [("gemma2", {"rope": rope})] + ([("llama", {"angles": "exact"})] if rope else [])
+    for name, kw in cases:
+        model, ref = _model(name), _model(name)
+        patch(model, **kw)
+        model.to(torch.bfloat16)
+        ref.to(torch.bfloat16)
+        with torch.no_grad():
+            if not rope:                                                  # the embedding alone: bit for bit
+                assert torch.equal(model(ids).logits, ref(ids).logits), name
+            unpatch(model)
+            assert torch.equal(model(ids).logits, ref(ids).logits), name
+        assert [b.dtype for b in model.buffers()] == [b.dtype for b in ref.buffers()], name
+
+
+def test_an_input_embedding_with_hooks_is_refused_and_nothing_changes() -> None:
+    """HF's enable_input_require_grads (PEFT, gradient checkpointing) hooks the input embedding; the replacement
+    never ran the hook, so training failed ("element 0 of tensors does not require grad"). Refused by name;
+    patching first and hooking after works."""
+    model = _model("llama")
+    model.enable_input_require_grads()
+    before = model.get_input_embeddings()
+    with pytest.raises(ConfigError, match="input embedding of this LlamaForCausalLM has hooks"):
+        patch(model)
+    assert model.get_input_embeddings() is before
+    fresh = _model("llama")
+    patch(fresh)
+    fresh.enable_input_require_grads()
+    out = fresh(_ids(1))
+    assert out.logits.requires_grad
+
+
 def test_unsupported_family_is_refused_and_the_model_unchanged() -> None:
     torch.manual_seed(0)
     model = T.OPTForCausalLM(T.OPTConfig(vocab_size=V, hidden_size=64, num_hidden_layers=1, ffn_dim=64,

@@ -48,15 +48,47 @@ def hf_embedding_scale(kind: str, embedding: Any, config: Any) -> float:
     return 1.0
 
 
-class SharedTokenEmbedding(TokenEmbedding):
-    """A ``TokenEmbedding`` over an existing (V, D) Parameter (the same object, not a copy), rows times
-    a given float: ids (...) -> (..., D) = W[ids] * multiplier."""
+class FollowsDisplaced(nn.Module):
+    """A module that ``patch`` put in place of an HF one (``displaced``, kept outside the module tree so that
+    ``state_dict`` and ``named_modules`` are the model's own): every cast or move of the model
+    (``.to(dtype)``, ``.half()``, ``.cuda()``: ``_apply``) reaches the displaced module too, so ``unpatch`` puts
+    back a module in the state the model's own would be in."""
 
-    def __init__(self, weight: nn.Parameter, *, multiplier: float = 1.0, padding_idx: int | None = None) -> None:
+    displaced: nn.Module | None = None
+
+    def keep_displaced(self, module: nn.Module) -> None:
+        object.__setattr__(self, "displaced", module)                 # not a submodule: no state_dict keys
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        out = super()._apply(fn, recurse)
+        if self.displaced is not None:
+            self.displaced._apply(fn, recurse)
+        return out
+
+
+class SharedTokenEmbedding(FollowsDisplaced, TokenEmbedding):
+    """A ``TokenEmbedding`` over an existing (V, D) Parameter (the same object, not a copy), rows times
+    a given float: ids (...) -> (..., D) = W[ids] * multiplier.
+
+    With ``displaced`` (the HF embedding it replaces) and ``scale_kind`` / ``config``, the multiplier is the
+    model's own scale for the weight's dtype of the moment (:func:`hf_embedding_scale`), computed again after
+    every cast: Gemma's ``embed_scale.to(W.dtype)`` rounds differently in bf16 than in float32."""
+
+    def __init__(self, weight: nn.Parameter, *, multiplier: float = 1.0, padding_idx: int | None = None,
+                 displaced: nn.Module | None = None, scale_kind: str = "none", config: Any = None) -> None:
         V, D = weight.shape
         super().__init__(V, D, init="zeros", padding_idx=padding_idx, device="meta", dtype=weight.dtype, seed=0)
         self.weight = weight
         self._multiplier = float(multiplier)
+        self._scale = (scale_kind, config)
+        if displaced is not None:
+            self.keep_displaced(displaced)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        out = super()._apply(fn, recurse)
+        if self.displaced is not None and self._scale[0] != "none" and not self.weight.is_meta:
+            self._multiplier = hf_embedding_scale(self._scale[0], self.displaced, self._scale[1])
+        return out
 
     @property
     def multiplier(self) -> float:

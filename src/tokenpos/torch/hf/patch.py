@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from tokenpos.tables.errors import ConfigError
-from tokenpos.torch.hf.embedding import SharedTokenEmbedding, hf_embedding_scale
+from tokenpos.torch.hf.embedding import FollowsDisplaced, SharedTokenEmbedding, hf_embedding_scale
 from tokenpos.torch.hf.families import FAMILIES, Family
 from tokenpos.torch.ops.entry import rotate, rotate_qk
 
@@ -109,7 +109,7 @@ def rope_llama4(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> 
 REPLACEMENTS = {"qk": rope_qk_half, "gptj": rope_gptj, "llama4": rope_llama4}
 
 
-class ExactAngles(nn.Module):
+class ExactAngles(FollowsDisplaced):
     """An HF rotary module rebuilt from tokenpos's float64 angles (``patch(angles="exact")``).
 
     ``forward(x, position_ids, layer_type=None)`` returns what the family's RoPE function reads:
@@ -173,6 +173,12 @@ def _embedding_plan(model: Any, family: Family) -> tuple[Any, float]:
     if not isinstance(emb, nn.Embedding) or (family.embed_scale == "none" and type(emb) is not nn.Embedding):
         raise ConfigError(f"patch expects an nn.Embedding ({family.embed_scale!r} scale) as the input embedding of "
                           f"a {type(model).__name__}; got {type(emb).__name__}")
+    hooks = [name for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+             if getattr(emb, name, None)]                             # torch has no public query for hooks
+    if hooks:                                  # e.g. enable_input_require_grads (PEFT, gradient checkpointing)
+        raise ConfigError(f"the input embedding of this {type(model).__name__} has hooks ({', '.join(hooks)}), "
+                          f"which its replacement would not run; patch first and register them afterwards "
+                          f"(enable_input_require_grads() after patch), or pass embedding=False")
     for key, off in (("max_norm", None), ("scale_grad_by_freq", False), ("sparse", False)):
         if getattr(emb, key) != off:
             raise ConfigError(f"the input embedding sets {key}={getattr(emb, key)!r}, which TokenEmbedding does "
@@ -287,12 +293,15 @@ def patch(model: Any, *, rope: bool = True, embedding: bool = True, angles: str 
             state["rope"].append(m)
         for n, new in exact.items():
             state["rotary"][n] = model.get_submodule(n)
+            new.keep_displaced(state["rotary"][n])                   # casts of the model reach it, for unpatch
             _set_module(model, n, new)
     scale = None
     if emb_plan is not None:
         emb, scale = emb_plan
         state["embedding"] = emb
-        hf.set_input_embeddings(SharedTokenEmbedding(emb.weight, multiplier=scale, padding_idx=emb.padding_idx))
+        hf.set_input_embeddings(SharedTokenEmbedding(emb.weight, multiplier=scale, padding_idx=emb.padding_idx,
+                                                     displaced=emb, scale_kind=family.embed_scale,
+                                                     config=model.config))
     object.__setattr__(model, _STATE, state)
     return PatchReport(model_type=model_type, rope_function=f"{module_name}.{family.function}" if do_rope else None,
                        rope_layers=layers, angles=angles if do_rope else None, rotary_modules=tuple(exact),
