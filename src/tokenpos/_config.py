@@ -19,7 +19,7 @@
 
 The switches are plain module attributes written under the GIL: set them once at start-up, not
 while other threads are calling layers (a call sees either the old or the new value, never a mix
-within one op).
+within one op). ``use_kernels`` is the exception: a per-thread override, safe to use from any thread.
 One more process-wide choice is made outside this file, once: the numba threading layer, picked
 when ``tokenpos.kernels`` is first imported (``tokenpos.kernels._threading``). It is TBB (the
 ``tbb`` dependency), which is fork-safe and thread-safe, so forked children (``multiprocessing``,
@@ -50,6 +50,7 @@ layers.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -73,20 +74,28 @@ def set_kernels(enabled: bool) -> None:
     _KERNELS_ENABLED = _check_bool("set_kernels", enabled)
 
 
+_LOCAL = threading.local()                       # use_kernels' override, per thread
+
+
 def kernels_enabled() -> bool:
-    """Whether the fused kernels are used where they apply."""
-    return _KERNELS_ENABLED
+    """Whether the fused kernels are used where they apply (in this thread: :func:`use_kernels` overrides)."""
+    override = getattr(_LOCAL, "kernels", None)
+    return _KERNELS_ENABLED if override is None else bool(override)
 
 
 @contextmanager
 def use_kernels(enabled: bool) -> Iterator[None]:
-    """``with use_kernels(False): ...`` runs the block on the plain paths, then restores the switch."""
-    old = _KERNELS_ENABLED
-    set_kernels(enabled)
+    """``with use_kernels(False): ...`` runs the block on the plain paths, in this thread only: an override of
+    :func:`set_kernels`'s process-wide switch that other threads never see and that nests. (A process-wide
+    save and restore, as before, let two overlapping blocks in two threads leave the kernels off for good.)
+    The autograd backward of a CUDA graph runs on torch's device threads, which keep the process-wide switch."""
+    enabled = _check_bool("use_kernels", enabled)
+    old = getattr(_LOCAL, "kernels", None)
+    _LOCAL.kernels = enabled
     try:
         yield
     finally:
-        set_kernels(old)
+        _LOCAL.kernels = old
 
 
 def set_device_checks(enabled: bool) -> None:
