@@ -61,3 +61,24 @@ def test_eval_mode_is_identity(p: float) -> None:
     layer = tpt.TransformerEmbedding(20, 8, 8, dropout=p, seed=0).eval()
     ids = torch.arange(8)
     assert torch.equal(layer(ids), layer.token(ids) + layer.position(8))
+
+
+def test_a_layer_with_its_own_generator_is_refused_under_compile() -> None:
+    """Compiled, the seed was drawn from torch's global generator while the layer's was ignored: two calls with
+    the same generator seed gave different masks, silently. Now a ConfigError says so; eager keeps the generator."""
+    layer = tpt.TransformerEmbedding(30, 8, 16, seed=0, dropout=0.5).train()
+    ids = torch.randint(0, 30, (2, 5))
+    layer.generator = torch.Generator().manual_seed(1)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    # dynamo re-raises it wrapped (torch._dynamo.exc.Unsupported, from the observed ConfigError), text kept
+    with pytest.raises(Exception, match="its own generator cannot draw its dropout seed under torch.compile"):
+        compiled(ids)
+    layer.generator.manual_seed(1)
+    a = layer(ids)
+    layer.generator.manual_seed(1)
+    assert torch.equal(layer(ids), a)
+    layer.generator = None
+    torch.manual_seed(3)
+    b = compiled(ids)
+    torch.manual_seed(3)
+    assert torch.equal(compiled(ids), b)

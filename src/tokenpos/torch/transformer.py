@@ -264,11 +264,17 @@ class TransformerEmbedding(TokenposModule):
 
         Raises:
             ConfigError: ``generator`` lives on another device than the layer (a CPU generator for
-                a layer moved to CUDA): checked before anything changes.
+                a layer moved to CUDA): checked before anything changes. A ``generator`` under
+                ``torch.compile``: a generator does not trace, and drawing from the global one instead would
+                silently break "generator= reproduces a run".
         """
         if p == 0.0:
             return no_seed(like)
         if is_compiling():                                  # in-graph draw (generators do not trace)
+            if self.generator is not None:
+                raise ConfigError("a TransformerEmbedding with its own generator cannot draw its dropout seed under "
+                                  "torch.compile (a generator does not trace); seed torch's global generator "
+                                  "(torch.manual_seed) and set layer.generator = None, or run it eagerly")
             return torch.randint(0, SEED_MASK, (), device=like.device, dtype=torch.int64)
         g = self.generator
         if g is not None and g.device != like.device:
