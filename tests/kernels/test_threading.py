@@ -121,6 +121,26 @@ def test_the_layer_is_fork_and_thread_safe_and_thread_count_untouched() -> None:
     assert numba.threading_layer() == _threading.layer()
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+def test_the_first_kernel_call_leaves_torchs_thread_count_alone() -> None:
+    """On torch's OpenMP pool, numba's first launch set the calling thread's OpenMP thread count to numba's
+    (the CPU count): a torch.set_num_threads(1) was undone by the first large tokenpos call, and every compiled
+    graph recompiled ("GLOBAL_STATE changed: num_threads")."""
+    code = textwrap.dedent("""
+        import torch
+        torch.set_num_threads(1)
+        import tokenpos.torch as tpt
+        emb = tpt.TransformerEmbedding(500, 256, 512, seed=0).eval()
+        emb(torch.randint(0, 500, (8, 512)))            # 4 MiB out: the parallel kernel
+        print(torch.get_num_threads())
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env.pop("NUMBA_THREADING_LAYER", None)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-1] == "1"
+
+
 def test_workqueue_fallback_serialises_launches(monkeypatch) -> None:
     """Without TBB, launches take one lock (workqueue aborts on concurrent launches)."""
     monkeypatch.setattr(_threading, "_lock_needed", True)

@@ -150,6 +150,8 @@ def parallel(core: Any, serial: Any = None) -> Any:
     compiled without ``parallel`` (``prange`` runs as ``range``: the same bits; compiled on first
     use in the child, not cached on disk, where it would share ``core``'s cache entry)."""
     if not _serial_only:
+        if not _pool_started:
+            _start_pool()
         return core
     if serial is not None:
         return serial
@@ -157,6 +159,25 @@ def parallel(core: Any, serial: Any = None) -> Any:
         if core not in _twins:
             _twins[core] = numba.njit(core.py_func)
         return _twins[core]
+
+
+_pool_started = False
+
+
+def _start_pool() -> None:
+    """Launch numba's threads before the first parallel kernel, keeping torch's thread count: on torch's
+    OpenMP runtime (omp), numba's launch sets the calling thread's OpenMP thread count to numba's own (the CPU
+    count), so a ``torch.set_num_threads(1)`` was undone by the first large tokenpos call, every later torch op
+    ran on more threads and every compiled graph recompiled ("GLOBAL_STATE changed: num_threads")."""
+    global _pool_started
+    if _chosen == "omp" and not _launched():
+        import torch
+
+        threads = torch.get_num_threads()
+        _numba_parallel._launch_threads()  # type: ignore[attr-defined]
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+    _pool_started = True
 
 
 def layer() -> str:
