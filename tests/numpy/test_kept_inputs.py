@@ -151,9 +151,12 @@ def _attention(positional: Callable[[], Any] | None, *, positions: bool = True, 
         q, k, v = _floats(2, 2, 3, 8), _floats(2, 2, 5, 8, dtype=np.float64) * 0.5, _floats(2, 2, 5, 8) * 2
         kwargs: dict[str, Any] = {"positional": scheme, "rotate_keys": rotate_keys}
         arrays = [q, k, v]
-        if positions:
-            kwargs["positions"], kwargs["key_positions"] = np.array([3, 4, 5]), np.array([1, 2, 3, 4, 5])
-            arrays += [kwargs["positions"], kwargs["key_positions"]]
+        if positions:              # key positions only where a rotary scheme reads them (else they are refused)
+            kwargs["positions"] = np.array([3, 4, 5])
+            arrays.append(kwargs["positions"])
+            if scheme is not None:
+                kwargs["key_positions"] = np.array([1, 2, 3, 4, 5])
+                arrays.append(kwargs["key_positions"])
         if mask:
             kwargs["attn_mask"] = np.ones((2, 1, 3, 5), dtype=bool)
             kwargs["attn_mask"][0, 0, 1, 2] = False
@@ -177,7 +180,7 @@ FUNCTIONAL_CASES: dict[str, Callable[[bool], list[np.ndarray]]] = {
     "functional.dropout_forward": _dropout,
     "functional.attend_forward": _attend,
     "functional.tied_cross_entropy_forward": _tied_loss,
-    "scaled_dot_product_attention_forward": _attention(None),
+    "scaled_dot_product_attention_forward": _attention(None, positions=False),
     "scaled_dot_product_attention_forward[rope]": _attention(lambda: tpn.RotaryEmbedding(8)),
     "scaled_dot_product_attention_forward[rope, rotate_keys=False]": _attention(lambda: tpn.RotaryEmbedding(8),
                                                                                        rotate_keys=False),

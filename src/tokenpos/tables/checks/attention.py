@@ -97,11 +97,11 @@ def check_bias_positions(positional: Any, kind: str, positions: Any, key_positio
     """
     if kind == "rotary":
         return
-    what = "no positional scheme" if positional is None else type(positional).__name__
+    what = "there is no positional scheme" if positional is None else f"{type(positional).__name__} reads no positions"
     offset = k_len - q_len
 
     def refuse(arg: str, got: Any) -> None:
-        raise ConfigError(f"{arg} {got} given, but {what} reads no positions: query i sits at key index Lk - Lq + i "
+        raise ConfigError(f"{arg} {got} given, but {what}: query i sits at key index Lk - Lq + i "
                           f"= {offset} + i of keys 0 .. {k_len - 1}, and other {arg} would be ignored; pass "
                           f"positions that differ only with a rotary scheme (or attn_temperature)")
     if key_positions is not None and not _rows_equal(key_positions, np.arange(k_len)):
