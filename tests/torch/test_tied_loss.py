@@ -283,7 +283,7 @@ def test_the_triton_block_kernel_equals_the_plain_torch_path(case: tuple) -> Non
     the reference): float32 to the Triton tolerance, the forward's gradients (mean / sum) and the recomputing
     backward ("none"), ignored targets, several column blocks. The CPU has no block kernel (issue 33)."""
     from tests.torch.fake_cuda import cpu_of, no_host_sync, to_fake_cuda
-    from tokenpos.torch.ops.tied_loss import block_kernel
+    from tokenpos.torch.ops.tied_loss_blocks import block_kernel
 
     reduction, eps, cap = case
     h, w, t = _inputs(2600, (4, 9), dtype=torch.float32)

@@ -4,7 +4,7 @@ of more than one (c, Vl) block, and without gathering them.
 Shapes: h (..., D) flattened to (N, D), the same on every rank; this rank's rows weight (Vl, D), of which
 the first ``n_real`` are real tokens (the rest padding, never a class); V the real vocab; c tokens per block.
 
-Per token, each rank reduces its own columns block by block (``ops.tied_loss.local_pass``: max m_r,
+Per token, each rank reduces its own columns block by block (``ops.tied_loss_blocks.local_pass``: max m_r,
 sum exp(z - m_r), the target's logit where it owns the target, the sum of its logits with label
 smoothing), then, as ``vocab_parallel_cross_entropy`` does, three all-reduces of (N,)-sized vectors:
 
@@ -13,7 +13,7 @@ smoothing), then, as ``vocab_parallel_cross_entropy`` does, three all-reduces of
     z_t, sum_v z_v                                    all-reduce 3 (sum, one stacked call)
     lse = log s + m;  loss_n = (1 - eps)(lse - z_t) + eps (lse - sum_v z_v / V)
 
-Backward recomputes this rank's blocks from lse (``ops.tied_loss.local_grads``): this rank's rows of
+Backward recomputes this rank's blocks from lse (``ops.tied_loss_blocks.local_grads``): this rank's rows of
 dweight, and its part of dh, which ``copy_to_group`` all-reduces (one all-reduce, as ``attend``'s).
 """
 
@@ -25,14 +25,8 @@ import torch
 import torch.distributed as dist
 
 from tokenpos.torch.distributed._comm import all_reduce
-from tokenpos.torch.ops.tied_loss import (
-    compute_dtype,
-    first_order,
-    local_grads,
-    local_pass,
-    reduce_loss,
-    token_weights,
-)
+from tokenpos.torch.ops.first_order import first_order
+from tokenpos.torch.ops.tied_loss_blocks import compute_dtype, local_grads, local_pass, reduce_loss, token_weights
 
 
 class VocabParallelTiedLoss(torch.autograd.Function):

@@ -4,11 +4,12 @@
 - ``tokenpos::rope`` / ``tokenpos::rope_qk`` and their transposes ``tokenpos::rope_backward`` /
   ``tokenpos::rope_qk_backward`` (:mod:`.rope`)
 - ``tokenpos::tied_cross_entropy`` / ``tokenpos::tied_cross_entropy_backward`` (:mod:`.tied_loss`): the tied
-  output projection and its cross-entropy, chunked torch matmuls on every device (no numba or Triton kernel)
+  output projection and its cross-entropy, chunked torch matmuls on every device (:mod:`.tied_loss_blocks`;
+  first order only, :mod:`.first_order`)
 
 Each has a CPU implementation (the numba kernel for float32 / float64), a plain-torch one for every
 other device and dtype, a fake (meta) implementation, registered autograd (double backward
-included) and a vmap rule. Which kernel runs is decided in :mod:`._dispatch` alone; every
+included, but for the tied loss) and a vmap rule. Which kernel runs is decided in :mod:`._dispatch` alone; every
 implementation first runs the op's one argument check (``tokenpos.tables.checks.ops``).
 
 Layers call :func:`embed` / :func:`rotate` / :func:`rotate_qk` (:mod:`.entry`): the op under
