@@ -20,7 +20,10 @@ from tokenpos.tables.checks.validation import (
     index_array,
 )
 from tokenpos.tables.errors import ConfigError, DtypeError, TokenIdError
-from tokenpos.tables.formulas.tied_loss import REDUCTIONS
+
+#: The accepted ``reduction`` values (``tokenpos.tables.formulas.tied_loss`` re-exports them: a check imports no
+#: formula, docs/DESIGN.md).
+REDUCTIONS = ("mean", "sum", "none")
 
 
 def target_range_message(value: int, index: tuple[int, ...], vocab_size: int, ignore_index: int) -> str:

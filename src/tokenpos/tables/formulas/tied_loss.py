@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-REDUCTIONS = ("mean", "sum", "none")
+from tokenpos.tables.checks.tied_loss import REDUCTIONS as REDUCTIONS  # re-exported: defined with its check
 
 #: The logits a chunk may hold (bytes of one (c, V) float32 block): the default chunk size. 64 MiB (333 tokens
 #: of GPT-2's vocabulary): each block's matmuls read the whole table, so fewer, larger blocks pay; at 32 MiB
