@@ -28,6 +28,10 @@ and k: DRAM-sized):
   ``nn.Embedding`` + fused AdamW (dense gradient); the ratio is the speed-up over torch.
 - ``jit``: import and first-call latency of every kernel in a fresh process (cold = empty numba
   cache, warm = cache filled; the quick run measures the installed package cache only).
+- ``calls``: host time of decode-sized calls (and a training forward, a small tied loss, a patched
+  HF decode step) as the calling thread's CPU time, tokenpos against the torch / HF way, alternating
+  in one process, with what one call runs of tokenpos's code (:mod:`.bench_calls`). Not in model
+  conditions: it measures the host work of a call, which another process's load does not change.
 
 "tokenpos kernel" rows call :mod:`tokenpos.kernels` directly; "tokenpos numpy" / "tokenpos torch"
 rows call the public layers (``TransformerEmbedding(...)(ids)``, ``RotaryEmbedding(...).apply``),
@@ -48,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from tokenpos.analysis.bench_block import block_case
+from tokenpos.analysis.bench_calls import calls_case
 from tokenpos.analysis.bench_cases import compiled_model_case, embedding_case, rope_case
 from tokenpos.analysis.bench_timing import (
     NBATCH,
@@ -65,7 +70,7 @@ from tokenpos.analysis.bench_timing import (
     time_interleaved,
 )
 
-CASES = ("forward", "dropout", "bf16", "rope", "block", "compiled", "train_lazy", "train_exact", "jit")
+CASES = ("forward", "dropout", "bf16", "rope", "block", "compiled", "train_lazy", "train_exact", "jit", "calls")
 
 
 def zipf_ids(rng: np.random.Generator, V: int, shape: tuple[int, ...], s: float = 1.0) -> np.ndarray:
@@ -184,11 +189,15 @@ def _jit_case(quick: bool) -> list[BenchRow]:
 
 TIMING = ("model conditions: best of interleaved, shuffled reps, each timed call right after a ~1 GFLOP torch "
           "matmul of the model dim, default OpenMP wait policy (medians in notes)")
+CALLS_TIMING = ("calls: CPU time of the calling thread (time.thread_time), blocks of n calls of tokenpos and of "
+                "the reference alternating over rounds, torch and numba on one thread, no torch op in between")
 # RoPE: q and k of 67 MB each (B2 H32 L2048 Dh128, a Llama-7B-sized prefill), far larger than an L3
 # block: one transformer block (D, H=12 heads) on (bB, bL) ids, forward + backward
+# calls: rounds per row, and the CPU milliseconds of a block of calls (bench_calls)
 FULL = dict(V=50257, D=768, B=16, L=512, rB=2, rH=32, L_rope=2048, Dh=128, bB=2, bL=256, bH=12, reps=20,
-            train_reps=8)
-QUICK = dict(FULL, reps=5, train_reps=3)   # the same workload (cache-resident shapes would flatter copy)
+            train_reps=8, calls_rounds=41, calls_block_ms=10)
+# quick: the same workload (cache-resident shapes would flatter copy), fewer reps and rounds
+QUICK = dict(FULL, reps=5, train_reps=3, calls_rounds=11, calls_block_ms=2)
 
 
 def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequence[str] | None = None,
@@ -214,7 +223,7 @@ def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequen
         f" --cases {','.join(todo)}" if cases is not None else "")
     report = BenchReport(machine(), command, {**cfg, "dtype": "float32", "dropout": 0.1, "zipf_s": 1.0,
                                                "id_batches": NBATCH,
-                                               "timing": TIMING})
+                                               "timing": TIMING, "calls_timing": CALLS_TIMING})
     start = cpu_counters()                                  # competition: other processes' CPU time
     for i, case in enumerate(todo):
         if progress:
@@ -230,6 +239,8 @@ def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequen
             report.rows += compiled_model_case(cfg, cfg["reps"])
         elif case.startswith("train_"):
             report.rows += _train_case(cfg, case[len("train_"):], cfg["train_reps"])
+        elif case == "calls":
+            report.rows += calls_case(cfg)
         else:
             report.rows += _jit_case(quick)
     report.competition = competition(start, cpu_counters())

@@ -6,6 +6,11 @@ and the end-to-end block's tokenpos rows. References, raw kernels and the experi
 :func:`ratio_points` turns each into (label, reference, median ratio, best ratio) points;
 :func:`figure_bench` draws them: one horizontal bar per point at its median ratio, a whisker to its
 best, a line at 1.0 (> 1: tokenpos faster than that reference).
+
+The ``calls`` case (host time, :mod:`.bench_calls`) has a chart of its own, the other way round as its
+rows are: :func:`calls_points` / :func:`figure_calls` show each row's ratio tokenpos / reference (< 1:
+tokenpos costs less host time), a bar from 1.0 to the median of the rounds' ratios, its 95 % interval
+and the best / best ratio.
 """
 
 from __future__ import annotations
@@ -69,3 +74,63 @@ def figure_bench(rows: list[Any]) -> Any:
 def plot_bench(rows: list[Any], path: str | Path, dpi: int = 110) -> Path:
     """:func:`figure_bench` written to ``path``."""
     return save(figure_bench(rows), path, dpi=dpi)
+
+
+# -- the calls case: host time, tokenpos / reference --------------------------------------------------------
+
+CALLS = "calls"
+CHEAPER, COSTLIER = "#2f9e44", "#c92a2a"
+
+
+def calls_points(rows: list[Any]) -> list[tuple[str, float, float, float, float]]:
+    """``(label, median ratio, interval low, interval high, best ratio)``, ratios tokenpos / reference, for each
+    timed ``calls`` row (its ``host`` numbers), in order; the label names the call and its reference."""
+    out = []
+    for r in rows:
+        h = getattr(r, "host", None)
+        if r.case != CALLS or h is None or not all(math.isfinite(x) and x > 0 for x in (h.ratio, h.ratio_best)):
+            continue
+        out.append((f"{r.impl}\nvs {h.reference}", float(h.ratio), float(h.ratio_low), float(h.ratio_high),
+                    float(h.ratio_best)))
+    return out
+
+
+def figure_calls(rows: list[Any]) -> Any:
+    """Horizontal bars, one per calls row: from 1.0 to the median of the rounds' ratios tokenpos / reference
+    (green: tokenpos cheaper, red: costlier), a black whisker over its 95 % interval, a diamond at best /
+    best, a dashed line at 1.0 (the same host time); log x axis, so 0.5 and 2 sit equally far from 1."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import NullFormatter
+
+    pts = calls_points(rows)
+    fig = new_figure(9.5, max(3.0, 0.5 * len(pts) + 1.9))
+    ax = fig.add_subplot()
+    y = list(range(len(pts)))[::-1]
+    for yi, (_, med, low, high, best) in zip(y, pts, strict=True):
+        ax.barh(yi, med - 1.0, left=1.0, color=CHEAPER if med < 1 else COSTLIER, height=0.6)
+        ax.plot([low, high], [yi, yi], color="black", lw=1.2)
+        ax.plot([best], [yi], "D", color="black", ms=4)
+    ax.axvline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_yticks(y, [label for label, *_ in pts], fontsize=6.5)
+    ax.set_xscale("log")
+    xs = [x for _, *vals in pts for x in vals if x > 0] + [1.0]
+    lo, hi = min(xs) / 1.25, max(xs) * 1.25
+    ax.set_xlim(lo, hi)
+    ticks = [t for t in (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0) if lo <= t <= hi]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("tokenpos / reference, CPU time of the calling thread per call; < 1: tokenpos costs less")
+    fig.legend(handles=[Patch(color=CHEAPER, label="median of the rounds' ratios, tokenpos cheaper"),
+                        Patch(color=COSTLIER, label="median of the rounds' ratios, tokenpos costlier"),
+                        Line2D([], [], color="black", lw=1.2, label="95% interval of that median"),
+                        Line2D([], [], color="black", marker="D", ms=4, ls="none", label="best / best"),
+                        Line2D([], [], color="black", lw=0.8, ls="--", label="1.0: the same host time")],
+               loc="outside lower center", ncols=3, fontsize=7)
+    ax.set_title("Host time of a call: tokenpos against the torch / HF way (calls case)", fontsize=10)
+    return fig
+
+
+def plot_calls(rows: list[Any], path: str | Path, dpi: int = 110) -> Path:
+    """:func:`figure_calls` written to ``path``."""
+    return save(figure_calls(rows), path, dpi=dpi)

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.analysis.calls import CallTrace
+
 COPY, EAGER, COMPILE = "torch copy_ (copy bandwidth)", "torch eager", "torch.compile"
 GATHER = "gather limit: torch.index_select(out=)"
 GATHER_NUMBA = "gather limit: plain parallel numba gather"
@@ -36,6 +38,34 @@ class BenchRow:
     ratio_vs_compile: float | None = None   # torch.compile time / this time, best
     median_ratios: dict = field(default_factory=dict)   # "copy" / "eager" / "limit" / "compile" / "kernel"
     ratio_vs_kernel: float | None = None   # public-layer rows: the raw kernel's time / this time, best
+    host: HostTime | None = None           # ``calls`` rows: host time against the row's reference (.bench_calls)
+
+
+@dataclass
+class HostTime:
+    """A ``calls`` row's numbers (:mod:`.bench_calls`): CPU time of the calling thread per call
+    (``time.thread_time``) of one tokenpos call and of its reference, timed in the same rounds.
+
+    seconds, reference_seconds: median over the rounds of each block's seconds per call.
+    best_seconds, reference_best_seconds: the lowest block of each.
+    ratio: tokenpos / reference (< 1: tokenpos costs less), the median of the per-round ratios
+    (:func:`paired_ratio`); ratio_low, ratio_high: its 95 % bootstrap interval. ratio_best: best tokenpos /
+    best reference. rounds: timed rounds; calls: calls per block (one block of each per round).
+    trace: what ONE tokenpos call ran of tokenpos's code (:func:`tokenpos.analysis.calls.trace_call`).
+    """
+
+    reference: str
+    seconds: float
+    reference_seconds: float
+    best_seconds: float
+    reference_best_seconds: float
+    ratio: float
+    ratio_low: float
+    ratio_high: float
+    ratio_best: float
+    rounds: int
+    calls: int
+    trace: CallTrace | None = None
 
 
 @dataclass

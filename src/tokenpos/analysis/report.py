@@ -44,7 +44,7 @@ FIGURES: dict[str, str] = {
 }
 DPI = {"quick": 80, "default": 110, "full": 140}
 # bench arguments per mode: quick = a subset of the quick cases, default = every quick case, full = the full bench
-BENCH_QUICK_CASES = ("forward", "rope", "train_lazy")
+BENCH_QUICK_CASES = ("forward", "rope", "train_lazy", "calls")
 
 
 @dataclass
@@ -139,7 +139,8 @@ def _pair(best: Any, median: Any) -> str:
 def bench_html(rep: Any, mode: str, out_dir: Path | None = None, dpi: int = 110,
                images: list[Path] | None = None) -> str:
     """The BenchReport at a glance: the chart of tokenpos's ratios (when ``out_dir`` is given), then
-    the table of the same rows: public layers and the block, no experiment rows (:mod:`.bench_chart`)."""
+    the table of the same rows: public layers and the block, no experiment rows (:mod:`.bench_chart`);
+    then, when the report has ``calls`` rows, their host-time chart and table (:func:`calls_html`)."""
     from tokenpos.analysis.bench_chart import headline_rows, plot_bench, ratio_points
     from tokenpos.analysis.bench_timing import busy_note
 
@@ -174,7 +175,46 @@ def bench_html(rep: Any, mode: str, out_dir: Path | None = None, dpi: int = 110,
                       numeric={2, 3, 4, 5, 6},
                       caption="tokenpos bench in model conditions: ratios are reference time / tokenpos time, "
                               "best / median (> 1: tokenpos faster); every reference was timed in the same run. "
-                              "Limit: the random-row gather (embedding) or copy bandwidth (RoPE)."))
+                              "Limit: the random-row gather (embedding) or copy bandwidth (RoPE).")
+            + calls_html(rep.rows, out_dir, dpi, images))
+
+
+def calls_html(rows: list[Any], out_dir: Path | None = None, dpi: int = 110, images: list[Path] | None = None) -> str:
+    """The ``calls`` rows (:mod:`.bench_calls`): a chart of each row's ratio tokenpos / reference (when
+    ``out_dir`` is given), then their table; empty when there are none."""
+    from tokenpos.analysis.bench_chart import CALLS, calls_points, plot_calls
+
+    calls = [r for r in rows if r.case == CALLS]
+    if not calls:
+        return ""
+    chart = ""
+    if out_dir is not None and calls_points(calls):
+        png = plot_calls(calls, out_dir / "bench_calls.png", dpi=dpi)
+        if images is not None:
+            images.append(png)
+        chart = H.figure(png, "Host time of a call (CPU time of the calling thread), tokenpos / reference: bar from "
+                              "1.0 to the median of the rounds' ratios, whisker: its 95% interval, diamond: best / "
+                              "best; < 1: tokenpos costs less", alt="calls chart")
+    table = []
+    for r in calls:
+        h = getattr(r, "host", None)
+        if h is None:                                   # a row that could not run: its note
+            table.append([r.impl, r.note, "", "", "", "", "", "", ""])
+            continue
+        t = h.trace
+        table.append([r.impl, h.reference, _num(h.seconds * 1e6, ".1f"), _num(h.reference_seconds * 1e6, ".1f"),
+                      f"{h.ratio:.2f} [{h.ratio_low:.2f}, {h.ratio_high:.2f}]", _num(h.ratio_best, ".2f"),
+                      "" if t is None else len(t.functions), "" if t is None else t.lines,
+                      "" if t is None else t.span])
+    return "<h3>Host time of a call</h3>" + chart + H.table(
+        ["tokenpos call", "reference", "tokenpos us", "reference us", "tokenpos / reference [95%]", "best / best",
+         "functions", "lines", "span"], table, numeric={2, 3, 4, 5, 6, 7, 8},
+        caption="CPU time of the calling thread per call (time.thread_time), median over rounds that alternate a "
+                "block of tokenpos calls and a block of reference calls in one process (torch on one thread): "
+                "other processes do not count in it. Ratio: tokenpos / reference, the median of the rounds' "
+                "ratios [95% bootstrap interval], and best / best (< 1: tokenpos costs less). Functions, lines: "
+                "tokenpos functions entered and distinct tokenpos source lines run by one call; span: the source "
+                "lines of those functions.")
 
 
 def _tradeoff_section(ctx: ReportContext) -> str:

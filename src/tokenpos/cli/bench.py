@@ -30,7 +30,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                "threads still spinning (default OpenMP wait policy), references timed the same way; ratios "
                "are reference time / row time, 'best/median' (> 1: faster than the reference). The limit "
                "is the random-row gather (embedding cases) or the copy bandwidth (rope). "
-               "Cases: forward, dropout, bf16, rope, block, compiled, train_lazy, train_exact, jit. "
+               "The calls case instead times each call's host work as the calling thread's CPU time, tokenpos "
+               "and the torch way alternating, and its ratio is tokenpos time / reference time (< 1: tokenpos "
+               "costs less). Cases: forward, dropout, bf16, rope, block, compiled, train_lazy, train_exact, jit, "
+               "calls. "
                "Example: tokenpos bench --quick --cases forward,rope",
     )
     p.add_argument("--quick", action="store_true",
@@ -53,11 +56,59 @@ def _pair(best: float | None, median: float | None) -> str:
     return "-" if best is None else f"{_fmt(best, '.2f')}/{_fmt(median, '.2f')}"
 
 
-def run(args: argparse.Namespace) -> int:
+def _table(report: Any, rows: list[Any]) -> Any:
+    """Every case but calls: best and median ms, GB/s, and the ratios reference / row as best/median."""
     from rich.table import Table
 
+    table = Table(title=f"tokenpos bench ({report.command})", caption=report.machine)
+    for col, justify in (("case", "left"), ("impl", "left"), ("best ms", "right"), ("median ms", "right"),
+                         ("GB/s", "right"), ("x limit", "right"), ("x compile", "right"), ("x eager", "right"),
+                         ("x kernel", "right"), ("note", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    last = None
+    for r in rows:
+        if last is not None and r.case != last:
+            table.add_section()
+        last = r.case
+        m = r.median_ratios
+        note = "" if r.note.startswith("median ") else r.note.split("; median ")[0]   # medians: own columns
+        table.add_row(r.case, r.impl, _fmt(r.seconds * 1e3, ".2f"),
+                      _fmt(None if r.median_seconds is None else r.median_seconds * 1e3, ".2f"), _fmt(r.gbps, ".1f"),
+                      _pair(r.ratio_vs_limit, m.get("limit")), _pair(r.ratio_vs_compile, m.get("compile")),
+                      _pair(r.ratio_vs_reference, m.get("eager")), _pair(r.ratio_vs_kernel, m.get("kernel")), note)
+    return table
+
+
+def _calls_table(report: Any, rows: list[Any]) -> Any:
+    """The calls case: each side's median microseconds per call (calling thread's CPU time), the ratio
+    tokenpos / reference (median of the rounds' ratios [95 % interval], and best / best), what one call runs of
+    tokenpos's code; a row that could not run shows its note."""
+    from rich.table import Table
+
+    table = Table(title=f"tokenpos bench ({report.command}), calls: host time per call, CPU time of the calling "
+                        "thread (median); x ref = tokenpos / reference (< 1: tokenpos costs less)",
+                  caption=report.machine)
+    for col, justify in (("tokenpos call", "left"), ("reference", "left"), ("tokenpos us", "right"),
+                         ("ref us", "right"), ("x ref [95%]", "right"), ("x ref best", "right"),
+                         ("functions", "right"), ("lines", "right"), ("rounds x calls", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        h = r.host
+        if h is None:
+            table.add_row(r.impl, r.note, *["-"] * 7)
+            continue
+        t = h.trace
+        table.add_row(r.impl, h.reference, _fmt(h.seconds * 1e6, ".1f"), _fmt(h.reference_seconds * 1e6, ".1f"),
+                      f"{h.ratio:.2f} [{h.ratio_low:.2f}, {h.ratio_high:.2f}]", _fmt(h.ratio_best, ".2f"),
+                      "-" if t is None else str(len(t.functions)), "-" if t is None else str(t.lines),
+                      f"{h.rounds} x {h.calls}")
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
     from tokenpos._files import atomic_write_text, check_output_path
     from tokenpos.analysis.bench import run_bench
+    from tokenpos.analysis.bench_calls import CASE
     from tokenpos.analysis.bench_timing import busy_note
     from tokenpos.cli._ui import console, progress_bars
 
@@ -69,23 +120,12 @@ def run(args: argparse.Namespace) -> int:
 
         report = run_bench(quick=args.quick, compile=args.compile, cases=args.cases, progress=step)
     con = console()
-    table = Table(title=f"tokenpos bench ({report.command})", caption=report.machine)
-    for col, justify in (("case", "left"), ("impl", "left"), ("best ms", "right"), ("median ms", "right"),
-                         ("GB/s", "right"), ("x limit", "right"), ("x compile", "right"), ("x eager", "right"),
-                         ("x kernel", "right"), ("note", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    last = None
-    for r in report.rows:
-        if last is not None and r.case != last:
-            table.add_section()
-        last = r.case
-        m = r.median_ratios
-        note = "" if r.note.startswith("median ") else r.note.split("; median ")[0]   # medians: own columns
-        table.add_row(r.case, r.impl, _fmt(r.seconds * 1e3, ".2f"),
-                      _fmt(None if r.median_seconds is None else r.median_seconds * 1e3, ".2f"), _fmt(r.gbps, ".1f"),
-                      _pair(r.ratio_vs_limit, m.get("limit")), _pair(r.ratio_vs_compile, m.get("compile")),
-                      _pair(r.ratio_vs_reference, m.get("eager")), _pair(r.ratio_vs_kernel, m.get("kernel")), note)
-    con.print(table)
+    shown = [r for r in report.rows if r.case != CASE]
+    if shown or not report.rows:
+        con.print(_table(report, shown))
+    calls = [r for r in report.rows if r.case == CASE]
+    if calls:
+        con.print(_calls_table(report, calls))
     busy = busy_note(report.competition)
     if busy:
         con.print(f"[yellow]{busy}.[/yellow]")
