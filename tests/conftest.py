@@ -24,12 +24,38 @@ settings.load_profile("ci" if os.environ.get("CI") else "tokenpos")
 
 @pytest.fixture(autouse=True)
 def _parallel_forward_core(monkeypatch):
-    """Every test runs the embedding forward and RoPE through their parallel cores (their launch,
-    threads, fork safety), however small the arrays: by default passes under ``PARALLEL_BYTES`` run
-    on the calling thread. ``tests/kernels/test_embedding_serial.py`` and
-    ``tests/kernels/test_rope_serial.py`` test those serial cores and the choice."""
+    """Every test runs the embedding forward and RoPE through their kernels and parallel cores (their
+    launch, threads, fork safety), however small the arrays: by default passes under ``PARALLEL_BYTES``
+    run on the calling thread, and a small eager embedding call without autograd is torch's gather
+    (``ops.entry.SMALL_BYTES``). ``tests/kernels/test_embedding_serial.py``,
+    ``tests/kernels/test_rope_serial.py`` and ``tests/torch/test_call_budgets.py`` test those paths and
+    the choice, at the library's defaults (:data:`DEFAULT_SIZES`)."""
     import tokenpos.kernels.embedding as E
     import tokenpos.kernels.rope as R
+    import tokenpos.torch.ops.entry as T
 
     monkeypatch.setattr(E, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(R, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(T, "SMALL_BYTES", 0)
+
+
+def _default_sizes() -> dict[tuple[str, str], int]:
+    import tokenpos.kernels.embedding as E
+    import tokenpos.kernels.rope as R
+    import tokenpos.torch.ops.entry as T
+
+    return {(E.__name__, "PARALLEL_BYTES"): E.PARALLEL_BYTES, (R.__name__, "PARALLEL_BYTES"): R.PARALLEL_BYTES,
+            (T.__name__, "SMALL_BYTES"): T.SMALL_BYTES}
+
+
+DEFAULT_SIZES = _default_sizes()
+"""The size thresholds as the library sets them, read before any test patches them."""
+
+
+@pytest.fixture
+def library_sizes(monkeypatch):
+    """The library's own size thresholds (undoing :func:`_parallel_forward_core` for one test)."""
+    import importlib
+
+    for (module, name), value in DEFAULT_SIZES.items():
+        monkeypatch.setattr(importlib.import_module(module), name, value)

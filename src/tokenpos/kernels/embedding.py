@@ -212,24 +212,26 @@ def forward_rows(w: np.ndarray, ids: np.ndarray, pt: np.ndarray | None, pos: np.
         with parallel_guard():
             skipped = parallel(forward_core, forward_core_serial)(*args)
     if skipped:
-        raise KernelBoundError(f"{_first_outside(ids, w.shape[0], pt if has_pos else None, pos)}: the "
-                               f"embedding kernel skipped {skipped} rows whose id or position lies outside its "
-                               f"table (tokenpos layers check their inputs at their entry; in a graph traced "
-                               f"by torch.compile, which cannot read values, the kernel finds them)")
+        raise bound_error(ids, w.shape[0], pt.shape[0] if has_pos else None, pos, skipped)  # type: ignore[union-attr]
     return out
 
 
-def _first_outside(ids: np.ndarray, vocab_size: int, pt: np.ndarray | None, pos: np.ndarray | None) -> str:
-    """What the shared checks (the layers' own) say of the first id outside [0, V), else of the first
-    position outside the (P, D) table ``pt`` (None: no table): the error path only, after the core
-    reported skipped rows."""
+def bound_error(ids: np.ndarray, vocab_size: int, num_positions: int | None, pos: np.ndarray | None,
+                skipped: int | None) -> KernelBoundError:
+    """The error of a gather that met an id outside [0, V) or a position outside [0, P) (``num_positions``
+    None: no table): what the shared checks (the layers' own) say of the first one, then what the gather
+    did (``skipped`` rows: the kernel; None: torch's gather, which refused the call). The error path only."""
+    what = "an id or position outside its table"
     try:
         check_token_ids(ids, vocab_size)
-        if pt is not None and pos is not None:
-            check_positions(pos, pt.shape[0])
+        if num_positions is not None and pos is not None:
+            check_positions(pos, num_positions)
     except (TokenIdError, PositionError) as err:
-        return str(err)
-    return "an id or position outside its table"
+        what = str(err)
+    done = ("the embedding gather refused the call" if skipped is None else
+            f"the embedding kernel skipped {skipped} rows whose id or position lies outside its table")
+    return KernelBoundError(f"{what}: {done} (tokenpos layers name the first bad value at their entry; in a "
+                            f"graph traced by torch.compile, which cannot read values, the gather finds them)")
 
 
 def prefetch_rows(row_bytes: int) -> tuple[int, int]:

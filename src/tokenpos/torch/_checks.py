@@ -190,6 +190,21 @@ def check_token_id_tensor(ids: Any, vocab_size: int, *, device: torch.device | N
     return as_index(ids)
 
 
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def index_tensor(ids: Any, vocab_size: int, weight: torch.Tensor) -> torch.Tensor:
+    """Ids as an op takes them, checked as far as they can be without reading a value: an int64 / int32 CPU
+    tensor (not nested) is returned as it is, and its values are read where they are
+    gathered (torch's gather and the kernel both check every index; the layer then raises the shared
+    TokenIdError on its error path, :func:`check_token_id_tensor`). Anything else (other dtypes, lists and
+    arrays, nested / sparse / meta tensors, other devices, where the check is one device-side assert) is
+    checked by :func:`check_token_id_tensor` here, before the op."""
+    if type(ids) is torch.Tensor and ids.dtype in _INDEX_DTYPES and ids.is_cpu and not ids.is_nested:
+        return ids                      # (a sparse layout or a table elsewhere: refused by the op, then named)
+    return check_token_id_tensor(ids, vocab_size, device=weight.device)
+
+
 def check_position_tensor(positions: Any, max_seq_len: int | None = None, *,
                           broadcast_to: tuple[int, ...] | None = None,
                           device: torch.device | None = None) -> torch.Tensor:

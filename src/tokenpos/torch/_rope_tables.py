@@ -88,6 +88,7 @@ class RopeTables(RotaryBase):
             self.register_buffer("dynamic_len", torch.full((), self.max_seq_len, dtype=torch.int64,
                                                            device=self.inv_freq.device), persistent=False)
         self._cache_key: tuple[Any, ...] | None = None
+        self._rows_memo: tuple[Any, ...] | None = None     # (dtype, rows, cos, sin): :meth:`_rows`
         self._cast_memo: tuple[Any, ...] | None = None    # (cos_cached, dtype, cos, sin) cast once per build
         self._scaling_memo: tuple[Any, ...] | None = None  # (copy of scaling, its frozen key)
 
@@ -125,6 +126,7 @@ class RopeTables(RotaryBase):
         self.cos_cached = torch.from_numpy(np.cos(ang) * self.attention_factor).to(dev, calc)
         self.sin_cached = torch.from_numpy(np.sin(ang) * self.attention_factor).to(dev, calc)
         self._cache_key = self._key(variant)
+        self._rows_memo = None
 
     def _variant(self, need: int | torch.Tensor, mutate: bool = True
                  ) -> tuple[tuple[Any, ...], np.ndarray | None, torch.Tensor]:
@@ -220,6 +222,26 @@ class RopeTables(RotaryBase):
         if memo is None or memo[0] is not cos or memo[1] != dtype:       # rebuilt, moved, or another dtype
             memo = self._cast_memo = (cos, dtype, cos.to(dtype), sin.to(dtype))
         return memo[2], memo[3]
+
+    def _rows(self, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (L, F) in ``dtype`` (the op's table dtype) for positions ``start + arange(length)``: views of
+        the cached table, cast once (:meth:`_cached_as`), when one static frequency variant serves every position
+        and the cache holds the rows (kept as ``_rows_memo`` beside the cache: a call then reads one attribute and
+        slices); otherwise :meth:`_pairs_range` (the variant, the cache grown or rebuilt, the formula), after which
+        the memo is refreshed."""
+        memo = self._rows_memo
+        end = start + length
+        if memo is not None and memo[0] is dtype and end <= memo[1] and not torch.compiler.is_compiling():
+            return memo[2][start:end], memo[3][start:end]
+        cos, sin = self._pairs_range(start, length, None, dtype)
+        if not (self.freqs.length_dependent or self.rope_type == "dynamic" or is_compiling()):
+            with self._guard():
+                self._rows_memo = (dtype, self.cos_cached.shape[0], *self._cached_as(dtype))
+        return cos, sin
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self._rows_memo = None                            # the cache buffers are replaced: rebuild the memo
+        return super()._apply(fn, recurse)
 
     def _pairs_range(self, start: int, length: int, seq_len: int | None, dtype: torch.dtype | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:

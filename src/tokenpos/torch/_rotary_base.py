@@ -64,7 +64,8 @@ def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | N
         raise ConfigError(rope_layout_shape_message(name, shape, head_dim, qk_layout))
     if not x.is_floating_point():
         raise ConfigError(rope_dtype_message(name, str(x.dtype).replace("torch.", "")))
-    check_heads(name, tuple(x.shape), qk_layout, num_heads)
+    if num_heads is not None:
+        check_heads(name, tuple(x.shape), qk_layout, num_heads)
     if qk_layout == "thd":
         return x.unsqueeze(2) if packed else x.transpose(0, 1).unsqueeze(0)
     if qk_layout == "blhd":

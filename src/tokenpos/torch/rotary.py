@@ -97,6 +97,32 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
             return self._pairs_positions(pos, seq_len)
 
     # -- rotation: one tokenpos::rope / rope_qk op call --------------------------------------------
+    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: Any = 0,  # type: ignore[override]
+              key_positions: Any = None, cu_seqlens: Any = None) -> Any:
+        """Rotate q and k at ``positions`` (default ``start_pos + arange(L)``); returns (q', k') with the input
+        shapes and dtypes. The general forms (q alone, given positions, ``key_positions``, ``cu_seqlens``,
+        ``apply(fn)``: :meth:`RotaryBase.apply`) are documented there.
+
+        The default call reads top to bottom: q and k as (B, H, L, Dh) views (layout, dtype, heads checked),
+        the cached cos / sin rows of ``start_pos .. start_pos + L`` (:meth:`_rows`), one ``tokenpos::rope_qk`` op.
+        """
+        if (positions is not None or key_positions is not None or cu_seqlens is not None
+                or not isinstance(k, torch.Tensor) or not isinstance(q, torch.Tensor) or q.dtype != k.dtype):
+            return super().apply(q, k, positions, start_pos=start_pos, key_positions=key_positions,
+                                 cu_seqlens=cu_seqlens)
+        layout = self.qk_layout
+        q4 = to_bhld("q", q, self.head_dim, layout, self.num_heads)                  # (B, Hq, L, Dh) views
+        k4 = to_bhld("k", k, self.head_dim, layout, self.num_heads)                  # (B, Hk, L, Dh)
+        if q4.shape[0] != k4.shape[0] or q4.shape[2] != k4.shape[2]:
+            check_qk_lengths(tuple(q4.shape), tuple(k4.shape))                       # raises
+        start = start_pos if type(start_pos) is int and start_pos >= 0 else check_int("start_pos", start_pos,
+                                                                                       minimum=0)
+        cos, sin = self._rows(start, q4.shape[2], torch.float64 if q.dtype == torch.float64 else torch.float32)
+        q_out, k_out = ops.rotate_qk(q4, k4, cos, sin, self.interleaved)
+        if layout == "bhld":
+            return q_out, k_out
+        return self._out(q_out), self._out(k_out)
+
     def rotate(self, x: torch.Tensor, positions: Any = None, *, start_pos: int = 0,
                seq_len: int | None = None) -> torch.Tensor:
         """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L);

@@ -22,7 +22,7 @@ from tokenpos.tables.checks.validation import (
 )
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.init import INIT_SCHEMES, RESIZE_INITS, init_weight
-from tokenpos.torch._checks import check_float_tensor, check_token_id_tensor, resolve_dtype
+from tokenpos.torch._checks import check_float_tensor, check_token_id_tensor, index_tensor, resolve_dtype
 from tokenpos.torch._init import empty_table, fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.ops import embed
@@ -38,7 +38,9 @@ def token_rows(token: TokenEmbedding, ids: torch.Tensor, weight: torch.Tensor | 
     if token.sparse:
         out = F.embedding(ids, w, token.padding_idx, sparse=True)                           # (..., D)
         return out * token.multiplier if token.scale else out
-    return embed(w, ids, scale=token.multiplier, padding_idx=_pad(token.padding_idx))
+    pad = token.padding_idx
+    return embed(w, ids, None, None, token.multiplier, 0.0, None,
+                 -1 if pad is None else pad)
 
 
 def _pad(padding_idx: int | None) -> int:
@@ -110,9 +112,19 @@ class TokenEmbedding(TokenposModule):
 
     # -- lookup ------------------------------------------------------------------------------
     def forward(self, ids: Any) -> torch.Tensor:
-        """ids (...) -> (..., D) = W[ids] * multiplier. Bad ids raise TokenIdError naming the value and the range."""
+        """ids (...) -> (..., D) = W[ids] * multiplier. Bad ids raise TokenIdError naming the value, the index and
+        the range: read where they are gathered (``ops.embed``), then named by the shared check."""
         weight = self.weight
-        return token_rows(self, check_token_id_tensor(ids, self.vocab_size, device=weight.device), weight)
+        ids = index_tensor(ids, self.vocab_size, weight)
+        try:
+            if self.sparse:
+                return token_rows(self, ids, weight)
+            pad = self.padding_idx
+            return embed(weight, ids, None, None, self.multiplier, 0.0, None,
+                         -1 if pad is None else pad)
+        except Exception:
+            check_token_id_tensor(ids, self.vocab_size)      # a bad id the gather met: the shared TokenIdError
+            raise
 
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from tokenpos.tables.plan import Batch, plan_embedding, table_limit
 from tokenpos.torch._checks import (
     check_position_tensor,
     check_token_id_tensor,
+    index_tensor,
     is_compiling,
     resolve_dtype,
     values_readable,
@@ -36,7 +37,6 @@ from tokenpos.torch._init import resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.norm import build_norm
 from tokenpos.torch.ops import embed
-from tokenpos.torch.ops.entry import no_seed
 from tokenpos.torch.packing import document_positions
 from tokenpos.torch.schemes import build_shortcut
 from tokenpos.torch.token import TokenEmbedding, _pad, token_rows
@@ -174,48 +174,55 @@ class TransformerEmbedding(TokenposModule):
 
     # -- the one boundary: every input checked here, before anything changes ---------------------
     def _batch(self, token: TokenEmbedding, weight: torch.Tensor, position: Any, ids: Any, positions: Any,
-               start_pos: int, token_type_ids: Any, cu_seqlens: Any = None) -> Batch[torch.Tensor]:
-        """Every input of :meth:`forward`, checked (ids first, so a bad id is reported before any other
-        bad input, as in NumPy), as a :class:`tables.plan.Batch`: ids (L,) / (B, L) in [0, V) (int32 /
-        int64); the positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a
-        scheme that does not extend beyond it; token types. ``token``, its ``weight`` and ``position``
-        are the layer's, which :meth:`forward` reads once per call (each ``nn.Module`` submodule or
-        parameter read is a ``__getattr__``: 0.6-0.8 us hot, several times that with cold caches).
+               start_pos: Any, token_type_ids: Any, cu_seqlens: Any = None) -> Batch[torch.Tensor]:
+        """Every input of :meth:`forward`, checked, as a :class:`tables.plan.Batch`: ids (L,) / (B, L) of an
+        index dtype (:func:`index_tensor`: on the CPU their values are read where they are gathered); the
+        positions (given ones, RoBERTa's, or start_pos + arange(L)), inside the table of a scheme that does not
+        extend beyond it; token types. A bad id is reported before any other bad input, as in NumPy: when
+        another check fails, the ids' values are checked first. ``token``, its ``weight`` and ``position`` are
+        the layer's, which :meth:`forward` reads once per call (each ``nn.Module`` submodule or parameter read
+        is a ``__getattr__``).
         """
-        ids = check_token_id_tensor(ids, token.vocab_size, device=weight.device)
-        if ids.dim() not in (1, 2):
-            raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
-        shape, L = tuple(ids.shape), ids.shape[-1]
-        limit = table_limit(position)
-        end: int | None                                             # max(positions) + 1; None: not read
-        if cu_seqlens is not None:                                  # packed: positions restart per document
-            total = check_packed_embedding_args(shape, positions, self.position_ids)
-            pos, end = document_positions(cu_seqlens, total, ids.device, start_pos)   # from start_pos in each
-            if limit is not None and (end is None or end > limit):  # a document may run past the table
-                check_position_tensor(pos, limit, broadcast_to=shape)
-        elif positions is not None:                                 # given: used as they are
-            check_start_pos_with_positions(start_pos, positions)
-            pos = check_position_tensor(positions, device=ids.device)
-            if pos.shape != ids.shape and pos.shape != ids.shape[-1:]:
-                raise ConfigError(f"positions must have shape {shape[-1:]} or {shape}, got {tuple(pos.shape)}")
-            if limit is not None:                                   # indexed as used, as NumPy does
-                check_position_tensor(pos, limit, broadcast_to=shape)
-            # a table that extends: inside it? Read on the CPU only (elsewhere a read would sync:
-            # unknown, so the rows come from the formula, the same values)
-            readable = (limit is None and position.kind == "additive" and pos.numel() and pos.is_cpu
-                        and values_readable(pos))
-            end = int(pos.max()) + 1 if readable else None
-        else:
-            if self.position_ids == "padding":                      # RoBERTa: from the padding id
-                pad = int(token.padding_idx)                        # type: ignore[arg-type]
-                pos, end = positions_from_padding(ids, pad, start_pos), pad + start_pos + L + 1
+        ids = index_tensor(ids, token.vocab_size, weight)
+        try:
+            if ids.dim() not in (1, 2):
+                raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
+            shape, L = tuple(ids.shape), ids.shape[-1]
+            limit = table_limit(position)
+            end: int | None                                             # max(positions) + 1; None: not read
+            if cu_seqlens is not None:                                  # packed: positions restart per document
+                total = check_packed_embedding_args(shape, positions, self.position_ids)
+                pos, end = document_positions(cu_seqlens, total, ids.device, start_pos)   # from start_pos in each
+                if limit is not None and (end is None or end > limit):  # a document may run past the table
+                    check_position_tensor(pos, limit, broadcast_to=shape)
+            elif positions is not None:                                 # given: used as they are
+                check_start_pos_with_positions(start_pos, positions)
+                pos = check_position_tensor(positions, device=ids.device)
+                if pos.shape != ids.shape and pos.shape != ids.shape[-1:]:
+                    raise ConfigError(f"positions must have shape {shape[-1:]} or {shape}, got {tuple(pos.shape)}")
+                if limit is not None:                                   # indexed as used, as NumPy does
+                    check_position_tensor(pos, limit, broadcast_to=shape)
+                # a table that extends: inside it? Read on the CPU only (elsewhere a read would sync:
+                # unknown, so the rows come from the formula, the same values)
+                readable = (limit is None and position.kind == "additive" and pos.numel() and pos.is_cpu
+                            and values_readable(pos))
+                end = int(pos.max()) + 1 if readable else None
             else:
-                start_pos = check_start_pos(start_pos, L)
-                pos, end = default_positions(start_pos, L, ids.device), start_pos + L
-            if limit is not None and end > limit:                   # may run past the table: read them
-                check_position_tensor(pos, limit, broadcast_to=shape)
-        tt = None if token_type_ids is None else self._token_types(shape, ids.device, token_type_ids)
-        return Batch(ids, pos, end, tt)
+                if self.position_ids == "padding":                      # RoBERTa: from the padding id
+                    check_token_id_tensor(ids, token.vocab_size)        # the positions read the ids: checked first
+                    pad = int(token.padding_idx)                        # type: ignore[arg-type]
+                    pos, end = positions_from_padding(ids, pad, start_pos), pad + start_pos + L + 1
+                else:
+                    if not (type(start_pos) is int and 0 <= start_pos <= ARANGE_CAP):
+                        start_pos = check_start_pos(start_pos, L)       # bool, float, negative, past int64
+                    pos, end = default_positions(start_pos, L, ids.device), start_pos + L
+                if limit is not None and end > limit:                   # may run past the table: read them
+                    check_position_tensor(pos, limit, broadcast_to=shape)
+            tt = None if token_type_ids is None else self._token_types(shape, ids.device, token_type_ids)
+            return Batch(ids, pos, end, tt)
+        except Exception:
+            check_token_id_tensor(ids, token.vocab_size)           # a bad id first
+            raise
 
     def _token_types(self, shape: tuple[int, ...], device: torch.device, token_type_ids: Any) -> torch.Tensor:
         """Given token types (not None; None means all type 0) of the ids' ``shape``, checked."""
@@ -229,21 +236,32 @@ class TransformerEmbedding(TokenposModule):
     # -- the model ---------------------------------------------------------------------------------
     def forward(self, ids: Any, positions: Any = None, *, start_pos: int = 0,
                 token_type_ids: Any = None, cu_seqlens: Any = None) -> torch.Tensor:
-        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked first (:meth:`_batch`); the
-        dropout seed is drawn after that, so a call that raises changes nothing."""
+        """ids (B, L) or (L,) -> (B, L, D) or (L, D). Every input is checked first (:meth:`_batch`), then the
+        dropout seed is drawn, then the ops of the call's plan run. Without dropout the ids' values on the CPU
+        are read by the op that gathers them (a bad one raises the shared TokenIdError from there; nothing has
+        changed); a training call with dropout reads them before it draws its seed, so a refused call leaves
+        the generator as it was."""
         token, position, token_type, norm = self.token, self.position, self.token_type, self.norm
         weight = token.weight
         batch = self._batch(token, weight, position, ids, positions, start_pos, token_type_ids, cu_seqlens)
         p = self.dropout if self.training else 0.0
         plan = plan_embedding(position, pos_end=batch.pos_end, token_types=token_type is not None,
                               norm=norm is not None, sparse=token.sparse, dropout=p > 0.0)
-        seed = self._dropout_seed(p, weight)
-        if token.sparse:                                                             # W[ids] * s, row-sparse
-            x = token_rows(token, batch.ids, weight)
-        else:                                                                        # W[ids] * s (+ P[pos])
-            x = embed(weight, batch.ids, position.table if plan.table else None,
-                      batch.positions if plan.table else None, scale=token.multiplier,
-                      p=p if plan.fused_dropout else 0.0, seed=seed, padding_idx=_pad(token.padding_idx))
+        seed = None
+        if p:                                   # a refused call must not move the generator: the ids' values first
+            check_token_id_tensor(batch.ids, token.vocab_size)
+            seed = self._dropout_seed(p, weight)
+        pad = token.padding_idx
+        try:
+            if token.sparse:                                                         # W[ids] * s, row-sparse
+                x = token_rows(token, batch.ids, weight)
+            else:                                                                    # W[ids] * s (+ P[pos])
+                x = embed(weight, batch.ids, position.table if plan.table else None,
+                          batch.positions if plan.table else None, token.multiplier,
+                          p if plan.fused_dropout else 0.0, seed, -1 if pad is None else pad)
+        except Exception:
+            check_token_id_tensor(batch.ids, token.vocab_size)     # a bad id the gather met: the shared error
+            raise
         if token_type is not None:                                                   # + T[tt]
             tt = batch.token_types
             x = x + (token_type.weight[0] if tt is None else token_rows(token_type, tt))
@@ -268,8 +286,6 @@ class TransformerEmbedding(TokenposModule):
                 ``torch.compile``: a generator does not trace, and drawing from the global one instead would
                 silently break "generator= reproduces a run".
         """
-        if p == 0.0:
-            return no_seed(like)
         if is_compiling():                                  # in-graph draw (generators do not trace)
             if self.generator is not None:
                 raise ConfigError("a TransformerEmbedding with its own generator cannot draw its dropout seed under "

@@ -17,6 +17,7 @@ Every path receives checked inputs: the op's implementation checks shapes, dtype
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any
 
 import numpy as np
@@ -53,25 +54,27 @@ def triton_kernels(*tensors: torch.Tensor) -> Any:
     return _TRITON[0]
 
 
-_NP_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
-              torch.bfloat16: np.dtype(np.uint16)}
+_NP_DTYPES: dict[torch.dtype, np.dtype[Any]] = {torch.float32: np.dtype(np.float32),
+                                               torch.float64: np.dtype(np.float64),
+                                               torch.bfloat16: np.dtype(np.uint16)}
 
 
 def cpu_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
     """A fresh, uninitialised CPU tensor for a kernel's output, and the NumPy array over its memory
     (bf16: the 16-bit patterns), so the kernel writes into the tensor without another conversion.
 
-    The memory comes from :data:`tokenpos._config.OUTPUTS`: a released block for a large output (no
-    page faults), ``np.empty`` under its ``min_bytes`` or when the cache is off; never
-    ``torch.empty``, whose large blocks fault on every call. The
-    storage cannot be resized in place, as for any tensor whose memory NumPy also sees.
+    A large output's memory comes from :data:`tokenpos._config.OUTPUTS`, a released block (no page faults;
+    its storage cannot be resized in place, as for any tensor whose memory NumPy also sees), never from a
+    large ``torch.empty``, which faults on every call; under the cache's ``min_bytes`` or with the cache off,
+    ``torch.empty`` on the CPU (whatever default device is active), its NumPy view taken once.
     ``dtype``: float32, float64 or bfloat16 (the numba paths). An empty output has torch's C-order
     strides, as the ops' fake implementations give it.
     """
-    if 0 in shape:                       # NumPy strides an empty array (0, ...); torch (and the fakes) C-order
-        t = torch.empty(tuple(shape), dtype=dtype)
+    np_dtype = _NP_DTYPES[dtype]
+    if 0 in shape or not OUTPUTS.caches(math.prod(shape) * np_dtype.itemsize):
+        t = torch.empty(tuple(shape), dtype=dtype, device="cpu")   # (C-order strides when empty, as the fakes)
         return t, (t.view(torch.uint16) if dtype == torch.bfloat16 else t).numpy()
-    arr = OUTPUTS.empty(tuple(shape), _NP_DTYPES[dtype])
+    arr = OUTPUTS.empty(tuple(shape), np_dtype)
     t = torch.from_numpy(arr)
     return (t.view(dtype) if dtype == torch.bfloat16 else t), arr
 

@@ -19,12 +19,11 @@ again, so double backward works with the kernels on.
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from tokenpos.kernels.embedding import bound_error, forward_rows
 from tokenpos.kernels.embedding import embedding_backward as kernel_backward
-from tokenpos.kernels.embedding import forward_rows
 from tokenpos.tables.checks.ops import check_embedding_args, check_embedding_backward_args
-from tokenpos.torch._checks import transforms_active
+from tokenpos.torch._checks import as_index, transforms_active
 from tokenpos.torch._dropout import dropout_torch
 from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
 
@@ -40,43 +39,66 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 # ----------------------------------------------------------------------------------------------
 
 
-def _path(x: torch.Tensor, y: torch.Tensor | None = None) -> str:
-    """"numba" (float32 / float64 / bf16 bits), "triton" or "plain" for x (and y): ``_dispatch``'s choice,
-    plain torch under ``torch.func`` transforms (a tensor's values cannot reach a kernel there)."""
+def _path(weight: torch.Tensor, table: torch.Tensor | None = None) -> str:
+    """"numba" (float32 / float64 / bf16 bits), "triton" or "plain" for a call that is not small:
+    ``_dispatch``'s choice, plain torch under ``torch.func`` transforms (a tensor's values cannot reach a kernel
+    there)."""
     if transforms_active():
         return "plain"
-    if x.is_cuda:
-        return "plain" if triton_kernels(*((x,) if y is None else (x, y))) is None else "triton"
-    return "numba" if x.is_cpu and cpu_path(x, y) != "plain" else "plain"
+    if weight.is_cuda:
+        return "plain" if triton_kernels(*((weight,) if table is None else (weight, table))) is None else "triton"
+    return "numba" if weight.is_cpu and cpu_path(weight, table) != "plain" else "plain"
+
+
+def formula(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None, pos: torch.Tensor | None,
+             scale: float, p: float, seed: torch.Tensor | None, padding_idx: int) -> torch.Tensor:
+    """The formula in differentiable torch ops, in float32 for fp16 / bf16 (rounded once), the kernel's
+    arithmetic in its order (a multiply by 1.0 or an add of nothing is left out: the same bits). torch's gather
+    checks every index; an id or position outside its table raises :class:`KernelBoundError` with the shared
+    message of the first one (the error path only), as the kernel does."""
+    try:
+        x = torch.embedding(weight, ids, padding_idx)                                   # (..., D)
+        rows = None if table is None or pos is None else torch.embedding(table, pos)    # (..., D) or (L, D)
+    except IndexError:
+        with torch._C._DisableFuncTorch():                            # values readable under transforms too
+            raise bound_error(ids.detach().cpu().numpy(), weight.shape[0],
+                              None if table is None or pos is None else table.shape[0],
+                              None if pos is None else pos.detach().cpu().numpy(), None) from None
+    low = weight.dtype in _LOW                                                # fp16 / bf16: computed in float32
+    if low:
+        x = x.float()
+    if scale != 1.0:
+        x = x * scale
+    if rows is not None:
+        x = x + (rows if rows.dtype == x.dtype else rows.to(x.dtype))        # broadcast over the batch
+    if p > 0.0:
+        x = dropout_torch(x, p, seed)
+    return x.to(weight.dtype) if low else x
 
 
 def forward_impl(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
                  pos: torch.Tensor | None, scale: float, p: float, seed: torch.Tensor,
                  padding_idx: int) -> torch.Tensor:
-    """The implementation of ``tokenpos::embedding`` (the choice: ``_dispatch``): on the CPU the numba
+    """The implementation of ``tokenpos::embedding`` (the choice: :func:`_path`): on the CPU the numba
     kernel (float32 / float64 / bf16 bits) writing into a fresh tensor, on CUDA the Triton kernel;
-    otherwise (fp16, meta, kernels off, and under ``torch.func`` transforms, where a tensor's values
-    cannot be handed to a kernel) the formula in differentiable torch ops, in float32 for fp16 / bf16.
-    The arguments are valid: the op checks them (``tables.checks.ops``) before it calls this, and the
-    layers, which call it directly (``entry.embed``), build them from checked inputs."""
+    otherwise (fp16, meta, kernels off, and under ``torch.func`` transforms, where a
+    tensor's values cannot be handed to a kernel) the formula in differentiable torch ops.
+    Shapes and dtypes are valid: the op checks them (``tables.checks.ops``) before it calls this, and
+    the layers, which call it directly (``entry.embed``), build them from checked inputs. The values of
+    ids and positions are read where they are gathered: one outside its table raises
+    :class:`KernelBoundError` naming the first one."""
     path = _path(weight, table)
     if path == "numba":
         out, out_np = cpu_empty((*ids.shape, weight.shape[1]), weight.dtype)
         with_rows = table is not None and pos is not None
         forward_rows(np_view(weight), ids.numpy(), np_view(table) if with_rows else None,  # type: ignore[arg-type]
-                     pos.numpy() if with_rows else None, scale, p, int(seed) if p else 0,  # type: ignore[union-attr]
+                     pos.numpy() if with_rows else None, scale, p, int(seed) if p else 0,  # type: ignore[union-attr,arg-type]
                      out_np)
         return out
     if path == "triton":
         tk = triton_kernels(weight) if table is None else triton_kernels(weight, table)
         return tk.embedding_forward(weight, ids, table, pos, scale, p, seed)  # type: ignore[no-any-return]
-    ct = _compute_dtype(weight.dtype)
-    x = F.embedding(ids.long(), weight, None if padding_idx < 0 else padding_idx).to(ct) * scale   # (..., D)
-    if table is not None and pos is not None:
-        x = x + F.embedding(pos.long(), table).to(ct)                       # (..., D), broadcast over batch
-    if p > 0.0:
-        x = dropout_torch(x, p, seed)
-    return x.to(weight.dtype)
+    return formula(weight, ids, table, pos, scale, p, seed, padding_idx)
 
 
 @torch.library.custom_op("tokenpos::embedding", mutates_args=())
@@ -85,7 +107,8 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | Non
               padding_idx: int) -> torch.Tensor:
     """weight (V, D), ids (...) -> (..., D): gather * scale + table[pos], dropout. See the module doc."""
     check_embedding_args(weight, ids, table, pos, p, seed, padding_idx)
-    return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx)
+    return forward_impl(weight, as_index(ids), table, None if pos is None else as_index(pos), scale, p, seed,
+                        padding_idx)
 
 
 @embedding.register_fake

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from tokenpos.torch._checks import transforms_active
-from tokenpos.torch.ops.embedding import forward_impl
+from tokenpos.torch.ops.embedding import formula, forward_impl
 from tokenpos.torch.ops.rope import rope_grads, rotate_impl, rotate_qk_impl, save_rope
 
 
@@ -72,19 +72,31 @@ def no_seed(like: torch.Tensor) -> torch.Tensor:
     return seed
 
 
+SMALL_BYTES = 1 << 16
+"""An eager CPU call without autograd or dropout whose output is under this many bytes is torch's own gather
+(``torch.embedding``, :func:`.embedding.formula`): at a decode step's size (a few KB) the kernel's host cost
+(NumPy views, an output block, the launch: 5-10 us) is several times the gather, and torch's gather checks
+every index in its kernel for free. Larger outputs take the op's fused kernel, whose one pass wins from there
+on (the gather, scale and positional add are two or three torch passes; benchmarks/HISTORY.md, 2026-11-29)."""
+
+
 def embed(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None = None,
-          pos: torch.Tensor | None = None, *, scale: float = 1.0, p: float = 0.0,
+          pos: torch.Tensor | None = None, scale: float = 1.0, p: float = 0.0,
           seed: torch.Tensor | None = None, padding_idx: int = -1) -> torch.Tensor:
     """``tokenpos::embedding``: dropout(weight[ids] * scale + table[pos]) -> (..., D) (module doc), on
-    checked ids and positions."""
-    if seed is None:
-        seed = no_seed(weight)
+    ids and positions of a valid dtype and shape (their values are read where they are gathered: one outside
+    its table raises ``KernelBoundError``). ``seed``: None without dropout."""
     if torch.compiler.is_compiling():
-        return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, seed, padding_idx)
+        return torch.ops.tokenpos.embedding(weight, ids, table, pos, scale, p, no_seed(weight) if seed is None
+                                            else seed, padding_idx)
     if (torch.is_grad_enabled() and not transforms_active()
             and (weight.requires_grad or (table is not None and table.requires_grad))):
-        return _Embedding.apply(weight, table, ids, pos, scale, p, seed, padding_idx)  # type: ignore[no-any-return]
-    return forward_impl(weight, ids, table, pos, scale, p, seed, padding_idx)     # (transforms: torch ops)
+        return _Embedding.apply(weight, table, ids, pos, scale, p,  # type: ignore[no-any-return]
+                                no_seed(weight) if seed is None else seed, padding_idx)
+    if not p and weight.is_cpu and ids.numel() * weight.shape[1] * weight.element_size() < SMALL_BYTES:
+        return formula(weight, ids, table, pos, scale, 0.0, None, padding_idx)     # small: torch's own gather
+    return forward_impl(weight, ids, table, pos, scale, p, no_seed(weight) if seed is None else seed,
+                        padding_idx)                                        # (transforms: torch ops)
 
 
 class _Rope(torch.autograd.Function):

@@ -35,13 +35,15 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from tokenpos._config import kernels_enabled
 from tokenpos.kernels.rope import NO_POSITIONS, rope_apply, rope_apply_backward, run_rope
 from tokenpos.tables.checks.ops import check_rope_args, check_rope_qk_args
 from tokenpos.tables.checks.validation import check_positions
 from tokenpos.torch._checks import transforms_active
-from tokenpos.torch.ops._dispatch import cpu_empty, cpu_path, np_view, triton_kernels
+from tokenpos.torch.ops._dispatch import cpu_empty, triton_kernels
 
 _LOW = (torch.float16, torch.bfloat16)
+_KERNEL_DTYPES = (torch.float32, torch.float64)    # the numba RoPE kernel's (no bf16 kernel on the CPU)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -119,12 +121,12 @@ def _rope_numba(x: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin:
     through :func:`rope_apply` / :func:`rope_apply_backward`, which copy strided inputs first."""
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    pn = None if positions is None else np_view(positions.to(torch.int64).contiguous())
-    xn, cn, sn = np_view(x), np_view(cos), np_view(sin)
+    pn = None if positions is None else positions.to(torch.int64).contiguous().numpy()
+    xn, cn, sn = x.numpy(force=True), cos.numpy(force=True), sin.numpy(force=True)    # zero-copy views
     out, out_np = cpu_empty(xn.shape, x.dtype)
     kn = out_k = out_k_np = None
     if k is not None:
-        kn = np_view(k)
+        kn = k.numpy(force=True)
         out_k, out_k_np = cpu_empty(kn.shape, k.dtype)
     if _in_shape(xn, kn, cn, sn, pn):
         run_rope(xn, xn[:, :0] if kn is None else kn, cn, sn, interleaved, -1.0 if neg else 1.0, True, out_np,
@@ -142,7 +144,8 @@ def _path(x: torch.Tensor, k: torch.Tensor | None = None) -> str:
         return "plain"
     if x.is_cuda:
         return "plain" if triton_kernels(*((x,) if k is None else (x, k))) is None else "triton"
-    return "numba" if x.is_cpu and cpu_path(x, k) == "numba" else "plain"
+    return ("numba" if x.is_cpu and x.dtype in _KERNEL_DTYPES and (k is None or k.dtype == x.dtype)
+            and kernels_enabled() else "plain")
 
 
 def _float32(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
