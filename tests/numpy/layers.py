@@ -1,8 +1,11 @@
 """One small instance of every public NumPy layer, for the guard tests that must cover them all.
 
 ``build(name)`` makes a fresh ``tokenpos.numpy`` layer of ``SPECS[name]`` (``build(name, "torch")`` its
-torch twin, same arguments). :func:`public_layer_classes` discovers the public ``Module`` classes, so
-a guard test iterating over ``SPECS`` fails loudly when a layer is added without an entry here.
+torch twin, same arguments). ``SPECS`` is derived: every registered scheme class takes its registry defaults
+(``tests/public_layers.py``) unless ``HAND_SPECS`` pins its arguments, and every other layer has its hand-written
+entry. :func:`public_layer_classes` discovers the public ``Module`` classes (``__all__`` and the registry), so a
+guard test iterating over ``SPECS`` fails loudly when a layer that is not a scheme is added without an entry in
+``HAND_SPECS``.
 """
 
 from __future__ import annotations
@@ -10,9 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 import tokenpos.numpy as tpn
+from tests.public_layers import derived_case, public_layers, scheme_classes, scheme_kwargs
 
-# name: (constructor args, keyword args); the same in both backends
-SPECS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+# name: (constructor args, keyword args); the same in both backends. Every layer that is not a registered scheme
+# has its entry here; the schemes here keep the small settings the guards were written with, and a registered
+# scheme that is not here takes its registry defaults (tests/public_layers.py: Dh = 8, H = 2, D = 16, P = 16).
+HAND_SPECS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "TokenEmbedding": ((20, 8), {"seed": 0}),
     "LearnedPositionalEmbedding": ((16, 8), {"seed": 0}),
     "PositionalEmbedding": ((16, 8), {"seed": 0}),
@@ -32,21 +38,32 @@ SPECS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "TransformerEmbedding": ((20, 8, 16), {"num_token_types": 2, "norm": "layernorm", "seed": 0}),
     "EmbeddingLayer": ((20, 8, 16), {"positional": "t5", "num_heads": 2, "norm": "rmsnorm", "seed": 0}),
 }
+SPECS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    **{name: ((), scheme_kwargs(name)) for name in scheme_classes("numpy")}, **HAND_SPECS}
 
 
 def build(name: str, backend: str = "numpy") -> Any:
     """A fresh layer ``name`` of ``backend`` ("numpy" | "torch") with the arguments of ``SPECS``."""
+    args, kwargs = SPECS[name]
+    with derived_case("HAND_SPECS of tests/numpy/layers.py", name, HAND_SPECS):
+        return layer_class(name, backend)(*args, **kwargs)
+
+
+def layer_class(name: str, backend: str = "numpy") -> type:
+    """``backend``'s public class ``name``: an exported name (aliases included) or a registered scheme class."""
     if backend == "numpy":
         module: Any = tpn
     else:
         import tokenpos.torch as module
-    args, kwargs = SPECS[name]
-    return getattr(module, name)(*args, **kwargs)
+    cls = getattr(module, name, None)
+    return cls if isinstance(cls, type) else public_layers(backend)[name]
 
 
 def public_layer_classes() -> set[str]:
-    """The names of every public ``tokenpos.numpy`` class deriving from ``Module`` (Module itself excluded)."""
-    out = set()
+    """The names of every public ``tokenpos.numpy`` class deriving from ``Module`` (Module itself excluded): the
+    exported ones (aliases such as ``PositionalEmbedding`` by their exported name) and every registered scheme
+    class."""
+    out = set(scheme_classes("numpy"))
     for name in tpn.__all__:
         obj = getattr(tpn, name)
         if isinstance(obj, type) and issubclass(obj, tpn.Module) and obj is not tpn.Module:

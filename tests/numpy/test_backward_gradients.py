@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tokenpos.numpy as tpn
+from tests.public_layers import build_scheme_layer, derived_case, scheme_classes
 from tokenpos.numpy import functional as F
 from tokenpos.tables import ConfigError, DtypeError
 
@@ -33,8 +34,28 @@ def _bias(layer: Any) -> tuple[Any, Callable[[np.ndarray], Any]]:
     return layer(3, 3), layer.backward
 
 
+def _additive(layer: Any) -> tuple[Any, Callable[[np.ndarray], Any]]:
+    return layer(IDS), layer.backward
+
+
+Case = Callable[[], tuple[Any, Callable[[np.ndarray], Any]]]
+BY_KIND: dict[str, Callable[[Any], tuple[Any, Callable[[np.ndarray], Any]]]] = {
+    "rotary": _rotary, "bias": _bias, "additive": _additive}
+
+
+def _registered(name: str) -> Case:
+    """The case of registered scheme class ``name`` without a hand-written one: its registry defaults (Dh = 8,
+    H = 2), called as its kind says (rotary: q, k at the default positions; bias: (3, 3); additive: the
+    positions IDS)."""
+    def case() -> tuple[Any, Callable[[np.ndarray], Any]]:
+        with derived_case("HAND_CASES of tests/numpy/test_backward_gradients.py", name):
+            layer = build_scheme_layer(name, "numpy")
+            return BY_KIND[layer.kind](layer)
+    return case
+
+
 # name -> () -> (the forward output, backward(grad) for the first output); fresh layer per call
-CASES: dict[str, Callable[[], tuple[Any, Callable[[np.ndarray], Any]]]] = {
+HAND_CASES: dict[str, Case] = {
     "TokenEmbedding": lambda: (lambda m: (m(IDS), m.backward))(tpn.TokenEmbedding(8, 8, seed=0)),
     "TokenEmbedding.attend": lambda: (lambda m: (m.attend(X), m.attend_backward))(tpn.TokenEmbedding(8, 8, seed=0)),
     "TokenEmbedding.loss": lambda: (lambda m: (m.loss(X, IDS, reduction="none"), m.loss_backward))(
@@ -59,9 +80,13 @@ CASES: dict[str, Callable[[], tuple[Any, Callable[[np.ndarray], Any]]]] = {
         out_cache[0], lambda g: F.tied_cross_entropy_backward(g, out_cache[1])))(
         F.tied_cross_entropy_forward(X, RNG.standard_normal((8, 8)).astype(np.float32), IDS, reduction="none")),
 }
-BIASES = {"T5RelativePositionBias", "FIRE", "KERPLE"}
+BIASES = set(scheme_classes("numpy", "bias"))         # grad_bias (H, Lq, Lk) of any lengths
 # fixed tables: their backward computes nothing, so no gradient can come out wrong
 NOTHING_TO_COMPUTE = {"ALiBi", "SinusoidalPositionalEncoding", "SinCos2DPositionalEncoding"}
+# every registered scheme with a backward: its hand-written case, else one from its registry entry
+CASES: dict[str, Case] = {
+    **{name: _registered(name) for name, cls in scheme_classes("numpy").items()
+       if hasattr(cls, "backward") and name not in NOTHING_TO_COMPUTE}, **HAND_CASES}
 
 
 def _grads(fn: Callable[[np.ndarray], Any]) -> dict[str, np.ndarray | None]:

@@ -39,7 +39,7 @@ class _TiedTorch(torch.nn.Module):
 
 
 def test_every_public_layer_is_covered() -> None:
-    assert public_layer_classes() == set(SPECS), "add the new layer to tests/numpy/layers.py SPECS"
+    assert public_layer_classes() == set(SPECS), "add the new layer to tests/numpy/layers.py HAND_SPECS"
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

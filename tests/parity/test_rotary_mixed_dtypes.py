@@ -1,7 +1,8 @@
 """Mixed q / k dtypes: each of q and k is rotated as if it were alone, forward and backward, both backends.
 
 Guard (issue 28, item 5): for EVERY rotary class of both backends (discovered: ``kind == "rotary"``
-in ``tokenpos.numpy`` / ``tokenpos.torch``), with RotaryEmbedding's scalings, partial and
+in ``tokenpos.numpy`` / ``tokenpos.torch`` and in ``tables.registry``; a registered class without a case here
+takes its registry defaults at positions POS), with RotaryEmbedding's scalings, partial and
 interleaved layouts and the Llama 4 setting, and every ordered pair of distinct dtypes among float16,
 float32, float64: ``apply(q, k)`` gives for q what ``apply(q, q)`` gives and for k what
 ``apply(k, k)`` gives (so k is never rotated with tables rounded to q's dtype), and the same for
@@ -20,12 +21,13 @@ import torch
 
 import tokenpos.numpy as tpn
 import tokenpos.torch as tpt
+from tests.public_layers import derived_case, public_layers, scheme_classes, scheme_kwargs, scheme_name
 
 POS = np.array([[3, 4, 5, 6], [0, 1, 2, 9]])
 POS2D = np.array([[0, 0], [0, 1], [1, 0], [1, 1]])
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}
-# case: (class name, kwargs, positions)
-CASES: dict[str, tuple[str, dict[str, Any], np.ndarray]] = {
+# case: (class name, kwargs besides head_dim = 8, positions)
+HAND_CASES: dict[str, tuple[str, dict[str, Any], np.ndarray]] = {
     "rope": ("RotaryEmbedding", {}, POS),
     "rope_interleaved_partial": ("RotaryEmbedding", {"interleaved": True, "rotary_dim": 4}, POS),
     "rope_linear": ("RotaryEmbedding", {"scaling": {"rope_type": "linear", "factor": 2.0}}, POS),
@@ -46,14 +48,24 @@ CASES: dict[str, tuple[str, dict[str, Any], np.ndarray]] = {
     "mrope_interleaved": ("MRotaryEmbedding", {"mrope_section": [2, 1, 1], "mrope_layout": "interleaved"}, POS),
     "rope2d": ("RotaryEmbedding2D", {}, POS2D),
 }
+# every rotary class of the registry: its hand-written cases, else its registry defaults (Dh = 8) at POS
+CASES = {**{scheme_name(cls): (cls, scheme_kwargs(cls), POS) for cls in scheme_classes("numpy", "rotary")
+            if cls not in {c for c, _, _ in HAND_CASES.values()}}, **HAND_CASES}
 DTYPES = ("float16", "float32", "float64")
 PAIRS = [(a, b) for a, b in itertools.product(DTYPES, DTYPES) if a != b]
 EPS = {"float16": 2.0 ** -10, "float32": 2.0 ** -23, "float64": 2.0 ** -52}
 
 
 def _rotary_classes(module: Any) -> set[str]:
-    return {n for n in module.__all__ if isinstance(getattr(module, n), type)
-            and getattr(getattr(module, n), "kind", None) == "rotary"}
+    """Every rotary class of ``module`` (its ``__all__`` and the registry), by class name."""
+    return {n for n, cls in public_layers(module.__name__.split(".")[-1]).items()
+            if getattr(cls, "kind", None) == "rotary"}
+
+
+def _layer(module: Any, cls_name: str, kwargs: dict[str, Any]) -> Any:
+    """A fresh layer of ``module``'s rotary class ``cls_name`` (exported or registered), head_dim 8."""
+    cls = public_layers(module.__name__.split(".")[-1])[cls_name]
+    return cls(**{"head_dim": 8, **kwargs})
 
 
 def test_every_rotary_class_is_covered() -> None:
@@ -97,10 +109,11 @@ def test_mixed_qk_dtypes_rotate_each_as_if_alone(backend: str, case: str, dtypes
     q64, k64, gq, gk = _inputs()
     qd, kd = dtypes
     q, k = q64.astype(qd), k64.astype(kd)
-    mixed = run(getattr(module, cls_name)(8, **kwargs), q, k, gq, gk, pos)
-    q_alone = run(getattr(module, cls_name)(8, **kwargs), q, q.copy(), gq, gq, pos)
-    k_alone = run(getattr(module, cls_name)(8, **kwargs), k.copy(), k, gk, gk, pos)
-    ref = run(getattr(module, cls_name)(8, **kwargs), q.astype(np.float64), k.astype(np.float64), gq, gk, pos)
+    with derived_case("HAND_CASES of tests/parity/test_rotary_mixed_dtypes.py", case, HAND_CASES):
+        mixed = run(_layer(module, cls_name, kwargs), q, k, gq, gk, pos)
+    q_alone = run(_layer(module, cls_name, kwargs), q, q.copy(), gq, gq, pos)
+    k_alone = run(_layer(module, cls_name, kwargs), k.copy(), k, gk, gk, pos)
+    ref = run(_layer(module, cls_name, kwargs), q.astype(np.float64), k.astype(np.float64), gq, gk, pos)
     for i, (what, dtype, alone) in enumerate((("q'", qd, q_alone[0]), ("k'", kd, k_alone[1]),
                                               ("dq", qd, q_alone[2]), ("dk", kd, k_alone[3]))):
         got = mixed[i]

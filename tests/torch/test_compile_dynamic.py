@@ -2,7 +2,10 @@
 call, whatever the shapes, and the eager results.
 
 Each layer is compiled once (``torch._dynamo.reset()`` first) with symbolic sizes from the start, then
-called with three shapes, with and without positions where the layer takes them. A Python comparison
+called with three shapes, with and without positions where the layer takes them. The table is derived: every
+registered shortcut in ``TransformerEmbedding``, and every registered scheme class without a hand-written
+case by its registry defaults, called as its kind says (``tests/public_layers.py``;
+``tests/test_coverage_lists.py`` checks that every public layer has a case). A Python comparison
 of symbolic sizes that dynamo cannot trace (``tuple(pos.shape) in (...)``) raises ``Unsupported``
 under ``fullgraph=True`` (and silently falls back to eager without it): this is the guard of that
 class. The eager backend traces exactly what inductor would get, at a fraction of the cost.
@@ -17,6 +20,8 @@ import pytest
 import torch
 
 import tokenpos.torch as tpt
+from tests.public_layers import build_scheme_layer, covered, derived_case, public_layers, scheme_classes
+from tokenpos.tables.registry import SHORTCUTS
 
 SHAPES = ((2, 3), (3, 5), (1, 7))                                # (B, L): three shapes, one with B = 1
 H, DH, D, V = 2, 8, 8, 50
@@ -58,7 +63,29 @@ def _attention(m: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: A
     return tpt.scaled_dot_product_attention(q, k, v, positional=m, positions=pos)
 
 
-LAYERS: dict[str, tuple[Callable[[], Any], Make, Call]] = {
+def _bias(m: Any, a: int, b: int) -> Any:
+    return m.bias(a, b)
+
+
+def _call(m: Any, x: Any) -> Any:
+    return m(x)
+
+
+# a registered scheme without a hand-written case: (the inputs of a call at (B, L), the call) by its kind
+BY_KIND: dict[str, tuple[Make, Call]] = {
+    "additive": (lambda B, L, p: (torch.arange(L).expand(B, L) + 1 if p else L,), _call),
+    "rotary": (lambda B, L, p: _qk(B, L, torch.arange(L).expand(B, L) * 2 if p else None), _rotate),
+    "bias": (lambda B, L, p: (L, L + B), _bias),
+    "none": (lambda B, L, p: (L,), _call),
+}
+
+
+def _registered(name: str) -> tuple[Callable[[], Any], Make, Call]:
+    """The case of registered scheme class ``name``: its registry defaults (Dh = 8, H = 2), called by its kind."""
+    return (lambda: build_scheme_layer(name, "torch"), *BY_KIND[scheme_classes("torch")[name].kind])
+
+
+HAND_LAYERS: dict[str, tuple[Callable[[], Any], Make, Call]] = {
     "TokenEmbedding": (lambda: tpt.TokenEmbedding(V, D, seed=0, scale=True, padding_idx=0),
                        lambda B, L, p: (_ids(B, L),), lambda m, ids: m(ids)),
     "LearnedPositionalEmbedding": (lambda: tpt.LearnedPositionalEmbedding(16, D, seed=0),
@@ -75,7 +102,7 @@ LAYERS: dict[str, tuple[Callable[[], Any], Make, Call]] = {
         lambda B, L, p: (_ids(B, L), torch.arange(L) + 2 if p else None,
                          torch.arange(L).expand(B, L).contiguous() if p else None),
         _transformer)
-       for s in ("learned", "sinusoidal", "rope", "alibi", "t5", "none")},
+       for s in SHORTCUTS},
     "TransformerEmbedding_types_norm": (
         lambda: tpt.TransformerEmbedding(V, D, 16, num_token_types=2, norm="rmsnorm", seed=0),
         lambda B, L, p: (_ids(B, L), torch.arange(L) if p else None, _ids(B, L) % 2),
@@ -110,6 +137,10 @@ LAYERS: dict[str, tuple[Callable[[], Any], Make, Call]] = {
        for name, factory in (("none", lambda: None), ("rope", lambda: tpt.RotaryEmbedding(DH)),
                              ("alibi", lambda: tpt.ALiBi(H)), ("t5", lambda: tpt.T5RelativePositionBias(H, seed=0)))},
 }
+# every public layer (a case named "<Class>" or "<Class>_<variant>"): the hand-written cases, and every registered
+# scheme class without one
+LAYERS = {**{name: _registered(name) for name in scheme_classes("torch")
+             if name not in covered(HAND_LAYERS, {n: n for n in public_layers("torch")})}, **HAND_LAYERS}
 
 
 def _flat(x: Any) -> list[torch.Tensor]:
@@ -123,7 +154,11 @@ def _flat(x: Any) -> list[torch.Tensor]:
 @pytest.mark.parametrize("positions", [False, True], ids=["default_positions", "given_positions"])
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_layer_compiles_whole_with_dynamic_shapes(name: str, positions: bool) -> None:
-    factory, make, call = LAYERS[name]
+    with derived_case("HAND_LAYERS of tests/torch/test_compile_dynamic.py", name, HAND_LAYERS):
+        _compiles_whole(*LAYERS[name], positions)
+
+
+def _compiles_whole(factory: Callable[[], Any], make: Make, call: Call, positions: bool) -> None:
     layer, eager_layer = factory(), factory()
     for m in (layer, eager_layer):
         if m is not None:

@@ -4,7 +4,10 @@ data-dependent scalar read, ``nonzero`` and its kin, and every host <-> device c
 (forward + backward, dropout on) and eval, and gives the CPU layer's results (the Triton kernels run
 there through Triton's interpreter; plain torch elsewhere).
 
-With a GPU the same cases also run for real under ``torch.cuda.set_sync_debug_mode("error")``.
+With a GPU the same cases also run for real under ``torch.cuda.set_sync_debug_mode("error")``. The cases are
+derived: every registered shortcut in ``TransformerEmbedding``, and every registered scheme without a hand-written
+case by its registry defaults, called as its kind says (``tests/public_layers.py``; ``tests/test_coverage_lists.py``
+checks that every public layer has a case).
 
 Also here: the CUDA error contract (a bad id / position / target fails a device-side assert, not a
 silent zero row, and nothing is read), the device-side dropout seed (drawn by a device op, fresh per
@@ -25,10 +28,12 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import _disable_current_modes
 
 import tokenpos.torch as tpt
+from tests.public_layers import build_scheme_layer, covered, derived_case
 from tests.torch.distributed.harness import free_port
 from tests.torch.fake_cuda import FakeCuda, HostSync, cpu_of, no_host_sync, to_fake_cuda
 from tests.triton_mode import ON_CUDA as TRITON_COMPILED
 from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.registry import SHORTCUTS, scheme_class
 from tokenpos.torch.distributed import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 ON_CUDA = torch.cuda.is_available()
@@ -174,6 +179,33 @@ def norm_case(dev: Device, train: bool, cls: Any) -> Any:
     return [m(x)], [x, *_params(m)]
 
 
+def none_case(dev: Device, train: bool, layer: Callable[[], Any]) -> Any:
+    m = dev.m(layer().train(train))
+    assert m(L) is None                                       # NoPE adds nothing
+    return [], []
+
+
+def additive_case(dev: Device, train: bool, layer: Callable[[], Any]) -> Any:
+    m = dev.m(layer().train(train))
+    return [m(dev.t(POS)), m(L)], _params(m)
+
+
+def scheme_case(name: str) -> Case:
+    """The case of registered scheme ``name`` without a hand-written one: its registry defaults (Dh = 8, H = 2),
+    called as its kind says (rotary: q and k at POS, and ``rotate`` where one tensor rotates alone; bias: two
+    shapes; additive: rows at POS and for L; none: nothing added)."""
+    cls: Any = scheme_class(name, "torch")
+
+    def layer() -> Any:
+        return build_scheme_layer(cls.__name__, "torch")
+
+    if cls.kind == "rotary":
+        alone = hasattr(cls, "rotate") and not cls.rotates_qk_together
+        return lambda d, t: rotary_case(d, t, layer, POS, rotate="always" if alone else "never")
+    by_kind = {"bias": bias_case, "additive": additive_case, "none": none_case}
+    return lambda d, t: by_kind[cls.kind](d, t, layer)
+
+
 def sincos2d_case(dev: Device, train: bool) -> Any:
     m = dev.m(tpt.SinCos2DPositionalEncoding(2, 3, D, cls_token=True).train(train))
     return [m(), m(4)], []
@@ -199,13 +231,13 @@ def _rope(scaling: str, **kw: Any) -> Callable[[], Any]:
     return lambda: tpt.RotaryEmbedding(DH, max_seq_len=8, scaling=ROPE[scaling], **kw)
 
 
-CASES: dict[str, Case] = {
+HAND_CASES: dict[str, Case] = {
     "token": token_case,
     "token_scaled_padding": lambda d, t: token_case(d, t, scale=True, padding_idx=0),
     "learned": learned_case,
     "sinusoidal": sinusoidal_case,
     **{f"transformer_{p}_{'positions' if g else 'default'}": (lambda d, t, p=p, g=g: transformer_case(d, t, p, g))
-       for p in ("learned", "sinusoidal", "rope", "alibi", "t5", "none") for g in (False, True)},
+       for p in SHORTCUTS for g in (False, True)},
     "transformer_types_norm": lambda d, t: transformer_case(d, t, "learned", False, num_token_types=2, norm="layernorm",
                                                             scale=True),
     "transformer_rmsnorm_sinusoidal": lambda d, t: transformer_case(d, t, "sinusoidal", True, norm="rmsnorm"),
@@ -255,6 +287,13 @@ CASES: dict[str, Case] = {
     "vocab_parallel_smoothing_sum": lambda d, t: vocab_parallel_case(d, t, label_smoothing=0.2, reduction="sum"),
     "vocab_parallel_none": lambda d, t: vocab_parallel_case(d, t, reduction="none", label_smoothing=0.1),
 }
+# the public layers that are not registered schemes: their case names' prefix ("transformer_rope_default" is a
+# case of TransformerEmbedding; a registered scheme's cases are named by its scheme name: "rope_default")
+LAYER_CASES = {"TokenEmbedding": "token", "TransformerEmbedding": "transformer", "LayerNorm": "layernorm",
+               "RMSNorm": "rmsnorm"}
+# every public layer: the hand-written cases, and every registered scheme without one
+CASES: dict[str, Case] = {
+    **{name: scheme_case(name) for name in SHORTCUTS if not covered(HAND_CASES, {name: name})}, **HAND_CASES}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -301,11 +340,12 @@ def assert_same(got: list[Any], want: list[Any]) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_layer_runs_on_cuda_without_a_host_sync(name: str, train: bool) -> None:
     """Fake CUDA: no sync (the detector raises on one) and the CPU's results."""
-    want = run(CASES[name], Device("cpu"), train)
-    with no_host_sync():
-        got = run(CASES[name], Device("fake"), train)
-    assert_same(got[0], want[0])
-    assert_same(got[1], want[1])
+    with derived_case("HAND_CASES of tests/torch/test_no_host_sync.py", name, HAND_CASES):
+        want = run(CASES[name], Device("cpu"), train)
+        with no_host_sync():
+            got = run(CASES[name], Device("fake"), train)
+        assert_same(got[0], want[0])
+        assert_same(got[1], want[1])
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="needs CUDA: the same cases under torch.cuda.set_sync_debug_mode('error')")

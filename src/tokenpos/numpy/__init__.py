@@ -8,6 +8,8 @@ Every layer computation is a forward/backward function pair in ``tokenpos.numpy.
     (2, 4, 768)
 """
 
+from typing import Any
+
 from tokenpos.numpy import functional, optim
 from tokenpos.numpy.alibi import ALiBi
 from tokenpos.numpy.attention import (
@@ -32,6 +34,7 @@ from tokenpos.numpy.transformer import EmbeddingLayer, TransformerEmbedding
 from tokenpos.numpy.xpos import XPosRotaryEmbedding
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, StateDictError, TokenIdError
 from tokenpos.tables.formulas.packing import cu_seqlens_from_positions, positions_from_cu_seqlens
+from tokenpos.tables.registry import class_names, export
 
 __all__ = [
     "FIRE",
@@ -69,3 +72,9 @@ __all__ = [
     "optim",
     "tied_cross_entropy",
 ]
+__all__ += [name for name in class_names("numpy") if name not in __all__]   # schemes added since (registry)
+
+
+def __getattr__(name: str) -> Any:
+    """A registered scheme's class that this file does not import by name: from the registry, on first use."""
+    return export("numpy", __name__, name)

@@ -42,21 +42,7 @@ xpos          rotary    ``XPosRotaryEmbedding(Dh)`` (base 10000, scale_base 512,
 Additive shortcuts are added to the token rows, so they are built with the layer's D; rotary and bias
 shortcuts act in attention and use Dh = D // H or H.
 
-How to add a scheme ``foo``:
-
-1. its formula in ``tokenpos/tables/formulas/foo.py`` (pure NumPy, float64), its checks and messages in
-   ``tokenpos/tables/checks/`` (a scheme-specific module, or ``validation.py`` for generic ones), and any
-   Hugging Face config reading in ``tokenpos/tables/hf/``;
-2. its two layer classes, ``tokenpos/numpy/foo.py`` and ``tokenpos/torch/foo.py``, with the same
-   constructor, class attributes ``kind`` and ``name = "foo"``, and the protocol of their kind
-   (docs/DESIGN.md, "Positional schemes: one protocol");
-3. one :class:`SchemeEntry` in :data:`SCHEMES` below (its defaults in the table above);
-4. tests: the formula in ``tests/tables/formulas`` (checks in ``tests/tables/checks``), each layer in
-   ``tests/numpy`` / ``tests/torch``, NumPy <-> torch in ``tests/parity``, the shortcut's defaults in
-   ``tests/tables/test_registry.py`` (it also fails until both classes have an entry, and lists the shortcut
-   names, as does the choice-message test in ``tests/tables/checks/test_embedding.py``).
-   ``tests/parity/test_shortcuts_parity.py`` then builds the shortcut in ``TransformerEmbedding`` and in
-   attention in both backends by itself.
+How to add a scheme (the files, what goes in each, a worked example, and the tests that find it): docs/CONTRIBUTING.md.
 """
 
 from __future__ import annotations
@@ -259,6 +245,23 @@ def scheme_class(name: str, backend: str) -> type:
     """``backend``'s class of scheme ``name`` (imports that backend's module)."""
     module, _, cls = scheme_entry(name).class_path(backend).partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def class_names(backend: str) -> list[str]:
+    """The class names of every scheme's ``backend`` class, in the registry's order: what a backend's
+    package exports by itself (:func:`export`)."""
+    return [entry.class_path(backend).partition(":")[2] for entry in SCHEMES.values()]
+
+
+def export(backend: str, package: str, name: str) -> type:
+    """The module ``__getattr__`` of a backend's package (PEP 562): the ``backend`` class named ``name`` of a
+    registered scheme that the package does not import by name (a scheme added since: docs/CONTRIBUTING.md),
+    imported on first use, so a new scheme needs no line in the package; AttributeError for anything else."""
+    for entry in SCHEMES.values():
+        module, _, cls = entry.class_path(backend).partition(":")
+        if cls == name:
+            return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
 
 def build_scheme(name: str, backend: str, context: ShortcutContext, **factory: Any) -> Any:

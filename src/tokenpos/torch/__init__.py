@@ -12,8 +12,11 @@ instead, for the typed error; see ``tokenpos.torch._checks``). The fused computa
 ops of ``tokenpos.torch.ops``.
 """
 
+from typing import Any
+
 from tokenpos._config import device_checks_enabled, set_device_checks
 from tokenpos.tables.errors import ConfigError, DtypeError, PositionError, StateDictError, TokenIdError
+from tokenpos.tables.registry import class_names, export
 from tokenpos.torch import ops
 from tokenpos.torch._dropout import dropout_keep_mask_torch
 from tokenpos.torch._module import TokenposModule
@@ -71,3 +74,9 @@ __all__ = [
     "set_device_checks",
     "tied_cross_entropy",
 ]
+__all__ += [name for name in class_names("torch") if name not in __all__]   # schemes added since (registry)
+
+
+def __getattr__(name: str) -> Any:
+    """A registered scheme's class that this file does not import by name: from the registry, on first use."""
+    return export("torch", __name__, name)

@@ -41,7 +41,7 @@ from tokenpos.tables.checks.attention import (
     rotary_layout,
 )
 from tokenpos.tables.checks.packing import check_packed_attention_args
-from tokenpos.tables.checks.validation import check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.errors import ConfigError, PositionError
 from tokenpos.tables.formulas.attention import from_rotary_layout, resolve_query_start, to_rotary_layout
 from tokenpos.tables.formulas.llama4 import query_temperature
@@ -86,6 +86,7 @@ def _rotate(positional: Any, q: torch.Tensor, k: torch.Tensor, lq: int, lk: int,
         if k_start < 0:
             raise PositionError(key_start_message(q_start, lq, lk))
         if getattr(positional, "rotates_qk_together", False):   # one call for q and the keys, keys by position
+            check_start_pos(q_start, lq)          # the keys end where the queries do: refused before the arange
             return positional.apply(q, k, start_pos=q_start,
                                     key_positions=torch.arange(k_start, k_start + lk, device=q.device))
         need = q_start + lq

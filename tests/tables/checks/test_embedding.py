@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from tokenpos.tables.checks.embedding import (
     is_scheme,
 )
 from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.registry import SCHEMES
 
 
 def args(**kw):
@@ -36,6 +39,8 @@ def test_every_shortcut_builds_a_scheme_whose_name_is_the_shortcut(name):
 
 
 def test_kind_is_the_category_and_name_the_registry_string():
+    """The classes of the first schemes, pinned (every registered class against its own entry, a new one
+    included: ``tests/tables/test_registry.py::test_numpy_and_torch_classes_share_name_and_kind_with_the_entry``)."""
     expected = {tpn.LearnedPositionalEmbedding: ("additive", "learned"),
                 tpn.SinusoidalPositionalEncoding: ("additive", "sinusoidal"),
                 tpn.SinCos2DPositionalEncoding: ("additive", "sincos2d"),
@@ -54,8 +59,8 @@ def test_none_means_the_none_shortcut():
 
 @pytest.mark.parametrize("bad", ["Learned", "rotary", 3, 1.5, object(), {"kind": "rope"}, np.zeros(3)])
 def test_anything_but_a_shortcut_or_a_scheme_is_a_config_error_listing_the_choices(bad):
-    with pytest.raises(ConfigError, match=r"positional must be one of 'alibi', 'fire', 'kerple', 'learned', 'mrope', "
-                                          r"'none', 'rope', 'rope2d', 'sincos2d', 'sinusoidal', 't5', 'xpos', None, "
+    listed = re.escape(", ".join(repr(n) for n in sorted(SCHEMES)))        # every registered shortcut, in order
+    with pytest.raises(ConfigError, match=rf"positional must be one of {listed}, None, "
                                           r"or a positional-scheme object of the layer's backend.*; got"):
         args(positional=bad)
 
