@@ -59,10 +59,11 @@ def to_bhld(name: str, x: Any, head_dim: int, qk_layout: str, num_heads: int | N
     x = np.asarray(x)
     if x.ndim != (3 if qk_layout == "thd" else 4) or x.shape[-1] != head_dim:
         raise ConfigError(rope_layout_shape_message(name, x.shape, head_dim, qk_layout))
-    if not np.issubdtype(x.dtype, np.floating):
+    if x.dtype.kind != "f":                          # np.issubdtype(dtype, np.floating), without its Python
         raise ConfigError(rope_dtype_message(name, x.dtype))
-    check_heads(name, x.shape, qk_layout, num_heads)
-    return _bhld(x, qk_layout)
+    if num_heads is not None:
+        check_heads(name, x.shape, qk_layout, num_heads)
+    return x if qk_layout == "bhld" else _bhld(x, qk_layout)
 
 
 def _bhld(x: np.ndarray, qk_layout: str) -> np.ndarray:

@@ -8,7 +8,9 @@ cos/sin come from positions in float64 (``tokenpos.tables.formulas.rope``), time
 factor, kept as one entry per rotated pair, (P, F), in an immutable snapshot cache keyed by
 everything the rows depend on; each call cuts its (L, F) or (B, L, F) rows, cast to the input dtype
 (as HF does), and runs one functional pair (``tokenpos.numpy.functional.rope_qk_forward`` /
-``rope_forward``), which chooses the fused kernel or plain NumPy.
+``rope_forward``), which chooses the fused kernel or plain NumPy. The default call (q and k of one dtype
+at ``start_pos + arange(L)``) is :meth:`RotaryEmbedding.apply` in this file, read top to bottom; the other
+forms take the general protocol of ``_rotary_base.RotaryBase``, with the same results.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import numpy as np
 from tokenpos.numpy import functional as F
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.numpy._rotary_base import to_bhld as to_bhld
-from tokenpos.tables.checks.rope import check_qk_layout
-from tokenpos.tables.checks.validation import check_positions
+from tokenpos.tables.checks.rope import check_qk_layout, check_qk_lengths
+from tokenpos.tables.checks.validation import INT64_MAX, check_positions, check_start_pos
 from tokenpos.tables.formulas.rope import expand_to_layout, rope_angles
 from tokenpos.tables.formulas.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.formulas.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
@@ -67,6 +69,8 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
     Threads: one layer may serve several threads. The frequency variant (``tables.formulas.rope_state.rope_variant``,
     from the layer's frozen ``RopeState``) and the cache rows of a call are taken together under a lock
     from an immutable snapshot (``_Snapshot``), and the new state is kept; the rotation runs outside the lock.
+    A static variant's rows are read without the lock from ``_rows_memo``, one tuple of views of the current
+    snapshot, made and dropped under the lock (:meth:`_rows`).
 
     Shape:
         apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (1, L) | (B, L) | None) -> (q', k'),
@@ -90,6 +94,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         self._lock = threading.RLock()
         self._rope_state = self.freqs.initial_state                 # HF's dynamic state: a frozen value, swapped
         self._last: RotaryCache | None = None
+        self._rows_memo: tuple[Any, ...] | None = None             # (dtype, rows, cos, sin, factor): :meth:`_rows`
         self.reset_parameters()
 
     def reset_parameters(self, *, seed: Any = None, rng: Any = None) -> None:
@@ -97,15 +102,18 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         with self._lock:
             f = self.rotary_dim // 2
             self._snap = _Snapshot(None, np.zeros((0, f)), np.zeros((0, f)), {})
+            self._rows_memo = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_lock", None)
+        state.pop("_rows_memo", None)                               # views of the snapshot: made again on a call
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        self._rows_memo = None
 
     @property
     def inv_freq(self) -> np.ndarray:
@@ -181,7 +189,26 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
             return snap, inv_freq
         if key != snap.key or rows != snap.cos.shape[0]:            # rebuilt or grown: a new snapshot
             snap = self._snap = _Snapshot(key, *self._table(inv_freq, rows), {})
+            self._rows_memo = None                                  # it read the old one
         return snap, None
+
+    def _rows(self, start: int, length: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (L, F) in ``dtype`` for positions ``start + arange(length)`` (``start`` checked), as
+        :meth:`_tables` gives them: views of the snapshot's table in ``dtype`` when one static frequency variant
+        serves every position and the snapshot holds the rows, kept as ``_rows_memo`` (dtype, rows, cos, sin, the
+        attention factor the snapshot was built with), dropped whenever another snapshot is swapped in, so a call
+        reads one attribute and slices; otherwise :meth:`_tables`, after which the memo is made again."""
+        memo = self._rows_memo
+        end = start + length
+        if memo is not None and memo[0] == dtype and end <= memo[1] and memo[4] == self.attention_factor:
+            return memo[2][start:end], memo[3][start:end]
+        cos, sin = self._tables([(np.arange(start, end, dtype=np.int64), start)], end if length else 0, dtype)[0]
+        if not self.freqs.length_dependent:                         # static: the variant never changes
+            with self._lock:
+                snap = self._snap
+                if snap.key is not None:
+                    self._rows_memo = (dtype, snap.cos.shape[0], *self._in_dtype(snap, dtype), snap.key[3])
+        return cos, sin
 
     def _table(self, inv_freq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         ang = rope_angles(np.arange(n), inv_freq)                   # (n, F) float64
@@ -193,6 +220,36 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         return "interleaved" if self.interleaved else "half"
 
     # -- rotation ---------------------------------------------------------------------------------
+    def apply(self, q: Any, k: Any = None, positions: Any = None, *, start_pos: int = 0,
+              key_positions: Any = None, cu_seqlens: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rotate q and k at ``start_pos + arange(L)``; returns (q', k') with the input shapes and dtypes and keeps
+        what :meth:`backward` needs. The general forms (q alone, given positions, ``key_positions``,
+        ``cu_seqlens``, q and k of two dtypes): :meth:`RotaryBase.apply`, the same results.
+
+        The default call reads top to bottom: q and k as (B, H, L, Dh) views (layout, dtype, heads checked),
+        the cached cos / sin rows of ``start_pos .. start_pos + L`` (:meth:`_rows`), one ``rope_qk_forward`` pass.
+        """
+        if (positions is not None or key_positions is not None or cu_seqlens is not None
+                or not isinstance(k, np.ndarray) or not isinstance(q, np.ndarray) or q.dtype != k.dtype):
+            return super().apply(q, k, positions, start_pos=start_pos, key_positions=key_positions,
+                                 cu_seqlens=cu_seqlens)
+        layout = self.qk_layout
+        q4 = to_bhld("q", q, self.head_dim, layout, self.num_heads)                 # (B, Hq, L, Dh) views
+        k4 = to_bhld("k", k, self.head_dim, layout, self.num_heads)                 # (B, Hk, L, Dh)
+        L = q4.shape[2]
+        if k4.shape[0] != q4.shape[0] or k4.shape[2] != L:
+            check_qk_lengths(q4.shape, k4.shape)                                    # raises
+        start = (start_pos if type(start_pos) is int and 0 <= start_pos <= INT64_MAX - L
+                 else check_start_pos(start_pos, L))
+        cos, sin = self._rows(start, L, q4.dtype)
+        q_out, k_out, cache = F.rope_qk_forward(q4, k4, cos, sin, interleaved=self.interleaved)
+        if layout != "bhld":
+            q_out, k_out = self._out(q_out), self._out(k_out)
+        object.__setattr__(self, "_last", RotaryCache(cache, None, q_out.shape, k_out.shape))   # a plain attribute
+        return q_out, k_out
+
+    forward = apply
+
     def rotate(self, x: Any, positions: Any = None, *, start_pos: int = 0, seq_len: int | None = None) -> np.ndarray:
         """Rotate one tensor x (B, H, L, Dh) at positions (L,) | (1, L) | (B, L) (default start_pos + arange(L);
         given positions are used as they are, so start_pos must then be 0, else ConfigError)."""

@@ -26,6 +26,11 @@ from tokenpos.tables.checks.validation import (
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.init import RESIZE_INITS, init_weight, resolve_rng
 
+INT64 = np.dtype(np.int64)
+"""The ids' dtype whose check the layers make inline, as one reduction: an int64 array viewed as uint64 holds
+every id in [0, V) exactly when its maximum is below V (a negative id is 2**63 or more there); the same
+verdict as ``check_token_ids``, which then names the first bad id. Other dtypes, and lists, take that check."""
+
 
 class TokenEmbedding(Module):
     """Token ids -> vectors, optionally scaled by sqrt(d_model).
@@ -88,10 +93,15 @@ class TokenEmbedding(Module):
 
     # -- lookup ------------------------------------------------------------------------------
     def forward(self, ids: Any) -> np.ndarray:
-        """ids (...) -> W[ids] * multiplier, (..., D). Bad ids raise TokenIdError naming the value and the range."""
-        ids = check_token_ids(ids, self.vocab_size)
-        out, self._cache = F.embedding_forward(self.weight.data, ids, scale=self.multiplier,
-                                               padding_idx=self.padding_idx)
+        """ids (...) -> W[ids] * multiplier, (..., D). Bad ids raise TokenIdError naming the value and the range,
+        before anything is kept: an int64 array is read by one reduction (:data:`INT64`), anything else and a bad
+        id go through the shared check."""
+        vocab = self.vocab_size
+        if not (type(ids) is np.ndarray and ids.dtype == INT64 and ids.size and ids.view(np.uint64).max() < vocab):
+            ids = check_token_ids(ids, vocab)
+        out, cache = F.embedding_forward(self.weight.data, ids, scale=self.multiplier if self.scale else 1.0,
+                                         padding_idx=self.padding_idx)
+        object.__setattr__(self, "_cache", cache)          # a plain attribute (``Module.__setattr__``: one call more)
         return out
 
     def backward(self, grad_output: np.ndarray) -> None:

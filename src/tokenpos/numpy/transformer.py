@@ -23,10 +23,11 @@ from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.numpy.norm import build_norm
 from tokenpos.numpy.schemes import build_shortcut
-from tokenpos.numpy.token import TokenEmbedding
+from tokenpos.numpy.token import INT64, TokenEmbedding
 from tokenpos.tables.checks.embedding import check_embedding_args
 from tokenpos.tables.checks.packing import check_packed_embedding_args
 from tokenpos.tables.checks.validation import (
+    INT64_MAX,
     check_grad,
     check_positions,
     check_positions_at,
@@ -145,7 +146,9 @@ class TransformerEmbedding(Module):
         that does not extend beyond it; token types. ``token`` and ``position`` are the layer's,
         read once per call by :meth:`forward`.
         """
-        ids = check_token_ids(ids, token.vocab_size)
+        vocab = token.vocab_size
+        if not (type(ids) is np.ndarray and ids.dtype == INT64 and ids.size and ids.view(np.uint64).max() < vocab):
+            ids = check_token_ids(ids, vocab)                       # (token.INT64: one reduction for int64 ids)
         if ids.ndim not in (1, 2):
             raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
         L = ids.shape[-1]
@@ -168,12 +171,16 @@ class TransformerEmbedding(Module):
             if self.position_ids == "padding":                      # RoBERTa: from the padding id
                 pad = int(token.padding_idx)                        # type: ignore[arg-type]
                 pos, end = positions_from_padding(ids, pad, start_pos), pad + start_pos + L + 1
+            elif type(start_pos) is int and 0 <= start_pos <= INT64_MAX - L:   # valid: check_start_pos's verdict
+                pos, end = np.arange(start_pos, start_pos + L, dtype=np.int64), start_pos + L if L else 0
             else:
-                pos = shared_default_positions(L, start_pos)        # read-only: nothing here writes it
+                pos = shared_default_positions(L, start_pos)        # checks start_pos: ConfigError, PositionError
                 end = int(pos[-1]) + 1 if L else 0
             if limit is not None and end > limit:                   # may run past the table: read them
                 check_positions_at(pos, ids.shape, limit)
-        return Batch(ids, pos, end, self._token_types(ids.shape, token_type_ids))
+        tt = None if token_type_ids is None and self.token_type is None else self._token_types(ids.shape,
+                                                                                              token_type_ids)
+        return Batch(ids, pos, end, tt)
 
     def _token_types(self, shape: tuple[int, ...], token_type_ids: Any) -> np.ndarray | None:
         """Token types of the ids' ``shape``, checked; all type 0 when none are given."""
@@ -202,7 +209,7 @@ class TransformerEmbedding(Module):
         table = position.table if plan.table else None
         table_param = position.table_param if plan.table or plan.rows == "lookup" else None
         x, c_emb = F.embedding_forward(                                         # W[ids] * s (+ P[pos])
-            token.weight.data, ids, scale=token.multiplier, table=table,
+            token.weight.data, ids, scale=token.multiplier if token.scale else 1.0, table=table,
             pos=pos if plan.table else None, p=p if plan.fused_dropout else 0.0, seed=seed,
             padding_idx=token.padding_idx, table_grad=plan.table and table_param is not None
             and table_param.requires_grad)
@@ -220,7 +227,8 @@ class TransformerEmbedding(Module):
             x, c_norm = self.norm.norm_forward(x)
         if plan.late_dropout:                                                   # dropout
             x, c_drop = F.dropout_forward(x, p=p, seed=seed)
-        self._cache = TransformerCache(c_emb, c_tt, c_pos, c_norm, c_drop, table_param, x.shape)
+        object.__setattr__(self, "_cache", TransformerCache(c_emb, c_tt, c_pos, c_norm, c_drop, table_param,
+                                                            x.shape))        # a plain attribute: no registration
         return x
 
     def backward(self, grad_output: np.ndarray) -> None:

@@ -15,11 +15,19 @@ KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def use_kernel(*arrays: np.ndarray) -> bool:
-    """Whether the fused kernel handles these float arrays (kernels on, one float32/float64 dtype)."""
+    """Whether the fused kernel handles these float arrays (kernels on, one float32/float64 dtype).
+
+    A loop, not ``all(...)`` over a generator: a call of every layer passes here, and a generator is one
+    more frame per call."""
     if not kernels_enabled():
         return False
     dt = arrays[0].dtype
-    return dt in KERNEL_DTYPES and all(a.dtype == dt for a in arrays)
+    if dt not in KERNEL_DTYPES:
+        return False
+    for a in arrays:
+        if a.dtype != dt:
+            return False
+    return True
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:

@@ -20,7 +20,7 @@ import numpy as np
 
 from tokenpos._config import OUTPUTS
 from tokenpos.kernels import embedding as kernel
-from tokenpos.numpy.functional._dispatch import compute_dtype, kept, use_kernel
+from tokenpos.numpy.functional._dispatch import compute_dtype, use_kernel
 from tokenpos.numpy.functional.dropout import dropout_multiplier
 from tokenpos.numpy.module import coalesce_rows
 from tokenpos.tables.errors import ConfigError
@@ -28,7 +28,8 @@ from tokenpos.tables.errors import ConfigError
 
 @dataclass(frozen=True)
 class EmbeddingCache:
-    """What :func:`embedding_backward` needs; ``ids`` and ``pos`` are private copies.
+    """What :func:`embedding_backward` needs; ``ids`` and ``pos`` are private copies (``_dispatch.kept``'s
+    rule, its ``np.array(x, copy=True)`` written inline: one call less on every embedding call).
 
     Attributes:
         ids: (...) int64 ids of the forward.
@@ -65,10 +66,13 @@ def embedding_forward(weight: np.ndarray, ids: np.ndarray, *, scale: float = 1.0
     if (table is None) != (pos is None):
         raise ConfigError("embedding_forward needs table and pos together (or neither)")
     rows = table.shape[0] if table is not None and table_grad else None
-    cache = EmbeddingCache(kept(ids), None if pos is None else kept(pos), rows, float(scale), float(p), int(seed),
-                           padding_idx, table_padding_idx)
-    if use_kernel(weight, *(() if table is None else (table,))):
-        out = OUTPUTS.empty((*ids.shape, weight.shape[1]), weight.dtype)
+    cache = EmbeddingCache(np.array(ids, copy=True), None if pos is None else np.array(pos, copy=True),  # kept()
+                           rows, float(scale), float(p), int(seed), padding_idx, table_padding_idx)
+    if use_kernel(weight) if table is None else use_kernel(weight, table):
+        shape, dt = (*ids.shape, weight.shape[1]), weight.dtype
+        # what OUTPUTS.empty gives an output under its min_bytes (np.empty), without its two calls
+        small = ids.size * weight.shape[1] * dt.itemsize < OUTPUTS.min_bytes
+        out = np.empty(shape, dt) if small else OUTPUTS.empty(shape, dt)
         return kernel.forward_rows(weight, ids, table, pos, scale, p, seed, out), cache
     ct = compute_dtype(weight.dtype)
     x = weight[ids].astype(ct, copy=False)                           # (..., D), a fresh array
