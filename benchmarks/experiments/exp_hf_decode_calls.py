@@ -11,8 +11,8 @@ caches, and splits tokenpos's calls into their parts with timing wrappers:
   slicing (``_op_tables``), the op entry (``rotate_qk``), the compiled pass (``run_rope``), the output
   allocation (``cpu_empty``, two per call);
 - the input embedding: ``nn.Embedding`` against ``SharedTokenEmbedding``, and in the latter the ids'
-  check (``check_token_id_tensor``), the op's implementation (``forward_impl``), the output
-  allocation and the kernel entry (``forward_rows``).
+  dtype check (``index_tensor``), a small call's torch gather (``formula``), or the op's implementation
+  (``forward_impl``), the output allocation and the kernel entry (``forward_rows``) of a larger one.
 
 Prints the median and best microseconds per call (the second half of the calls: the prompt's are
 left out). Wraps internals: run it against the commit it came with.
@@ -40,8 +40,8 @@ from tokenpos.torch.hf import patch, unpatch  # noqa: E402
 PARTS = {   # module -> the functions of it timed inside tokenpos's calls (names as that module binds them)
     "tokenpos.torch.hf.patch": ("_op_tables", "rotate_qk"),
     "tokenpos.torch.ops.rope": ("run_rope", "cpu_empty"),
-    "tokenpos.torch.token": ("check_token_id_tensor",),
-    "tokenpos.torch.ops.entry": ("forward_impl",),
+    "tokenpos.torch.token": ("index_tensor",),
+    "tokenpos.torch.ops.entry": ("formula", "forward_impl"),
     "tokenpos.torch.ops.embedding": ("forward_rows", "cpu_empty"),
 }
 
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{model.config.num_hidden_layers} layers; per call, microseconds")
     for key, ns in times.items():
         us = np.asarray(ns[len(ns) // 2:]) / 1e3
-        print(f"{key:44s} calls {us.size:5d}  median {np.median(us):7.1f}  best {us.min():7.1f}")
+        if us.size:                                      # (a part this call did not reach: no row)
+            print(f"{key:44s} calls {us.size:5d}  median {np.median(us):7.1f}  best {us.min():7.1f}")
     return 0
 
 
