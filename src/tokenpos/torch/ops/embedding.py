@@ -51,7 +51,7 @@ def _path(weight: torch.Tensor, table: torch.Tensor | None = None) -> str:
 
 
 def formula(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None, pos: torch.Tensor | None,
-             scale: float, p: float, seed: torch.Tensor | None, padding_idx: int) -> torch.Tensor:
+            scale: float, p: float, seed: torch.Tensor | None, padding_idx: int) -> torch.Tensor:
     """The formula in differentiable torch ops, in float32 for fp16 / bf16 (rounded once), the kernel's
     arithmetic in its order (a multiply by 1.0 or an add of nothing is left out: the same bits). torch's gather
     checks every index; an id or position outside its table raises :class:`KernelBoundError` with the shared
@@ -64,6 +64,8 @@ def formula(weight: torch.Tensor, ids: torch.Tensor, table: torch.Tensor | None,
             raise bound_error(ids.detach().cpu().numpy(), weight.shape[0],
                               None if table is None or pos is None else table.shape[0],
                               None if pos is None else pos.detach().cpu().numpy(), None) from None
+    if scale == 1.0 and rows is None and not p:
+        return x
     low = weight.dtype in _LOW                                                # fp16 / bf16: computed in float32
     if low:
         x = x.float()
