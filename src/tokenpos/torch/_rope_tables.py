@@ -88,7 +88,7 @@ class RopeTables(RotaryBase):
             self.register_buffer("dynamic_len", torch.full((), self.max_seq_len, dtype=torch.int64,
                                                            device=self.inv_freq.device), persistent=False)
         self._cache_key: tuple[Any, ...] | None = None
-        self._rows_memo: tuple[Any, ...] | None = None     # (dtype, rows, cos, sin): :meth:`_rows`
+        self._rows_memo: tuple[Any, ...] | None = None     # (dtype, rows, cos, sin, factor): :meth:`_rows`
         self._cast_memo: tuple[Any, ...] | None = None    # (cos_cached, dtype, cos, sin) cast once per build
         self._scaling_memo: tuple[Any, ...] | None = None  # (copy of scaling, its frozen key)
 
@@ -226,17 +226,18 @@ class RopeTables(RotaryBase):
     def _rows(self, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (L, F) in ``dtype`` (the op's table dtype) for positions ``start + arange(length)``: views of
         the cached table, cast once (:meth:`_cached_as`), when one static frequency variant serves every position
-        and the cache holds the rows (kept as ``_rows_memo`` beside the cache: a call then reads one attribute and
-        slices); otherwise :meth:`_pairs_range` (the variant, the cache grown or rebuilt, the formula), after which
-        the memo is refreshed."""
+        and the cache holds the rows (kept as ``_rows_memo`` beside the cache, with the attention factor it was made
+        for: a call then reads one attribute and slices); otherwise :meth:`_pairs_range` (the variant, the cache
+        grown or rebuilt, the formula), after which the memo is refreshed."""
         memo = self._rows_memo
         end = start + length
-        if memo is not None and memo[0] is dtype and end <= memo[1] and not torch.compiler.is_compiling():
+        if (memo is not None and memo[0] is dtype and end <= memo[1] and memo[4] == self.attention_factor
+                and not torch.compiler.is_compiling()):
             return memo[2][start:end], memo[3][start:end]
         cos, sin = self._pairs_range(start, length, None, dtype)
         if not (self.freqs.length_dependent or self.rope_type == "dynamic" or is_compiling()):
             with self._guard():
-                self._rows_memo = (dtype, self.cos_cached.shape[0], *self._cached_as(dtype))
+                self._rows_memo = (dtype, self.cos_cached.shape[0], *self._cached_as(dtype), self.attention_factor)
         return cos, sin
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
