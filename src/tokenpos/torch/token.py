@@ -30,7 +30,7 @@ from tokenpos.torch.tied_loss import tied_cross_entropy
 
 
 def token_rows(token: TokenEmbedding, ids: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``W[ids] * multiplier`` (...) -> (..., D) for ids from ``check_token_id_tensor``: the
+    """``W[ids] * multiplier`` (...) -> (..., D) for ids of an index dtype (``index_tensor``): the
     ``tokenpos::embedding`` op, or ``F.embedding`` for a ``sparse=True`` table (row-sparse gradient).
     ``weight``: ``token.weight`` when the caller has read it already (a parameter read is a
     ``__getattr__``)."""
@@ -38,9 +38,7 @@ def token_rows(token: TokenEmbedding, ids: torch.Tensor, weight: torch.Tensor | 
     if token.sparse:
         out = F.embedding(ids, w, token.padding_idx, sparse=True)                           # (..., D)
         return out * token.multiplier if token.scale else out
-    pad = token.padding_idx
-    return embed(w, ids, None, None, token.multiplier, 0.0, None,
-                 -1 if pad is None else pad)
+    return embed(w, ids, None, None, token.multiplier, 0.0, None, _pad(token.padding_idx))
 
 
 def _pad(padding_idx: int | None) -> int:
@@ -117,11 +115,7 @@ class TokenEmbedding(TokenposModule):
         weight = self.weight
         ids = index_tensor(ids, self.vocab_size, weight)
         try:
-            if self.sparse:
-                return token_rows(self, ids, weight)
-            pad = self.padding_idx
-            return embed(weight, ids, None, None, self.multiplier, 0.0, None,
-                         -1 if pad is None else pad)
+            return token_rows(self, ids, weight)
         except Exception:
             check_token_id_tensor(ids, self.vocab_size)      # a bad id the gather met: the shared TokenIdError
             raise

@@ -251,14 +251,13 @@ class TransformerEmbedding(TokenposModule):
         if p:                                   # a refused call must not move the generator: the ids' values first
             check_token_id_tensor(batch.ids, token.vocab_size)
             seed = self._dropout_seed(p, weight)
-        pad = token.padding_idx
         try:
             if token.sparse:                                                         # W[ids] * s, row-sparse
                 x = token_rows(token, batch.ids, weight)
             else:                                                                    # W[ids] * s (+ P[pos])
                 x = embed(weight, batch.ids, position.table if plan.table else None,
                           batch.positions if plan.table else None, token.multiplier,
-                          p if plan.fused_dropout else 0.0, seed, -1 if pad is None else pad)
+                          p if plan.fused_dropout else 0.0, seed, _pad(token.padding_idx))
         except Exception:
             check_token_id_tensor(batch.ids, token.vocab_size)     # a bad id the gather met: the shared error
             raise
