@@ -91,21 +91,6 @@ def test_the_light_rope_call_is_the_general_one(kernel_mode: bool, dtype, layout
         assert (kept.q_shape, kept.k_shape) == (general_kept.q_shape, general_kept.k_shape)
 
 
-def test_the_rows_memo_follows_the_cache() -> None:
-    """The rows a default call reads come from the current snapshot: a new attention factor (a new cache
-    key) or a reset is seen by the next call, as by the general path."""
-    q, k = _qk()
-    layer = tpn.RotaryEmbedding(128, max_seq_len=64)
-    first = layer.apply(q, k, start_pos=7)
-    layer.attention_factor = 0.5
-    halved = layer.apply(q, k, start_pos=7)
-    np.testing.assert_allclose(halved[0], first[0] * 0.5, rtol=1e-6, atol=1e-6)
-    layer.attention_factor = 1.0
-    layer.reset_parameters()
-    again = layer.apply(q, k, start_pos=7)
-    assert all(a is not None and b is not None and a.tobytes() == b.tobytes()
-               for a, b in zip(again, first, strict=True))
-
 
 @pytest.mark.parametrize("bad", [50, -1])
 def test_a_bad_id_on_the_light_path_is_still_named_and_changes_nothing(bad: int) -> None:

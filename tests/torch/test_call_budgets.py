@@ -65,24 +65,3 @@ def test_a_bad_id_on_the_light_path_is_still_named_and_changes_nothing() -> None
     with torch.no_grad(), pytest.raises(TokenIdError, match=message):
         layer(torch.tensor([[3], [50]]), start_pos=7)
     assert all(torch.equal(v, layer.state_dict()[k]) for k, v in before.items())
-
-
-def test_the_rows_memo_follows_the_cache() -> None:
-    """The rows a default call reads come from the current cache: a new attention factor (a new cache key), a
-    reset and a move are seen by the next call, as by the general protocol."""
-    g = torch.Generator().manual_seed(0)
-    q, k = torch.randn(Q_SHAPE, generator=g), torch.randn(K_SHAPE, generator=g)
-    layer = tpt.RotaryEmbedding(128, max_seq_len=64)
-    with torch.no_grad():
-        first = layer.apply(q, k, start_pos=7)
-        layer.attention_factor = 0.5
-        halved = layer.apply(q, k, start_pos=7)
-        torch.testing.assert_close(halved[0], first[0] * 0.5, rtol=1e-6, atol=1e-6)
-        layer.attention_factor = 1.0
-        layer.reset_parameters()
-        assert all(torch.equal(a, b) for a, b in zip(layer.apply(q, k, start_pos=7), first, strict=True))
-        layer.double().float()                                 # a cast reloads the tables: the memo follows
-        assert all(torch.equal(a, b) for a, b in zip(layer.apply(q, k, start_pos=7), first, strict=True))
-        grown = layer.apply(q, k, start_pos=100)               # past the cache: it grows, the memo follows
-        want = tpt.RotaryEmbedding(128, max_seq_len=4096).apply(q, k, start_pos=100)
-        assert all(torch.equal(a, b) for a, b in zip(grown, want, strict=True))
