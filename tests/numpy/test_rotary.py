@@ -52,6 +52,7 @@ def test_apply_matches_tables(dtype, interleaved, rotary_dim, pos_kind, seed) ->
     np.testing.assert_allclose(k2, reference(k, pos, r, interleaved=interleaved), **tol)
 
 
+@pytest.mark.slow  # finite differences (test_functional.py keeps a fast RoPE one)
 @pytest.mark.parametrize("scaling", [None, YARN, LONGROPE, {"rope_type": "dynamic", "factor": 2.0}])
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_backward_matches_finite_differences(scaling, interleaved: bool) -> None:

@@ -126,6 +126,7 @@ def test_every_chunk_size_gives_the_same_result_and_a_repeat_is_bit_identical() 
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.slow  # traces every allocation
 def test_forward_and_backward_never_hold_the_logits() -> None:
     """tracemalloc: the peak of forward + backward stays far below the (N, V) logits (one chunk is 16 x V)."""
     N, D, V = 1024, 32, 50257

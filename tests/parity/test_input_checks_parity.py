@@ -92,6 +92,7 @@ def test_sinusoidal_padding_positions_past_the_table_agree_across_backends(kerne
     np.testing.assert_allclose(out_t.detach().numpy(), out_np, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow  # threads racing set_kernels
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_concurrent_set_kernels_cannot_skip_the_id_check(backend):
     """One thread flips the kernel switch while another calls with a bad id: every call raises (a
@@ -185,6 +186,7 @@ def test_a_bad_id_in_training_leaves_an_explicit_torch_generator_alone():
     assert torch.equal(gen.get_state(), before) and torch.equal(torch.get_rng_state(), global_before)
 
 
+@pytest.mark.slow  # threads
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_failed_and_good_training_calls_from_two_threads(backend):
     """One thread keeps calling with a bad id while another trains on good ids, on one layer and

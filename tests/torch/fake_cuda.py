@@ -144,12 +144,25 @@ class FakeCuda(torch.Tensor):
         return _run(func, args, dict(kwargs or {}))
 
 
-def _needs_the_interpreter() -> None:
-    """Skip the calling test where Triton compiles for a real GPU (tests/triton_mode.py): the fake
-    tensors' CPU data needs the interpreter there; ``TOKENPOS_TRITON_DEVICE=cpu`` runs them."""
+def unavailable() -> str | None:
+    """Why fake CUDA tensors cannot run here, or None: Triton is absent (the optional ``gpu`` extra: the CUDA
+    code paths launch Triton kernels, which the interpreter runs on the CPU), or Triton compiles for a real
+    GPU (tests/triton_mode.py), where the fake tensors' CPU data needs the interpreter."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "fake CUDA tensors need Triton (the optional gpu extra), which is not installed"
     if ON_CUDA:
-        pytest.skip("fake CUDA tensors need Triton's interpreter, which is off on this GPU machine "
-                    "(the real-CUDA tests run instead; TOKENPOS_TRITON_DEVICE=cpu runs these)")
+        return ("fake CUDA tensors need Triton's interpreter, which is off on this GPU machine "
+                "(the real-CUDA tests run instead; TOKENPOS_TRITON_DEVICE=cpu runs these)")
+    return None
+
+
+def _needs_the_interpreter() -> None:
+    """Skip the calling test where fake CUDA tensors cannot run (:func:`unavailable` says why)."""
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
 
 
 def to_fake_cuda(t: torch.Tensor) -> FakeCuda:

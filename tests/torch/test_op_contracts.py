@@ -27,10 +27,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import tokenpos.torch.ops as ops
 from tests.tolerances import TOL
+from tests.torch.op_inputs import with_inputs
 from tokenpos import use_kernels
 
 rope_mod = importlib.import_module("tokenpos.torch.ops.rope")
 emb_mod = importlib.import_module("tokenpos.torch.ops.embedding")
+ngram_mod = importlib.import_module("tokenpos.torch.ops.ngram")
 OPS = torch.ops.tokenpos
 SAMPLES = list(ops.samples())
 
@@ -90,15 +92,7 @@ def test_no_float_input_that_requires_grad_gets_none(i: int, kernels: bool) -> N
     assert not missing, f"{op._name}: inputs {missing} require grad and got None"
 
 
-def _gradcheck_fn(op: Any, args: tuple[Any, ...], idx: list[int]) -> Callable[..., Any]:
-    def fn(*xs: torch.Tensor) -> Any:
-        full = list(args)
-        for j, x in zip(idx, xs, strict=True):
-            full[j] = x
-        return op(*full)
-    return fn
-
-
+@pytest.mark.slow  # gradcheck of every sample (fast: the other contracts of every sample)
 @pytest.mark.parametrize("kernels", [True, False])
 @pytest.mark.parametrize("i", F64_GRAD_SAMPLES)
 def test_gradcheck_every_float64_sample(i: int, kernels: bool) -> None:
@@ -112,9 +106,10 @@ def test_gradcheck_every_float64_sample(i: int, kernels: bool) -> None:
     idx = _grad_inputs(args)
     xs = tuple(args[j].detach().clone().requires_grad_() for j in idx)
     with use_kernels(kernels):
-        assert torch.autograd.gradcheck(_gradcheck_fn(op, args, idx), xs)
+        assert torch.autograd.gradcheck(with_inputs(op, args, idx), xs)
 
 
+@pytest.mark.slow  # double backward through gradgradcheck, 30-80 s each on busy cores
 @pytest.mark.parametrize("kernels", [True, False])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("table_batch", [None, 1, 2])
@@ -344,6 +339,7 @@ TRANSFORM_IMPLS: dict[str, Callable[..., Any]] = {
     "rope": lambda x, c, s, il, pos=None: rope_mod.rotate_impl(x, c, s, il, False, pos),
     "rope_qk": lambda q, k, c, s, il, pos=None: rope_mod.rotate_qk_impl(q, k, c, s, il, False, pos),
     "embedding": emb_mod.forward_impl,
+    "ngram_embedding": ngram_mod.formula,
     "rope_backward": lambda x, c, s, il, pos=None: rope_mod.rotate_impl(x, c, s, il, True, pos),
     "rope_qk_backward": lambda q, k, c, s, il, pos=None: rope_mod.rotate_qk_impl(q, k, c, s, il, True, pos),
 }
@@ -360,7 +356,8 @@ def test_real_output_strides_equal_the_fake_ones(i: int, path: str) -> None:
     args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
     fake = _fake_strides(op, args)
     if path == "transform":                          # the layers' route there: the implementation, plain torch
-        if op._name == "embedding_backward":         # (never reached under a transform: the formula is differentiated)
+        if op._name in ("embedding_backward", "ngram_embedding_backward"):   # (never reached under a transform:
+            # the formula is differentiated)
             return
         if op._name.startswith("tied_cross_entropy"):   # no torch.func route: refused with a ConfigError
             return

@@ -103,7 +103,7 @@ def test_positions_with_cu_seqlens_are_refused(kwargs: dict[str, Any], text: str
 
 def test_bad_shapes_and_cu_seqlens_are_refused() -> None:
     q, k, v = data()
-    with pytest.raises(ConfigError, match=r"got q \(1, 2, 12, 8\) and k \(1, 2, 13, 8\)"):
+    with pytest.raises(ConfigError, match=r"got q \(12, 2, 8\) and k \(13, 2, 8\)"):
         tpt.scaled_dot_product_attention(q[1:], k, v, cu_seqlens=CU)
     with pytest.raises(tpt.PositionError, match=f"must end at the number of tokens T = {T}"):
         tpt.scaled_dot_product_attention(q, k, v, cu_seqlens=CU[:-1])

@@ -63,6 +63,7 @@ def test_numpy_torch_parity(dtype) -> None:
                      lambda a, b: t_r.apply(a, b, torch.from_numpy(pos)), (q, k))
 
 
+@pytest.mark.slow  # finite differences
 def test_numpy_backward_finite_differences() -> None:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 1, 2, 5, 8))

@@ -56,6 +56,7 @@ def test_numpy_torch_parity(dtype, interleaved: bool) -> None:
                      lambda a, b: t_x.apply(a, b, torch.from_numpy(pos)), (q, k))
 
 
+@pytest.mark.slow  # finite differences
 def test_numpy_backward_finite_differences() -> None:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 2, 2, 4, 8))                        # (q|k, B, H, L, Dh)

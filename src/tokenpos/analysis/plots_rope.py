@@ -15,7 +15,6 @@ import numpy as np
 from tokenpos.analysis.figures import check_head_dim, new_figure, save
 from tokenpos.tables.checks.validation import check_positive_int
 from tokenpos.tables.formulas.mrope import mrope_axis_map, mrope_position_ids
-from tokenpos.tables.formulas.rope import rope_inv_freq
 from tokenpos.tables.formulas.rope2d import patch_positions_2d, rope2d_inv_freq, sincos_2d_table
 
 AXES = ("T", "H", "W")
@@ -100,6 +99,3 @@ def plot_positions_2d(path: str | Path, *, head_dim: int = 64, d_model: int = 64
     return save(figure_positions_2d(num_positions, head_dim, d_model), path, dpi)
 
 
-def rope_wavelength_axes(head_dim: int = 128, base: float = 10000.0) -> np.ndarray:
-    """Wavelengths (F,) of plain RoPE, for the captions: ``2 pi / inv_freq``."""
-    return 2 * np.pi / rope_inv_freq(head_dim, base=base)[0]

@@ -33,8 +33,10 @@ from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module
 from tokenpos.tables.checks.packing import check_packed_rotary_args
 from tokenpos.tables.checks.rope import (
+    caller_shape,
     check_heads,
     check_no_key_positions,
+    check_packed_qk,
     check_positions_shape,
     check_qk_lengths,
     one_head,
@@ -97,6 +99,10 @@ class RotaryBase(Module):
     num_heads: int | None
     _last: Any
     packs = False                    # positions one index per token: cu_seqlens accepted (RotaryEmbedding)
+    # packed attention rotates a layer that does not pack at the row's (T,) in-document positions: M-RoPE takes
+    # them (text tokens: its three axes equal); 2-D RoPE, whose positions are (row, column) pairs, cannot
+    # (tables.checks.attention.check_packed_scheme then raises the layer's own reason)
+    takes_token_positions = True
     # q and k are rotated only together, in one call: k's tables differ from q's and depend on the call
     # (xPos: k scaled down, q up, around one centre). The attention functions then rotate q and the keys in
     # one apply (keys at their positions) and refuse rotate_keys=False (tables.checks.attention.check_rotated_keys).
@@ -136,7 +142,7 @@ class RotaryBase(Module):
         ``key_positions`` (a KV cache of keys before rotation, used as given), else at q's (Lq == Lk, checked
         first: ConfigError)."""
         if key_positions is None:
-            check_qk_lengths(q.shape, k.shape)
+            check_qk_lengths(q.shape, k.shape, self.qk_layout)
         pos_q = self._positions(positions, start_pos, q.shape[0], q.shape[2])
         return pos_q, pos_q if key_positions is None else self._positions(key_positions, 0, k.shape[0], k.shape[2])
 
@@ -183,6 +189,9 @@ class RotaryBase(Module):
         ``cu_seqlens`` (N + 1,): q, k one packed row, positions restarting per document."""
         q, k = self._qk(q, k)
         if cu_seqlens is not None:
+            if self.packs:                           # the others refuse cu_seqlens itself (_packed_positions)
+                L = self.qk_layout
+                check_packed_qk(caller_shape(q.shape, L), caller_shape(k.shape, L), L)
             q_out, k_out, cache = self._rotate_packed(q, k, *self._packed_positions(q, positions, start_pos,
                                                                                      key_positions, cu_seqlens))
         else:

@@ -45,6 +45,7 @@ from tokenpos.tables.checks.attention import (
     check_bias_shape,
     check_mask_dtype,
     check_mask_shape,
+    check_packed_scheme,
     check_rotated_keys,
     check_scale,
     check_scheme,
@@ -86,11 +87,12 @@ def _kind(positional: Any) -> str:
     return "none" if positional is None else str(positional.kind)   # checked by check_scheme in the forward
 
 
-def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray, given: tuple[np.ndarray, ...], packed: bool) -> None:
+    """q, k, v as (B, H, L, D) views; the error quotes ``given`` (the caller's arrays)."""
     ok = q.ndim == k.ndim == v.ndim == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2] \
         and k.shape[2] == v.shape[2] and q.shape[3] == k.shape[3] and q.shape[2] <= k.shape[2]
     if not ok:
-        raise ConfigError(attention_shape_message(q.shape, k.shape, v.shape))
+        raise ConfigError(attention_shape_message(given[0].shape, given[1].shape, given[2].shape, packed=packed))
 
 
 def _bhld(x: np.ndarray) -> np.ndarray:
@@ -158,14 +160,18 @@ def scaled_dot_product_attention_forward(
             start_pos + arange(Lq)) after any rotation; None = off.
         cu_seqlens: (N + 1,) int32 / int64, packed documents (module docstring): q, k, v (T, H, Dh) ->
             out (T, H, Dh), or (1, H, T, Dh) -> (1, H, T, Dh).
+            The output equals the same documents padded in a batch; it equals each document attended alone
+            except under a rotary scaling that depends on the batch's longest position (dynamic NTK, longrope).
     """
     q, k, v = check_float_array("q", q), check_float_array("k", k), check_float_array("v", v)
     inputs = (q, k, v)
     thd = cu_seqlens is not None and q.ndim == 3
     if cu_seqlens is not None:                                                # packed: (T, H, Dh) -> (1, H, T, Dh)
         q, k, v = _bhld(q), _bhld(k), _bhld(v)
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, inputs, cu_seqlens is not None)
     kind = check_scheme(positional)
+    if cu_seqlens is not None:
+        check_packed_scheme(positional, kind)
     if attn_mask is not None:
         attn_mask = np.asarray(attn_mask)
         check_mask_dtype(attn_mask.dtype)
@@ -173,7 +179,8 @@ def scaled_dot_product_attention_forward(
     scale = check_scale(scale)
     packed = None
     if cu_seqlens is not None:                                                # positions inside each document
-        n = check_packed_attention_args(q.shape, k.shape, positions, start_pos, key_positions)
+        n = check_packed_attention_args(q.shape, k.shape, positions, start_pos, key_positions,
+                                        (inputs[0].shape, inputs[1].shape))
         packed = positions = positions_from_cu_seqlens(cu_seqlens, n)
     else:
         check_bias_positions(positional, kind, positions, key_positions, start_pos, q.shape[2], k.shape[2],

@@ -25,6 +25,7 @@ from tokenpos.tables.checks.validation import (
     dtype_name,
     numpy_dtype_message,
     numpy_holds,
+    shape_message,
 )
 from tokenpos.tables.errors import StateDictError
 
@@ -109,7 +110,7 @@ class Parameter:
     @grad.setter
     def grad(self, value: np.ndarray | None) -> None:
         if value is not None and np.shape(value) != self.data.shape:
-            raise ValueError(f"grad must have shape {self.data.shape}, got {np.shape(value)}")
+            raise ValueError(shape_message("grad", self.data.shape, np.shape(value)))
         self._dense = None if value is None else np.asarray(value, dtype=self.data.dtype)
         self._chunks, self._touched = [], None
 

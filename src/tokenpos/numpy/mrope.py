@@ -20,7 +20,7 @@ import numpy as np
 from tokenpos.numpy import functional as F
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache, to_bhld
 from tokenpos.tables.checks.rotary_layers import check_mrope_positions_shape
-from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_dtype, check_start_pos, check_start_pos_with_positions
 from tokenpos.tables.formulas.mrope import MRopeSettings, mrope_angles, mrope_cos_sin, mrope_positions
 from tokenpos.tables.hf.models import mrope_kwargs_from_hf_config
 
@@ -35,6 +35,7 @@ class MRotaryEmbedding(RotaryBase):
         base, max_seq_len, scaling: as RotaryEmbedding (static scalings only).
         qk_layout, num_heads: as RotaryEmbedding.
         seed, rng: accepted for the common scheme signature; no random state.
+        dtype: as RotaryEmbedding (checked; outputs follow the input dtype).
 
     Shape:
         apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (3, B, L) | (B, L) | (L,) | None) -> (q', k');
@@ -46,8 +47,9 @@ class MRotaryEmbedding(RotaryBase):
 
     def __init__(self, head_dim: int, *, mrope_section: Any, mrope_layout: str = "sections", base: float = 10000.0,
                  max_seq_len: int = 2048, scaling: Any = None, qk_layout: str = "bhld", num_heads: int | None = None,
-                 seed: Any = None, rng: Any = None) -> None:
+                 seed: Any = None, rng: Any = None, dtype: Any = None) -> None:
         super().__init__()
+        check_dtype("dtype", dtype)
         self.settings = MRopeSettings(head_dim, base=base, max_seq_len=max_seq_len, scaling=scaling,
                                       mrope_section=mrope_section, mrope_layout=mrope_layout, qk_layout=qk_layout,
                                       num_heads=num_heads)

@@ -32,6 +32,7 @@ class RotaryEmbedding2D(RotaryBase):
     Args:
         head_dim: Dh (divisible by 4). base: rope_theta. qk_layout, num_heads: as RotaryEmbedding.
         seed, rng: accepted for the common scheme signature; no random state.
+        dtype: as RotaryEmbedding (checked; outputs follow the input dtype).
 
     Shape:
         apply(q (B, Hq, N, Dh), k (B, Hk, N, Dh), positions (N, 2) | (B, N, 2)) -> (q', k');
@@ -39,11 +40,13 @@ class RotaryEmbedding2D(RotaryBase):
     """
 
     kind = "rotary"
+    takes_token_positions = False    # (row, column) pairs: packed attention cannot derive them
     name = "rope2d"
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, qk_layout: str = "bhld", num_heads: int | None = None,
-                 seed: Any = None, rng: Any = None) -> None:
+                 seed: Any = None, rng: Any = None, dtype: Any = None) -> None:
         super().__init__()
+        check_dtype("dtype", dtype)
         self.head_dim, self.base, self.inv_freq, self.axis_map = rope2d_layer_args(head_dim, base)
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
         self._last: RotaryCache | None = None
@@ -73,7 +76,7 @@ class RotaryEmbedding2D(RotaryBase):
                      ) -> tuple[np.ndarray, np.ndarray, RotaryCache]:
         """q, k (B, H, N, Dh) rotated at the same (row, col) positions (explicit, so ``start_pos`` must be
         None or 0, else ConfigError: it would be ignored; ``key_positions``, if given, must equal them)."""
-        check_qk_lengths(q.shape, k.shape)
+        check_qk_lengths(q.shape, k.shape, self.qk_layout)
         check_rope2d_positions_given(positions, start_pos)
         pos = check_positions(positions)
         check_rope2d_positions_shape(pos.shape, q.shape[0], q.shape[2])

@@ -24,7 +24,7 @@ from tokenpos.numpy import functional as F
 from tokenpos.numpy._rotary_base import RotaryBase, RotaryCache
 from tokenpos.numpy._rotary_base import to_bhld as to_bhld
 from tokenpos.tables.checks.rope import check_qk_layout, check_qk_lengths
-from tokenpos.tables.checks.validation import INT64_MAX, check_positions, check_start_pos
+from tokenpos.tables.checks.validation import INT64_MAX, check_dtype, check_positions, check_start_pos
 from tokenpos.tables.formulas.rope import expand_to_layout, rope_angles
 from tokenpos.tables.formulas.rope_scaling import freeze_rope_scaling
 from tokenpos.tables.formulas.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROWTH_LIMIT
@@ -65,6 +65,8 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         num_heads: H of q when known: q's head axis must equal it and k's must divide it, so a
             tensor in the other layout is refused instead of silently rotated along heads.
         seed, rng: accepted for the common scheme signature; RoPE has no random state.
+        dtype: accepted for the common layer signature (as the torch twin) and checked (float16, float32 or
+            float64); outputs follow the input dtype and the tables stay float64.
 
     Threads: one layer may serve several threads. The frequency variant (``tables.formulas.rope_state.rope_variant``,
     from the layer's frozen ``RopeState``) and the cache rows of a call are taken together under a lock
@@ -83,8 +85,9 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, max_seq_len: int = 2048, scaling: Any = None,
                  interleaved: bool = False, rotary_dim: int | None = None, qk_layout: str = "bhld",
-                 num_heads: int | None = None, seed: Any = None, rng: Any = None) -> None:
+                 num_heads: int | None = None, seed: Any = None, rng: Any = None, dtype: Any = None) -> None:
         super().__init__()
+        check_dtype("dtype", dtype)
         self.head_dim, self.max_seq_len, self.interleaved, self.freqs = rotary_frequencies(
             head_dim, max_seq_len, interleaved, base=base, scaling=scaling, rotary_dim=rotary_dim)
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
@@ -226,6 +229,10 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         what :meth:`backward` needs. The general forms (q alone, given positions, ``key_positions``,
         ``cu_seqlens``, q and k of two dtypes): :meth:`RotaryBase.apply`, the same results.
 
+        With ``cu_seqlens``: a packed row equals the same documents padded in a batch; it equals each document
+        rotated alone except under a scaling that depends on the batch's longest position (dynamic NTK, longrope),
+        where every document gets the frequencies of the row's largest position, as HF gives a padded batch.
+
         The default call reads top to bottom: q and k as (B, H, L, Dh) views (layout, dtype, heads checked),
         the cached cos / sin rows of ``start_pos .. start_pos + L`` (:meth:`_rows`), one ``rope_qk_forward`` pass.
         """
@@ -238,7 +245,7 @@ class RotaryEmbedding(RotaryBase, RopeFromHFConfig):
         k4 = to_bhld("k", k, self.head_dim, layout, self.num_heads)                 # (B, Hk, L, Dh)
         L = q4.shape[2]
         if k4.shape[0] != q4.shape[0] or k4.shape[2] != L:
-            check_qk_lengths(q4.shape, k4.shape)                                    # raises
+            check_qk_lengths(q4.shape, k4.shape, layout)                                    # raises
         start = (start_pos if type(start_pos) is int and 0 <= start_pos <= INT64_MAX - L
                  else check_start_pos(start_pos, L))
         cos, sin = self._rows(start, L, q4.dtype)

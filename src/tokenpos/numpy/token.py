@@ -12,9 +12,10 @@ import numpy as np
 
 from tokenpos.numpy import functional as F
 from tokenpos.numpy.module import Module, Parameter
+from tokenpos.tables.checks.tied_loss import check_same_dtype
+from tokenpos.tables.checks.token_table import check_resize, check_table_shape
 from tokenpos.tables.checks.validation import (
     check_bool,
-    check_choice,
     check_dtype,
     check_feature_dim,
     check_float_array,
@@ -23,7 +24,6 @@ from tokenpos.tables.checks.validation import (
     check_positive_int,
     check_token_ids,
 )
-from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.init import RESIZE_INITS, init_weight, resolve_rng
 
 INT64 = np.dtype(np.int64)
@@ -84,8 +84,7 @@ class TokenEmbedding(Module):
                         scale: bool = False) -> TokenEmbedding:
         """Wrap an existing (V, D) array (copied). ``freeze=True`` makes it non-trainable."""
         w = np.array(weights.detach().cpu().numpy() if hasattr(weights, "detach") else weights)
-        if w.ndim != 2:
-            raise ConfigError(f"weights must be a 2-D (vocab_size, d_model) array, got shape {w.shape}")
+        check_table_shape(tuple(w.shape))
         layer = cls(w.shape[0], w.shape[1], init="zeros", padding_idx=padding_idx, scale=scale, dtype=w.dtype)
         layer.weight.data[...] = w
         layer.weight.requires_grad = not freeze
@@ -114,9 +113,12 @@ class TokenEmbedding(Module):
 
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: np.ndarray) -> np.ndarray:
-        """Logits against the same table: h (..., D) -> (..., V) = h @ W.T (flax's ``attend``)."""
+        """Logits against the same table: h (..., D) -> (..., V) = h @ W.T (flax's ``attend``); h of the table's
+        dtype (DtypeError otherwise, as ``loss`` and the torch twin)."""
         h = check_float_array("h", h)
         check_feature_dim("h", h.shape, self.d_model)
+        if h.dtype != self.weight.data.dtype:
+            check_same_dtype(h.dtype, self.weight.data.dtype)                  # raises
         logits, self._attend_cache = F.attend_forward(h, self.weight.data)
         return logits
 
@@ -164,16 +166,8 @@ class TokenEmbedding(Module):
         drawn from an init scheme. ``pad_to_multiple_of`` rounds the new size up. Gradients and
         caches are cleared; optimiser state for this table must be rebuilt.
         """
-        new_v = check_positive_int("new_vocab_size", new_vocab_size)
-        if pad_to_multiple_of is not None:
-            m = check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
-            new_v = -(-new_v // m) * m
-        check_choice("init", init, RESIZE_INITS)
-        if new_v < self.vocab_size and not allow_shrink:
-            raise ConfigError(f"resize would shrink vocab_size from {self.vocab_size} to {new_v}; "
-                              f"pass allow_shrink=True to drop rows")
-        if self.padding_idx is not None and self.padding_idx >= new_v:
-            raise ConfigError(f"padding_idx {self.padding_idx} would fall outside the new vocab [0, {new_v})")
+        new_v = check_resize(self.vocab_size, new_vocab_size, pad_to_multiple_of=pad_to_multiple_of, init=init,
+                             inits=RESIZE_INITS, allow_shrink=allow_shrink, padding_idx=self.padding_idx)
         old = self.weight.data
         keep = min(new_v, self.vocab_size)
         new = np.empty((new_v, self.d_model), dtype=self.dtype)

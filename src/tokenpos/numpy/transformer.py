@@ -24,7 +24,7 @@ from tokenpos.numpy.module import Module, Parameter
 from tokenpos.numpy.norm import build_norm
 from tokenpos.numpy.schemes import build_shortcut
 from tokenpos.numpy.token import INT64, TokenEmbedding
-from tokenpos.tables.checks.embedding import check_embedding_args
+from tokenpos.tables.checks.embedding import NO_TOKEN_TYPES, check_embedding_args
 from tokenpos.tables.checks.packing import check_packed_embedding_args
 from tokenpos.tables.checks.validation import (
     INT64_MAX,
@@ -33,6 +33,7 @@ from tokenpos.tables.checks.validation import (
     check_positions_at,
     check_start_pos_with_positions,
     check_token_ids,
+    shape_message,
 )
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.dropout import draw_seed
@@ -150,7 +151,7 @@ class TransformerEmbedding(Module):
         if not (type(ids) is np.ndarray and ids.dtype == INT64 and ids.size and ids.view(np.uint64).max() < vocab):
             ids = check_token_ids(ids, vocab)                       # (token.INT64: one reduction for int64 ids)
         if ids.ndim not in (1, 2):
-            raise ConfigError(f"ids must have shape (B, L) or (L,), got {ids.shape}")
+            raise ConfigError(shape_message("ids", "(B, L) or (L,)", ids.shape))
         L = ids.shape[-1]
         limit = table_limit(position)
         end: int | None                                             # max(positions) + 1; None: not read
@@ -163,7 +164,7 @@ class TransformerEmbedding(Module):
             check_start_pos_with_positions(start_pos, positions)
             pos = check_positions(positions)
             if pos.shape not in (ids.shape, ids.shape[-1:]):
-                raise ConfigError(f"positions must have shape {ids.shape[-1:]} or {ids.shape}, got {pos.shape}")
+                raise ConfigError(shape_message("positions", f"{ids.shape[-1:]} or {ids.shape}", pos.shape))
             if limit is not None:
                 check_positions_at(pos, ids.shape, limit)
             end = int(pos.max()) + 1 if limit is None and position.kind == "additive" and pos.size else None
@@ -186,12 +187,12 @@ class TransformerEmbedding(Module):
         """Token types of the ids' ``shape``, checked; all type 0 when none are given."""
         if self.token_type is None:
             if token_type_ids is not None:
-                raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
+                raise ConfigError(NO_TOKEN_TYPES)
             return None
         tt = np.zeros(shape, np.int64) if token_type_ids is None else check_token_ids(token_type_ids,
                                                                                      self.num_token_types)
         if tt.shape != shape:
-            raise ConfigError(f"token_type_ids must have shape {shape}, got {tt.shape}")
+            raise ConfigError(shape_message("token_type_ids", shape, tt.shape))
         return tt
 
     # -- the model ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from tokenpos.tables.checks.rope import (
     check_qk_layout,
 )
 from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, check_xpos_packed_start, xpos_layer_args
-from tokenpos.tables.checks.validation import check_positions
+from tokenpos.tables.checks.validation import check_dtype, check_positions
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope import rope_angles, rope_inv_freq
 from tokenpos.tables.formulas.xpos import xpos_center, xpos_document_centres, xpos_scale, xpos_scaled_tables
@@ -34,7 +34,8 @@ class XPosRotaryEmbedding(RotaryBase):
         center: the position where the scale is 1; None = ``L // 2`` of each call (as rotary-embedding-torch).
             Scores do not depend on it; a fixed value makes q' and k' independent of the call's length
             (needed for a cache of keys rotated by earlier calls: with None each call has its own centre).
-        qk_layout, num_heads: as RotaryEmbedding. seed, rng: accepted; no random state.
+        qk_layout, num_heads: as RotaryEmbedding. seed, rng: accepted; no random state. dtype: as RotaryEmbedding
+            (checked; outputs follow the input dtype).
 
     Shape:
         apply(q (B, Hq, L, Dh), k (B, Hk, L, Dh), positions (L,) | (1, L) | (B, L) | None) -> (q', k');
@@ -51,8 +52,9 @@ class XPosRotaryEmbedding(RotaryBase):
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512.0,
                  rotary_dim: int | None = None, interleaved: bool = True, center: float | None = None,
                  qk_layout: str = "bhld",
-                 num_heads: int | None = None, seed: Any = None, rng: Any = None) -> None:
+                 num_heads: int | None = None, seed: Any = None, rng: Any = None, dtype: Any = None) -> None:
         super().__init__()
+        check_dtype("dtype", dtype)
         self.head_dim, self.rotary_dim, self.scale_base, self.center, self.interleaved = xpos_layer_args(
             head_dim, rotary_dim, scale_base, center, interleaved, bool_types=(bool, np.bool_))
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)

@@ -33,6 +33,7 @@ from tokenpos.tables.checks.packing import check_packed_rotary_args
 from tokenpos.tables.checks.rope import (
     check_heads,
     check_no_key_positions,
+    check_packed_qk,
     check_positions_shape,
     check_qk_lengths,
     check_same_key_positions,
@@ -85,6 +86,10 @@ class RotaryBase(TokenposModule):
     num_heads: int | None
     inv_freq: torch.Tensor
     packs = False                    # positions one index per token: cu_seqlens accepted (RotaryEmbedding)
+    # packed attention rotates a layer that does not pack at the row's (T,) in-document positions: M-RoPE takes
+    # them (text tokens: its three axes equal); 2-D RoPE, whose positions are (row, column) pairs, cannot
+    # (tables.checks.attention.check_packed_scheme then raises the layer's own reason)
+    takes_token_positions = True
     # q and k are rotated only together, in one call: k's tables differ from q's and depend on the call
     # (xPos: k scaled down, q up, around one centre). The attention functions then rotate q and the keys in
     # one apply (keys at their positions) and refuse rotate_keys=False (tables.checks.attention.check_rotated_keys).
@@ -162,7 +167,7 @@ class RotaryBase(TokenposModule):
         ``key_positions`` (a KV cache of keys before rotation, used as given), else at q's (Lq == Lk, checked
         first: ConfigError)."""
         if key_positions is None:
-            check_qk_lengths(tuple(q.shape), tuple(k.shape))
+            check_qk_lengths(tuple(q.shape), tuple(k.shape), self.qk_layout)
         pos_q = self._positions(positions, start_pos, q.shape[0], q.shape[2])
         return pos_q, pos_q if key_positions is None else self._positions(key_positions, 0, k.shape[0], k.shape[2])
 
@@ -250,12 +255,14 @@ class RotaryBase(TokenposModule):
                                   cu_seqlens=cu_seqlens)
             return q_out, None
         packed = cu_seqlens is not None
-        q, k = self._qk(q, k, packed)
+        q4, k4 = self._qk(q, k, packed)
         if packed:
-            q_out, k_out = self._rotate_packed(q, k, *self._packed_positions(q, positions, start_pos, key_positions,
-                                                                             cu_seqlens))
+            if self.packs:                           # the others refuse cu_seqlens itself (_packed_positions)
+                check_packed_qk(tuple(q.shape), tuple(k.shape), self.qk_layout)
+            q_out, k_out = self._rotate_packed(q4, k4, *self._packed_positions(q4, positions, start_pos,
+                                                                               key_positions, cu_seqlens))
         else:
-            q_out, k_out = self._rotate_bhld(q, k, positions, start_pos, key_positions)
+            q_out, k_out = self._rotate_bhld(q4, k4, positions, start_pos, key_positions)
         return self._out(q_out, packed), self._out(k_out, packed)
 
     forward = apply

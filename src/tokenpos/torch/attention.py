@@ -33,6 +33,7 @@ from tokenpos.tables.checks.attention import (
     check_bias_shape,
     check_mask_dtype,
     check_mask_shape,
+    check_packed_scheme,
     check_rotated_keys,
     check_scale,
     check_scheme,
@@ -54,13 +55,15 @@ def _bhld(x: Any) -> Any:
     return x.transpose(0, 1)[None] if isinstance(x, torch.Tensor) and x.dim() == 3 else x
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, given: tuple[tuple[int, ...], ...],
+                  packed: bool) -> None:
+    """q, k, v as (B, H, L, D) views; the error quotes ``given`` (the caller's shapes)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float_tensor(name, t)
     ok = q.dim() == k.dim() == v.dim() == 4 and q.shape[:2] == k.shape[:2] == v.shape[:2] \
         and k.shape[2] == v.shape[2] and q.shape[3] == k.shape[3] and q.shape[2] <= k.shape[2]
     if not ok:
-        raise ConfigError(attention_shape_message(tuple(q.shape), tuple(k.shape), tuple(v.shape)))
+        raise ConfigError(attention_shape_message(given[0], given[1], given[2], packed=packed))
 
 
 def _host_values(x: Any) -> Any:
@@ -136,12 +139,18 @@ def scaled_dot_product_attention(
             twin); None = off.
         cu_seqlens: (N + 1,) int32 / int64 on q's device, packed documents (module docstring): q, k, v
             (T, H, Dh) -> out (T, H, Dh), or (1, H, T, Dh) -> (1, H, T, Dh).
+            The output equals the same documents padded in a batch; it equals each document attended alone
+            except under a rotary scaling that depends on the batch's longest position (dynamic NTK, longrope).
     """
     thd = cu_seqlens is not None and isinstance(q, torch.Tensor) and q.dim() == 3
+    given = (tuple(getattr(q, "shape", ())), tuple(getattr(k, "shape", ())),
+             tuple(getattr(v, "shape", ())))                                   # as the caller passed them
     if cu_seqlens is not None:                                                  # (T, H, Dh) -> (1, H, T, Dh)
         q, k, v = _bhld(q), _bhld(k), _bhld(v)
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, given, cu_seqlens is not None)
     kind = check_scheme(positional)
+    if cu_seqlens is not None:
+        check_packed_scheme(positional, kind)
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):                             # a NumPy mask, a list
             attn_mask = torch.as_tensor(attn_mask, device=q.device)
@@ -150,7 +159,8 @@ def scaled_dot_product_attention(
     scale = check_scale(scale)
     packed = None
     if cu_seqlens is not None:                                                  # positions inside each document
-        n = check_packed_attention_args(tuple(q.shape), tuple(k.shape), positions, start_pos, key_positions)
+        n = check_packed_attention_args(tuple(q.shape), tuple(k.shape), positions, start_pos, key_positions,
+                                        (given[0], given[1]))
         cu_seqlens = check_cu_seqlens_tensor(cu_seqlens, n, device=q.device)
         packed = positions = packed_positions(cu_seqlens, n)
     else:

@@ -20,7 +20,7 @@ from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_w
 from tokenpos.tables.formulas.mrope import MRopeSettings
 from tokenpos.tables.hf.models import mrope_kwargs_from_hf_config
 from tokenpos.torch import ops
-from tokenpos.torch._checks import check_position_tensor
+from tokenpos.torch._checks import check_position_tensor, resolve_dtype
 from tokenpos.torch._rotary_base import RotaryBase
 
 
@@ -38,6 +38,7 @@ class MRotaryEmbedding(RotaryBase):
                  max_seq_len: int = 2048, scaling: Any = None, qk_layout: str = "bhld", num_heads: int | None = None,
                  seed: Any = None, rng: Any = None, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
+        resolve_dtype(dtype)                 # checked as the NumPy twin does; outputs follow the input dtype
         self.settings = MRopeSettings(head_dim, base=base, max_seq_len=max_seq_len, scaling=scaling,
                                       mrope_section=mrope_section, mrope_layout=mrope_layout, qk_layout=qk_layout,
                                       num_heads=num_heads)

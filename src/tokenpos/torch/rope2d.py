@@ -29,11 +29,13 @@ class RotaryEmbedding2D(RotaryBase):
     """
 
     kind = "rotary"
+    takes_token_positions = False    # (row, column) pairs: packed attention cannot derive them
     name = "rope2d"
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, qk_layout: str = "bhld", num_heads: int | None = None,
                  seed: Any = None, rng: Any = None, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
+        resolve_dtype(dtype)                 # checked as the NumPy twin does; outputs follow the input dtype
         self.head_dim, self.base = rope2d_layer_args(head_dim, base)[:2]    # checks head_dim % 4
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
         self.axis_map: torch.Tensor
@@ -76,7 +78,7 @@ class RotaryEmbedding2D(RotaryBase):
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k (B, H, N, Dh) rotated at the same (row, col) positions (``start_pos``: None or 0;
         ``key_positions``, if given, must equal them)."""
-        check_qk_lengths(tuple(q.shape), tuple(k.shape))
+        check_qk_lengths(tuple(q.shape), tuple(k.shape), self.qk_layout)
         check_rope2d_positions_given(positions, start_pos)
         pos = check_position_tensor(positions, device=self.inv_freq.device)
         check_rope2d_positions_shape(tuple(pos.shape), q.shape[0], q.shape[2])

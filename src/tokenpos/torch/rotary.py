@@ -26,6 +26,7 @@ from tokenpos.tables.formulas.rope_state import CACHE_GROWTH_LIMIT as CACHE_GROW
 from tokenpos.tables.formulas.rope_state import rotary_frequencies
 from tokenpos.tables.hf.rope import RopeFromHFConfig
 from tokenpos.torch import ops
+from tokenpos.torch._checks import resolve_dtype
 from tokenpos.torch._rope_tables import RopeTables
 from tokenpos.torch._rotary_base import to_bhld as to_bhld
 
@@ -66,6 +67,7 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
                  num_heads: int | None = None, seed: Any = None, rng: Any = None, device: Any = None,
                  dtype: Any = None) -> None:
         super().__init__()
+        resolve_dtype(dtype)                 # checked as the NumPy twin does; outputs follow the input dtype
         self.head_dim, self.max_seq_len, self.interleaved, self.freqs = rotary_frequencies(
             head_dim, max_seq_len, interleaved, base=base, scaling=scaling, rotary_dim=rotary_dim)
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)
@@ -103,6 +105,10 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
         shapes and dtypes. The general forms (q alone, given positions, ``key_positions``, ``cu_seqlens``,
         ``apply(fn)``: :meth:`RotaryBase.apply`) are documented there.
 
+        With ``cu_seqlens``: a packed row equals the same documents padded in a batch; it equals each document
+        rotated alone except under a scaling that depends on the batch's longest position (dynamic NTK, longrope),
+        where every document gets the frequencies of the row's largest position, as HF gives a padded batch.
+
         The default call reads top to bottom: q and k as (B, H, L, Dh) views (layout, dtype, heads checked),
         the cached cos / sin rows of ``start_pos .. start_pos + L`` (:meth:`_rows`), one ``tokenpos::rope_qk`` op.
         """
@@ -114,7 +120,7 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
         q4 = to_bhld("q", q, self.head_dim, layout, self.num_heads)                  # (B, Hq, L, Dh) views
         k4 = to_bhld("k", k, self.head_dim, layout, self.num_heads)                  # (B, Hk, L, Dh)
         if q4.shape[0] != k4.shape[0] or q4.shape[2] != k4.shape[2]:
-            check_qk_lengths(tuple(q4.shape), tuple(k4.shape))                       # raises
+            check_qk_lengths(tuple(q4.shape), tuple(k4.shape), layout)                       # raises
         start = start_pos if type(start_pos) is int and start_pos >= 0 else check_int("start_pos", start_pos,
                                                                                        minimum=0)
         cos, sin = self._rows(start, q4.shape[2], torch.float64 if q.dtype == torch.float64 else torch.float32)
@@ -159,7 +165,7 @@ class RotaryEmbedding(RopeTables, RopeFromHFConfig):
         (chosen by the largest position). Given ``positions`` need ``start_pos=0`` (ConfigError otherwise).
         """
         if key_positions is None and q.dtype == k.dtype:
-            check_qk_lengths(tuple(q.shape), tuple(k.shape))
+            check_qk_lengths(tuple(q.shape), tuple(k.shape), self.qk_layout)
             return self._rotate_pair(q, k, self._pairs_of(q, positions, start_pos, None), None, self.interleaved)
         pos_q, pos_k = self._qk_positions(q, k, positions, start_pos, key_positions)
         need = torch.maximum(pos_q.max(), pos_k.max()) + 1 \

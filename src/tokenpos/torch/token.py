@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenpos.tables.checks.tied_loss import check_same_dtype
+from tokenpos.tables.checks.token_table import check_resize, check_table_shape
 from tokenpos.tables.checks.validation import (
     check_bool,
     check_choice,
@@ -20,7 +22,6 @@ from tokenpos.tables.checks.validation import (
     check_padding_idx,
     check_positive_int,
 )
-from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.init import INIT_SCHEMES, RESIZE_INITS, init_weight
 from tokenpos.torch._checks import check_float_tensor, check_token_id_tensor, index_tensor, resolve_dtype
 from tokenpos.torch._init import empty_table, fill_init_, resolve_torch_rng
@@ -98,8 +99,7 @@ class TokenEmbedding(TokenposModule):
                         dtype: Any = None) -> TokenEmbedding:
         """Wrap an existing (V, D) tensor or array (copied). ``freeze=True`` makes it non-trainable."""
         w = weights.detach() if isinstance(weights, torch.Tensor) else torch.as_tensor(np.asarray(weights))
-        if w.ndim != 2:
-            raise ConfigError(f"weights must be a 2-D (vocab_size, d_model) array, got shape {tuple(w.shape)}")
+        check_table_shape(tuple(w.shape))
         dtype = resolve_dtype(w.dtype if dtype is None else dtype)
         layer = cls(w.shape[0], w.shape[1], init="zeros", padding_idx=padding_idx, scale=scale, sparse=sparse,
                     device=device if device is not None else w.device, dtype=dtype, seed=0)
@@ -125,9 +125,14 @@ class TokenEmbedding(TokenposModule):
         """Logits against the same table: h (..., D) -> (..., V) = h @ W.T (flax's ``attend``).
 
         Like a tied ``nn.Linear``, every row (the padding row included) receives gradient here.
+
+        Raises:
+            DtypeError: h of another dtype than the table (as ``loss``), outside ``torch.autocast`` (which casts).
         """
         check_float_tensor("h", h)
         check_feature_dim("h", tuple(h.shape), self.d_model)
+        if h.dtype != self.weight.dtype and not torch.is_autocast_enabled(h.device.type):
+            check_same_dtype(h.dtype, self.weight.dtype)                       # raises
         return F.linear(h, self.weight)
 
     def loss(self, h: torch.Tensor, targets: Any, *, ignore_index: int = -100, label_smoothing: float = 0.0,
@@ -154,16 +159,8 @@ class TokenEmbedding(TokenposModule):
         added tokens) or drawn from an init scheme. ``pad_to_multiple_of`` rounds the new size up.
         ``weight`` becomes a new Parameter (same requires_grad): rebuild optimisers that held the old one.
         """
-        new_v = check_positive_int("new_vocab_size", new_vocab_size)
-        if pad_to_multiple_of is not None:
-            m = check_positive_int("pad_to_multiple_of", pad_to_multiple_of)
-            new_v = -(-new_v // m) * m
-        check_choice("init", init, RESIZE_INITS)
-        if new_v < self.vocab_size and not allow_shrink:
-            raise ConfigError(f"resize would shrink vocab_size from {self.vocab_size} to {new_v}; "
-                              f"pass allow_shrink=True to drop rows")
-        if self.padding_idx is not None and self.padding_idx >= new_v:
-            raise ConfigError(f"padding_idx {self.padding_idx} would fall outside the new vocab [0, {new_v})")
+        new_v = check_resize(self.vocab_size, new_vocab_size, pad_to_multiple_of=pad_to_multiple_of, init=init,
+                             inits=RESIZE_INITS, allow_shrink=allow_shrink, padding_idx=self.padding_idx)
         old = self.weight
         keep = min(new_v, self.vocab_size)
         new = empty_table(new_v, self.d_model, device=old.device, dtype=old.dtype)

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenpos.tables.checks.embedding import check_embedding_args, check_padding_start
+from tokenpos.tables.checks.embedding import NO_TOKEN_TYPES, check_embedding_args, check_padding_start
 from tokenpos.tables.checks.packing import check_packed_embedding_args
-from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions
+from tokenpos.tables.checks.validation import check_start_pos, check_start_pos_with_positions, shape_message
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.dropout import SEED_MASK
 from tokenpos.tables.plan import Batch, plan_embedding, table_limit
@@ -186,7 +186,7 @@ class TransformerEmbedding(TokenposModule):
         ids = index_tensor(ids, token.vocab_size, weight)
         try:
             if ids.dim() not in (1, 2):
-                raise ConfigError(f"ids must have shape (B, L) or (L,), got {tuple(ids.shape)}")
+                raise ConfigError(shape_message("ids", "(B, L) or (L,)", ids.shape))
             shape, L = tuple(ids.shape), ids.shape[-1]
             limit = table_limit(position)
             end: int | None                                             # max(positions) + 1; None: not read
@@ -199,7 +199,7 @@ class TransformerEmbedding(TokenposModule):
                 check_start_pos_with_positions(start_pos, positions)
                 pos = check_position_tensor(positions, device=ids.device)
                 if pos.shape != ids.shape and pos.shape != ids.shape[-1:]:
-                    raise ConfigError(f"positions must have shape {shape[-1:]} or {shape}, got {tuple(pos.shape)}")
+                    raise ConfigError(shape_message("positions", f"{shape[-1:]} or {shape}", pos.shape))
                 if limit is not None:                                   # indexed as used, as NumPy does
                     check_position_tensor(pos, limit, broadcast_to=shape)
                 # a table that extends: inside it? Read on the CPU only (elsewhere a read would sync:
@@ -227,10 +227,10 @@ class TransformerEmbedding(TokenposModule):
     def _token_types(self, shape: tuple[int, ...], device: torch.device, token_type_ids: Any) -> torch.Tensor:
         """Given token types (not None; None means all type 0) of the ids' ``shape``, checked."""
         if not self.num_token_types:
-            raise ConfigError("token_type_ids given but num_token_types=0; construct with num_token_types > 0")
+            raise ConfigError(NO_TOKEN_TYPES)
         tt = check_token_id_tensor(token_type_ids, self.num_token_types, device=device)
         if tuple(tt.shape) != shape:
-            raise ConfigError(f"token_type_ids must have shape {shape}, got {tuple(tt.shape)}")
+            raise ConfigError(shape_message("token_type_ids", shape, tt.shape))
         return tt
 
     # -- the model ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from tokenpos.tables.checks.rotary_layers import XPOS_TOGETHER_MESSAGE, check_xp
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.rope import rope_inv_freq
 from tokenpos.tables.formulas.xpos import xpos_center, xpos_scale_of, xpos_scaled_tables, xpos_zeta
+from tokenpos.torch._checks import resolve_dtype
 from tokenpos.torch._rotary_base import RotaryBase
 
 
@@ -52,6 +53,7 @@ class XPosRotaryEmbedding(RotaryBase):
                  num_heads: int | None = None, seed: Any = None, rng: Any = None, device: Any = None,
                  dtype: Any = None) -> None:
         super().__init__()
+        resolve_dtype(dtype)                 # checked as the NumPy twin does; outputs follow the input dtype
         self.head_dim, self.rotary_dim, self.scale_base, self.center, self.interleaved = xpos_layer_args(
             head_dim, rotary_dim, scale_base, center, interleaved)
         self.qk_layout, self.num_heads = check_qk_layout(qk_layout, num_heads)

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.torch.distributed.harness import free_port
+
+pytestmark = pytest.mark.slow   # torchrun, two processes
 
 SRC = str(Path(__file__).resolve().parents[3] / "src")
 

@@ -7,6 +7,8 @@ import pytest
 
 from tests.torch.distributed.harness import CheckResults, run_world
 
+pytestmark = pytest.mark.slow   # spawns gloo process groups
+
 WORLDS = (4, 2, 1)
 
 

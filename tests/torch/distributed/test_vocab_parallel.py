@@ -11,6 +11,8 @@ import pytest
 
 from tests.torch.distributed.harness import CheckResults, run_world
 
+pytestmark = pytest.mark.slow   # spawns gloo process groups
+
 WORLDS = (4, 2, 1)
 CHECKS = ["checkpoint", "init_V1003", "init_xavier_pad_V1003", "forward_grad_V1003", "forward_grad_scale_pad_V1003",
           "tied_ce_V1003", "init_V50257", "init_xavier_pad_V50257", "forward_grad_V50257",

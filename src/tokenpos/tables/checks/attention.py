@@ -11,11 +11,18 @@ from typing import Any
 
 import numpy as np
 
+from tokenpos.tables.checks.rope import rotary_packed_message
 from tokenpos.tables.checks.validation import check_float
 from tokenpos.tables.errors import ConfigError, DtypeError
 
 
-def attention_shape_message(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...]) -> str:
+def attention_shape_message(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...],
+                            packed: bool = False) -> str:
+    """The shapes as the caller passed them; ``packed`` (cu_seqlens): one row of T tokens."""
+    if packed:
+        return (f"attention with cu_seqlens expects q, k (T, H, Dh) and v (T, H, Dv), or (1, H, T, Dh) each, got "
+                f"q {tuple(int(s) for s in q_shape)}, k {tuple(int(s) for s in k_shape)}, "
+                f"v {tuple(int(s) for s in v_shape)}")
     return (f"attention expects q (B, H, Lq, Dh), k (B, H, Lk, Dh), v (B, H, Lk, Dv) with Lq <= Lk, got "
             f"q {tuple(int(s) for s in q_shape)}, k {tuple(int(s) for s in k_shape)}, "
             f"v {tuple(int(s) for s in v_shape)}")
@@ -66,6 +73,19 @@ def check_scheme(positional: Any) -> str:
     if isinstance(positional, str) or kind not in ("additive", "rotary", "bias", "none"):
         raise ConfigError(scheme_object_message(positional))
     return str(kind)
+
+
+def check_packed_scheme(positional: Any, kind: str) -> None:
+    """With cu_seqlens a rotary scheme is rotated at the row's in-document positions, one per token (its packed
+    path, or its positions path: M-RoPE's text tokens); a layer whose positions are not one per token
+    (``takes_token_positions`` False: 2-D RoPE's (row, column) pairs) is refused with its own ``apply``'s reason.
+
+    Raises:
+        ConfigError: a rotary layer that cannot take one position per token.
+    """
+    if kind == "rotary" and not getattr(positional, "packs", False) \
+            and not getattr(positional, "takes_token_positions", True):
+        raise ConfigError(rotary_packed_message(type(positional).__name__))
 
 
 def check_mask_dtype(dtype: Any) -> None:

@@ -47,6 +47,10 @@ POSITION_IDS = ("default", "padding")
 # ----------------------------------------------------------------------------------------------
 
 
+NO_TOKEN_TYPES = "token_type_ids given but num_token_types=0; construct with num_token_types > 0"
+"""The refusal of token types by a ``TransformerEmbedding`` built without a token-type table (both backends)."""
+
+
 def scheme_backend_message(scheme: Any, backend: str) -> str:
     """A scheme object of the other backend (e.g. a torch RotaryEmbedding given to a NumPy layer)."""
     cls = type(scheme)

@@ -157,14 +157,17 @@ def check_packed_rotary_args(bhld_shape: tuple[int, ...], positions: Any, key_po
 
 
 def check_packed_attention_args(q_shape: tuple[int, ...], k_shape: tuple[int, ...], positions: Any, start_pos: Any,
-                                key_positions: Any) -> int:
+                                key_positions: Any, given: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+                                ) -> int:
     """What ``scaled_dot_product_attention(q, k, v, cu_seqlens=...)`` needs besides ``cu_seqlens``: q, k
     as (1, H, T, Dh) (one packed row, queries and keys the same T tokens: no KV cache), no positions,
-    key_positions or start_pos (they come from cu_seqlens). Returns T. Raises ConfigError."""
+    key_positions or start_pos (they come from cu_seqlens). ``given``: q's and k's shapes as the caller passed
+    them (what the error quotes; default the (B, H, L, Dh) ones). Returns T. Raises ConfigError."""
     if q_shape[0] != 1 or q_shape[2] != k_shape[2]:
+        shown_q, shown_k = given if given is not None else (q_shape, k_shape)
         raise ConfigError(f"with cu_seqlens q, k and v are one packed row of the same T tokens, (T, H, Dh) or "
-                          f"(1, H, T, Dh); got q {tuple(int(s) for s in q_shape)} and k "
-                          f"{tuple(int(s) for s in k_shape)} as (B, H, L, Dh)")
+                          f"(1, H, T, Dh); got q {tuple(int(s) for s in shown_q)} and k "
+                          f"{tuple(int(s) for s in shown_k)}")
     _check_no_positions(positions, key_positions)
     if start_pos is not None and (not isinstance(start_pos, (int, np.integer)) or start_pos != 0):
         raise ConfigError(f"start_pos={start_pos!r} given together with cu_seqlens; packed attention runs over "

@@ -128,10 +128,44 @@ def check_rotary_dim(head_dim: int, rotary_dim: Any = None) -> int:
     return r
 
 
-def check_qk_lengths(q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> None:
-    """q (B, Hq, L, Dh) and k (B, Hk, L, Dh) (both as (B, H, L, Dh) views) share batch and length."""
+def caller_shape(bhld_shape: tuple[int, ...], qk_layout: str) -> tuple[int, ...]:
+    """The shape the caller passed, from its (B, H, L, Dh) view in ``qk_layout`` (``"thd"``: (1, H, T, Dh) ->
+    (T, H, Dh)): what an error quotes, never the internal view."""
+    B, H, L, Dh = (int(s) for s in bhld_shape)
+    if qk_layout == "thd":
+        return (L, H, Dh)
+    return (B, L, H, Dh) if qk_layout == "blhd" else (B, H, L, Dh)
+
+
+def check_qk_lengths(q_shape: tuple[int, ...], k_shape: tuple[int, ...], qk_layout: str = "bhld") -> None:
+    """q (B, Hq, L, Dh) and k (B, Hk, L, Dh) (both as (B, H, L, Dh) views of ``qk_layout``) share batch and length;
+    the error quotes the shapes as the caller passed them."""
     if q_shape[0] != k_shape[0] or q_shape[2] != k_shape[2]:
-        raise ConfigError(rope_length_message(tuple(q_shape), tuple(k_shape)))
+        raise ConfigError(rope_length_message(caller_shape(q_shape, qk_layout), caller_shape(k_shape, qk_layout)))
+
+
+#: the token axis of q / k in each layout, and the batch axis (None: "thd" is one row)
+TOKEN_AXIS = {"bhld": 2, "blhd": 1, "thd": 0}
+BATCH_AXIS = {"bhld": 0, "blhd": 0, "thd": None}
+
+
+def check_packed_qk(q_shape: tuple[int, ...], k_shape: tuple[int, ...], qk_layout: str) -> None:
+    """With cu_seqlens, q and k (as the caller passed them, ``qk_layout`` checked) are one packed row of the same
+    T tokens: batch 1 (``"bhld"`` / ``"blhd"``) and one T.
+
+    Raises:
+        ConfigError: quoting both shapes as given.
+    """
+    t, b = TOKEN_AXIS[qk_layout], BATCH_AXIS[qk_layout]
+    form = {"thd": "(T, H, Dh)", "blhd": "(1, T, H, Dh)", "bhld": "(1, H, T, Dh)"}[qk_layout]
+    for name, shape in (("q", q_shape), ("k", k_shape)):
+        if b is not None and shape[b] != 1:
+            raise ConfigError(f"a packed batch is one row: with cu_seqlens expected {name} of shape {form} "
+                              f"(qk_layout={qk_layout!r}), got shape {tuple(int(s) for s in shape)}")
+    if q_shape[t] != k_shape[t]:
+        raise ConfigError(f"with cu_seqlens q and k are one packed row of the same T tokens, {form} "
+                          f"(qk_layout={qk_layout!r}); got q {tuple(int(s) for s in q_shape)} and k "
+                          f"{tuple(int(s) for s in k_shape)}")
 
 
 def check_positions_shape(shape: tuple[int, ...], batch: int, length: int) -> bool:

@@ -110,3 +110,26 @@ def target_device_message(vocab_size: int, ignore_index: int, device: Any) -> st
     return (f"targets on {device} out of range: expected every target in [0, {int(vocab_size)}) or "
             f"ignore_index={int(ignore_index)} (a device-side check; call tokenpos.set_device_checks(True) for "
             "a typed error with the index and the value, at one host sync per call)")
+
+
+def padded_target_message(value: int, index: tuple[int, ...], ignore_index: int, columns: int) -> str:
+    """``target 1006 at index (1, 4) is a padding column ...``: a target whose logit is -inf on the rank that owns
+    it (``VocabParallelEmbedding.attend``'s padding columns are -inf), when the real vocab was not given."""
+    return (f"target {int(value)} at index {_index_str(index)} is a padding column of the vocab-parallel logits (its "
+            f"logit is -inf) and is not ignore_index={int(ignore_index)}; expected a real class of the {int(columns)} "
+            "columns (pass vocab_size= to check the targets' range before any collective)")
+
+
+def smoothing_needs_vocab_size_message(eps: float, columns: int) -> str:
+    """Label smoothing over vocab-parallel logits with padding (-inf) columns and no ``vocab_size=``."""
+    return (f"label_smoothing={eps} needs vocab_size= (the real vocab V, e.g. the embedding's vocab_size): the "
+            f"logits have padding columns (-inf) among their {int(columns)}, and the smoothing spreads over the V "
+            "real classes")
+
+
+def padded_target_device_message(ignore_index: int, device: Any) -> str:
+    """The device-side assert's text for a target in a padding (-inf) column (nothing is read)."""
+    return (f"targets on {device} in a padding column (logit -inf) of the vocab-parallel logits: expected real "
+            f"classes or ignore_index={int(ignore_index)} (a device-side check; pass vocab_size= to check the range, "
+            "or call tokenpos.set_device_checks(True) for a typed error with the index and the value)")
+

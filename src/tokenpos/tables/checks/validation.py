@@ -209,6 +209,13 @@ def check_float_array(name: str, x: Any) -> np.ndarray:
     return arr
 
 
+def shape_message(name: str, want: Any, got: Any) -> str:
+    """The one wording of a wrong shape, for the checks both backends raise on their own arrays:
+    ``"{name} must have shape {want}, got {got}"`` (``want``: a shape or a phrase such as "(B, L) or (L,)";
+    ``got``: any sequence of ints, written as a tuple)."""
+    return f"{name} must have shape {want}, got {tuple(got)}"
+
+
 def check_grad(name: str, grad: Any, shape: tuple[int | str, ...]) -> np.ndarray:
     """A gradient handed to a NumPy backward: a floating array of exactly ``shape``, the forward output's (a
     name such as "Lq": any size on that axis); the one check of every backward's incoming gradient.

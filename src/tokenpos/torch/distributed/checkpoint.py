@@ -45,12 +45,14 @@ def gather_rows(weight: torch.Tensor, vocab_size: int, group: Any, world: int) -
     return torch.cat(shards)[:vocab_size]                                     # (V, D)
 
 
-def _checked_weight(layer: Any, state_dict: Mapping[str, Any], strict: bool = True) -> torch.Tensor | None:
-    """The (V, D) ``weight`` of a whole-table state_dict, checked (keys, shape) before any write."""
+def _checked_weight(layer: Any, state_dict: Mapping[str, Any], strict: bool = True,
+                    same_dtype: bool = False) -> torch.Tensor | None:
+    """The (V, D) ``weight`` of a whole-table state_dict, checked (keys, shape; the dtype too with ``same_dtype``:
+    the shard's, no cast) before any write."""
     given = {k: _Spec(v) for k, v in state_dict.items()}
     shape: tuple[int, ...] = (int(layer.vocab_size), int(layer.d_model))
-    expected: dict[str, tuple[tuple[int, ...], Any]] = {
-        "weight": (shape, given["weight"].dtype if "weight" in given else layer.weight.dtype)}
+    dtype = layer.weight.dtype if same_dtype or "weight" not in given else given["weight"].dtype
+    expected: dict[str, tuple[tuple[int, ...], Any]] = {"weight": (shape, dtype)}
     check_state_dict(given, expected, strict=strict, layer=f"{type(layer).__name__} (whole table)")
     if "weight" not in state_dict:
         return None
@@ -66,8 +68,9 @@ def _write_rows(layer: Any, full: torch.Tensor) -> None:
 
 
 def load_rows(layer: Any, state_dict: Mapping[str, Any], strict: bool = True) -> None:
-    """Copy this rank's rows of a whole (V, D) table into ``layer.weight``; padding rows become zero."""
-    full = _checked_weight(layer, state_dict, strict)
+    """Copy this rank's rows of a whole (V, D) table of the shard's dtype into ``layer.weight`` (another dtype is
+    refused, never cast); padding rows become zero."""
+    full = _checked_weight(layer, state_dict, strict, same_dtype=True)
     if full is not None:
         _write_rows(layer, full)
 

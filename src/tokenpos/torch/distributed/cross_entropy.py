@@ -14,6 +14,12 @@ In the compute dtype c (float32, or float64 for float64 logits), per token n:
 
 which is ``F.cross_entropy(full_logits, t, label_smoothing=eps)``. Backward needs no collective:
 ``d loss_n / d x[n, c] = softmax[n, c] - (1 - eps) * [c == t_n] - eps / V`` on the real columns.
+
+Without ``vocab_size=`` a padding column is one whose logit is -inf (``attend`` writes -inf there). A target
+whose logit is -inf raises a TokenIdError on every rank after all-reduce 3, instead of an infinite loss; with label
+smoothing, all-reduce 3 also carries each row's count of columns that are not -inf, and a padded row refuses the
+call with a ConfigError naming ``vocab_size=`` (API.md), so a shard that is not padded never refuses (the count is
+then V = W * Vl). CPU: the values are read, at no cost; elsewhere one device-side assert each, no host sync.
 """
 
 from __future__ import annotations
@@ -23,13 +29,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tokenpos.tables.checks.tied_loss import target_dtype_message
+from tokenpos._config import device_checks_enabled
+from tokenpos.tables.checks.tied_loss import (
+    REDUCTIONS,
+    padded_target_device_message,
+    padded_target_message,
+    smoothing_needs_vocab_size_message,
+    target_dtype_message,
+)
 from tokenpos.tables.checks.validation import check_choice, check_float, check_int, dtype_name
 from tokenpos.tables.errors import ConfigError, TokenIdError
-from tokenpos.torch._checks import _INT_DTYPES, check_target_values
+from tokenpos.torch._checks import _INT_DTYPES, check_target_values, is_wrapped, values_readable
 from tokenpos.torch.distributed._comm import all_reduce, resolve_group
-
-REDUCTIONS = ("mean", "sum", "none")
 
 
 def check_targets(targets: torch.Tensor, vocab_size: int, ignore_index: int) -> None:
@@ -53,15 +64,18 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, group: Any, world: int, start: int,
-                vocab_size: int, ignore_index: int, eps: float, reduction: str) -> torch.Tensor:
+                vocab_size: int | None, ignore_index: int, eps: float, reduction: str) -> torch.Tensor:
         Vl = logits.shape[-1]
         c = torch.promote_types(logits.dtype, torch.float32)
         x = logits.reshape(-1, Vl).to(c)                                       # (N, Vl)
         t = targets.reshape(-1).to(x.device).long()                            # (N,)
-        n_real = min(max(vocab_size - start, 0), Vl)                           # real columns here
-        real = torch.arange(Vl, device=x.device) < n_real                      # (Vl,)
-        if n_real < Vl:
-            x = x.masked_fill(~real, float("-inf"))
+        if vocab_size is None:                         # the real columns: those whose logit is not -inf
+            real = x != float("-inf") if eps > 0.0 else torch.ones((1, Vl), dtype=torch.bool, device=x.device)
+        else:
+            n_real = min(max(vocab_size - start, 0), Vl)                       # real columns here
+            real = (torch.arange(Vl, device=x.device) < n_real).unsqueeze(0)   # (1, Vl)
+            if n_real < Vl:
+                x = x.masked_fill(~real, float("-inf"))
         m = x.amax(dim=-1)                                                     # (N,)
         if world > 1:
             all_reduce(m, group, dist.ReduceOp.MAX)
@@ -76,17 +90,26 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         parts = [torch.where(here, x.gather(1, idx.unsqueeze(1)).squeeze(1), torch.zeros_like(m))]
         if eps > 0.0:
             parts.append(torch.where(real, x, torch.zeros_like(x)).sum(dim=-1))
-        reduced = torch.stack(parts)                                           # (1 or 2, N)
+            if vocab_size is None:
+                parts.append(real.sum(dim=-1).to(c))                           # each row's real columns
+        reduced = torch.stack(parts)                                           # (1 to 3, N)
         if world > 1:
             all_reduce(reduced, group)
+        if vocab_size is None:                         # every rank holds the same sums: every rank raises
+            _check_padded_targets(valid & (reduced[0] == float("-inf")), targets, ignore_index, world * Vl)
+            if eps > 0.0:
+                _check_smoothing_columns(reduced[2] < world * Vl, eps, world * Vl)
         lse = torch.log(s) + m                                                 # (N,)
         per = lse - reduced[0]
+        smooth = None                                                          # (N or 1, Vl): eps / V on real columns
         if eps > 0.0:
-            per = (1.0 - eps) * per + eps * (lse - reduced[1] / vocab_size)
+            classes = reduced[2] if vocab_size is None else torch.full((1,), vocab_size, dtype=c, device=x.device)
+            per = (1.0 - eps) * per + eps * (lse - reduced[1] / classes)       # classes (N,) or (1,): V
+            smooth = real * (eps / classes).unsqueeze(-1)
         per = torch.where(valid, per, torch.zeros_like(per))
         count = valid.sum().clamp_min(1)                                       # () on the device: never read
-        ctx.save_for_backward(e / s.unsqueeze(-1), idx, here, valid, real, count)
-        ctx.args = (logits.shape, logits.dtype, eps, vocab_size, reduction)
+        ctx.save_for_backward(e / s.unsqueeze(-1), idx, here, valid, count, smooth)
+        ctx.args = (logits.shape, logits.dtype, eps, reduction)
         if reduction == "mean":
             return per.sum() / count
         if reduction == "sum":
@@ -95,19 +118,51 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        probs, idx, here, valid, real, count = ctx.saved_tensors
-        shape, dtype, eps, vocab_size, reduction = ctx.args
+        probs, idx, here, valid, count, smooth = ctx.saved_tensors
+        shape, dtype, eps, reduction = ctx.args
         g = probs.clone()                                                      # (N, Vl)
         # - (1 - eps) at each row's target column when the target is on this rank (x + -a == x - a)
         g.scatter_add_(1, idx.unsqueeze(1), here.to(g.dtype).unsqueeze(1) * -(1.0 - eps))
-        if eps > 0.0:
-            g -= real.to(g.dtype) * (eps / vocab_size)
+        if smooth is not None:
+            g -= smooth
         g = torch.where(valid.unsqueeze(-1), g, torch.zeros_like(g))
         if reduction == "none":
             g = g * grad.reshape(-1, 1).to(g.dtype)
         else:
             g = g * (grad.to(g.dtype) / count if reduction == "mean" else grad.to(g.dtype))
         return g.reshape(shape).to(dtype), None, None, None, None, None, None, None, None
+
+
+def _check_padded_targets(bad: torch.Tensor, targets: torch.Tensor, ignore_index: int, columns: int) -> None:
+    """No target in a padding (-inf) column: bad (N,) from the all-reduced target logits, the same on every rank.
+    Read on the CPU (a TokenIdError naming the first); one device-side assert elsewhere (no host sync), or read
+    with ``tokenpos.set_device_checks(True)``; tensors wrapped by ``torch.func`` are not checked (as
+    ``check_target_values``)."""
+    if bad.numel() == 0 or bad.is_meta:
+        return
+    if not bad.is_cpu and not (device_checks_enabled() and values_readable(bad)):
+        if not is_wrapped(bad):
+            torch._assert_async(~bad.any(), padded_target_device_message(ignore_index, bad.device))
+        return
+    if values_readable(bad) and bool(bad.any()):
+        first = int(torch.nonzero(bad)[0, 0])
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), tuple(targets.shape)))
+        raise TokenIdError(padded_target_message(int(targets.reshape(-1)[first]), index, ignore_index, columns))
+
+
+def _check_smoothing_columns(padded: torch.Tensor, eps: float, columns: int) -> None:
+    """Label smoothing without ``vocab_size=`` over logits with padding (-inf) columns is refused (API.md: the
+    smoothing spreads over the real vocab, which the caller names): padded (N,) flags the rows with a -inf column,
+    from the all-reduced counts, the same on every rank, so every rank raises. A shard that is not padded is never
+    refused. CPU: a ConfigError; elsewhere one device-side assert (no host sync)."""
+    if padded.numel() == 0 or padded.is_meta:
+        return
+    if not padded.is_cpu and not (device_checks_enabled() and values_readable(padded)):
+        if not is_wrapped(padded):
+            torch._assert_async(~padded.any(), smoothing_needs_vocab_size_message(eps, columns))
+        return
+    if values_readable(padded) and bool(padded.any()):
+        raise ConfigError(smoothing_needs_vocab_size_message(eps, columns))
 
 
 def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: Any, *, group: Any = None,
@@ -124,8 +179,9 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: Any, *, gr
         label_smoothing: eps in [0, 1], spread over the V real classes as ``F.cross_entropy`` does.
         reduction: "mean" (over non-ignored targets), "sum" or "none" (a (...) loss, 0 where ignored).
         vocab_size: the real vocab V when the columns are padded (pass the embedding's ``vocab_size``;
-            columns >= V are excluded); None means every column is a real class (V = W * Vl), which
-            label smoothing refuses (it cannot tell padding columns from classes).
+            columns >= V are excluded, and targets are checked against it before any collective). None: every
+            column is a class, except that a target in a -inf column (``attend``'s padding) raises, and label
+            smoothing over logits with -inf columns is refused (it spreads over the real vocab: pass it).
 
     When every target is ignored the loss is 0 and the gradient zero (``F.cross_entropy`` gives NaN).
     Three all-reduces in forward (none at W = 1), none in backward.
@@ -135,8 +191,10 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: Any, *, gr
 
     Raises:
         TokenIdError: a target outside [0, V) that is not ``ignore_index`` (CPU), on every rank, before any
-            collective.
-        ConfigError: shapes that do not match, a bad option, or label_smoothing > 0 without vocab_size.
+            collective; without ``vocab_size``, a target in a padding (-inf) column, on every rank after the
+            third all-reduce (CPU; a device-side assert elsewhere, with no host sync).
+        ConfigError: shapes that do not match, a bad option, or label_smoothing > 0 without vocab_size over
+            logits with padding (-inf) columns (a shard that is not padded is never refused).
     """
     g, rank, world = resolve_group(group)
     if not isinstance(local_logits, torch.Tensor) or not local_logits.is_floating_point():
@@ -155,10 +213,7 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: Any, *, gr
         raise ConfigError(f"vocab_size must be <= world_size * local columns = {world * Vl}, got {V}")
     ignore_index = check_int("ignore_index", ignore_index)
     eps = check_float("label_smoothing", label_smoothing, low=0.0, high=1.0)
-    if eps > 0.0 and vocab_size is None:        # padded (-inf) columns would count as classes: an infinite loss
-        raise ConfigError(f"label_smoothing={eps} needs vocab_size= (the real vocab V, e.g. the embedding's "
-                          f"vocab_size): the smoothing spreads over the V real classes, and without it every one of "
-                          f"the {world * Vl} columns would count, padding columns (-inf) included")
     check_choice("reduction", reduction, REDUCTIONS)
     check_targets(t, V, ignore_index)
-    return _VocabParallelCrossEntropy.apply(local_logits, t, g, world, rank * Vl, V, ignore_index, eps, reduction)
+    return _VocabParallelCrossEntropy.apply(local_logits, t, g, world, rank * Vl, None if vocab_size is None else V,
+                                            ignore_index, eps, reduction)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tokenpos.tables.checks.tied_loss import check_options
+from tokenpos.tables.checks.tied_loss import check_options, check_same_dtype
 from tokenpos.tables.checks.validation import check_choice, check_feature_dim, check_padding_idx, check_positive_int
 from tokenpos.tables.formulas.init import INIT_SCHEMES, resolve_rng
 from tokenpos.tables.formulas.vocab_parallel import padded_vocab_size, shard_range
@@ -146,8 +146,15 @@ class VocabParallelEmbedding(TokenposModule):
 
         Backward all-reduces h's gradient (so ``h.grad`` is the one-process gradient on every rank);
         ``weight.grad`` is this rank's slice of the one-process gradient (padding rows get none).
+
+        Raises:
+            DtypeError: h not float, or of another dtype than the shard (as ``loss``), outside ``torch.autocast``.
+            ConfigError: h's last axis is not d_model.
         """
+        check_float_tensor("h", h)
         check_feature_dim("h", tuple(h.shape), self.d_model)
+        if h.dtype != self.weight.dtype and not torch.is_autocast_enabled(h.device.type):
+            check_same_dtype(h.dtype, self.weight.dtype)                       # raises
         logits = F.linear(copy_to_group(h, self.group, self.world_size), self.weight)    # (..., Vl)
         if self.num_real_rows < self.num_local_rows:
             pad = torch.arange(self.num_local_rows, device=logits.device) >= self.num_real_rows   # (Vl,)

@@ -207,9 +207,10 @@ class TiedLoss(torch.autograd.Function):
     """The eager entry (``tokenpos.torch.tied_cross_entropy`` outside ``torch.compile`` and ``torch.func``): the
     op's implementations without the dispatcher, returning the loss only. With ``with_grad`` its first backward
     hands over the forward's gradients, scaled in place (no second (V, D) table, which an op's traced backward
-    must make); a second backward through the same graph (``retain_graph``) recomputes them from lse, as the
-    NumPy twin does (the same gradients to rounding, so ``gradcheck`` needs a ``nondet_tol`` of about 1e-12 for
-    "mean" and "sum"). First order only (:func:`first_order`: a second derivative raises)."""
+    must make); a second backward through the same graph (``retain_graph``) makes them again by the forward's own
+    computation (the same blocks in the same order, then the same scaling), so every backward gives the same
+    bits and ``gradcheck`` passes without a non-determinism tolerance. First order only (:func:`first_order`: a
+    second derivative raises)."""
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int,
@@ -218,6 +219,7 @@ class TiedLoss(torch.autograd.Function):
         loss, lse, dh, dw = forward_impl(h, weight, targets, ignore_index, eps, reduction, softcap, chunk_size,
                                          with_grad)
         ctx.grads = [(dh, dw)] if with_grad else []          # intermediates, handed over once (not saved tensors)
+        ctx.with_grad = with_grad
         ctx.save_for_backward(h, weight, targets, lse)
         ctx.options = (ignore_index, eps, reduction, softcap, chunk_size)
         return loss
@@ -226,8 +228,12 @@ class TiedLoss(torch.autograd.Function):
     @first_order
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         h, weight, targets, lse = ctx.saved_tensors          # the version check: weight not changed in place since
-        if ctx.grads:
-            dh, dw = ctx.grads.pop()
+        if ctx.with_grad:
+            # the forward's gradients (at d loss = 1) once; a repeated backward (retain_graph) makes them again
+            # the same way (the same blocks, the same order), so every backward gives the same bits
+            ignore_index, eps, reduction, softcap, chunk_size = ctx.options
+            dh, dw = ctx.grads.pop() if ctx.grads else forward_impl(h, weight, targets, ignore_index, eps, reduction,
+                                                                    softcap, chunk_size, True)[2:]
             dh, dw = dh.mul_(grad), dw.mul_(grad)            # grad as it is: a loss scale may not fit h's dtype
         else:
             dh, dw = backward_impl(grad, h, weight, targets, lse, *ctx.options)
