@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import tokenpos.numpy as tpn
+from tests.ngram_cases import tiny_ngram_kwargs
 from tests.public_layers import derived_case, public_layers, scheme_classes, scheme_kwargs
 
 # name: (constructor args, keyword args); the same in both backends. Every layer that is not a registered scheme
@@ -20,6 +21,8 @@ from tests.public_layers import derived_case, public_layers, scheme_classes, sch
 # scheme that is not here takes its registry defaults (tests/public_layers.py: Dh = 8, H = 2, D = 16, P = 16).
 HAND_SPECS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "TokenEmbedding": ((20, 8), {"seed": 0}),
+    "PerLayerEmbedding": ((20, 2, 4), {"padding_idx": 0, "seed": 0}),
+    "HashedNgramEmbedding": ((), tiny_ngram_kwargs(20)),
     "LearnedPositionalEmbedding": ((16, 8), {"seed": 0}),
     "PositionalEmbedding": ((16, 8), {"seed": 0}),
     "SinusoidalPositionalEncoding": ((16, 8), {}),

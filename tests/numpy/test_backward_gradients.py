@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tokenpos.numpy as tpn
+from tests.ngram_cases import tiny_ngram_kwargs
 from tests.public_layers import build_scheme_layer, derived_case, scheme_classes
 from tokenpos.numpy import functional as F
 from tokenpos.tables import ConfigError, DtypeError
@@ -60,6 +61,9 @@ HAND_CASES: dict[str, Case] = {
     "TokenEmbedding.attend": lambda: (lambda m: (m.attend(X), m.attend_backward))(tpn.TokenEmbedding(8, 8, seed=0)),
     "TokenEmbedding.loss": lambda: (lambda m: (m.loss(X, IDS, reduction="none"), m.loss_backward))(
         tpn.TokenEmbedding(8, 8, seed=0)),
+    "PerLayerEmbedding": lambda: (lambda m: (m(IDS), m.backward))(tpn.PerLayerEmbedding(8, 2, 4, seed=0)),
+    "HashedNgramEmbedding": lambda: (lambda m: (m(IDS), m.backward))(
+        tpn.HashedNgramEmbedding(**tiny_ngram_kwargs(8))),
     "LearnedPositionalEmbedding": lambda: (lambda m: (m(IDS), m.backward))(
         tpn.LearnedPositionalEmbedding(8, 8, seed=0)),
     "TransformerEmbedding": lambda: (lambda m: (m(IDS), m.backward))(

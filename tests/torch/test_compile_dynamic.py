@@ -20,8 +20,11 @@ import pytest
 import torch
 
 import tokenpos.torch as tpt
+from tests.ngram_cases import tiny_ngram_kwargs
 from tests.public_layers import build_scheme_layer, covered, derived_case, public_layers, scheme_classes
 from tokenpos.tables.registry import SHORTCUTS
+
+pytestmark = pytest.mark.slow   # torch.compile with dynamic shapes
 
 SHAPES = ((2, 3), (3, 5), (1, 7))                                # (B, L): three shapes, one with B = 1
 H, DH, D, V = 2, 8, 8, 50
@@ -88,6 +91,16 @@ def _registered(name: str) -> tuple[Callable[[], Any], Make, Call]:
 HAND_LAYERS: dict[str, tuple[Callable[[], Any], Make, Call]] = {
     "TokenEmbedding": (lambda: tpt.TokenEmbedding(V, D, seed=0, scale=True, padding_idx=0),
                        lambda B, L, p: (_ids(B, L),), lambda m, ids: m(ids)),
+    "PerLayerEmbedding": (lambda: tpt.PerLayerEmbedding(V, 3, 4, seed=0, padding_idx=0),
+                          lambda B, L, p: (_ids(B, L),), lambda m, ids: m(ids)),
+    "PerLayerEmbedding_zero": (lambda: tpt.PerLayerEmbedding(V // 2, 3, 4, seed=0, out_of_range="zero"),
+                               lambda B, L, p: (_ids(B, L),), lambda m, ids: m(ids)),
+    "PerLayerEmbedding_int8": (lambda: tpt.PerLayerEmbedding(V, 3, 4, seed=0, weight_dtype=torch.int8),
+                               lambda B, L, p: (_ids(B, L),), lambda m, ids: m(ids)),
+    "HashedNgramEmbedding": (lambda: tpt.HashedNgramEmbedding(**tiny_ngram_kwargs(V)),
+                             lambda B, L, p: (_ids(B, L),), lambda m, ids: m(ids)),
+    "EngramMemory": (lambda: tpt.EngramMemory(D, hc_mult=2, kernel_size=2, **tiny_ngram_kwargs(V)),
+                     lambda B, L, p: (torch.ones(B, L, 2, D), _ids(B, L)), lambda m, h, ids: m(h, ids)),
     "LearnedPositionalEmbedding": (lambda: tpt.LearnedPositionalEmbedding(16, D, seed=0),
                                    lambda B, L, p: (torch.arange(L).expand(B, L) + 1 if p else L,),
                                    lambda m, x: m(x)),

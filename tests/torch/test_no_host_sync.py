@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import _disable_current_modes
 
 import tokenpos.torch as tpt
+from tests.ngram_cases import tiny_ngram_kwargs
 from tests.public_layers import build_scheme_layer, covered, derived_case
 from tests.torch.distributed.harness import free_port
 from tests.torch.fake_cuda import FakeCuda, HostSync, cpu_of, no_host_sync, to_fake_cuda
@@ -125,6 +126,23 @@ def _params(m: Any) -> list[torch.Tensor]:
 def token_case(dev: Device, train: bool, **kw: Any) -> Any:
     m = dev.m(tpt.TokenEmbedding(V, D, seed=0, **kw).train(train))
     return [m(dev.t(IDS))], _params(m)
+
+
+def per_layer_case(dev: Device, train: bool, **kw: Any) -> Any:
+    m = dev.m(tpt.PerLayerEmbedding(V, 3, 4, seed=0, **kw).train(train))
+    ids = IDS + V // 2 if kw.get("out_of_range") == "zero" else IDS           # "zero": some ids past the table
+    return [m(dev.t(ids))], _params(m)
+
+
+def ngram_case(dev: Device, train: bool) -> Any:
+    m = dev.m(tpt.HashedNgramEmbedding(**tiny_ngram_kwargs(V)).train(train))
+    packed = m(dev.t(IDS.reshape(-1)), cu_seqlens=dev.t(torch.tensor([0, 4, 4, 10])), context=dev.t(POS[:, 1:4].T))
+    return [m(dev.t(IDS)), packed, m(dev.t(IDS[:, 2:]), context=dev.t(IDS[:, :2]))], _params(m)
+
+
+def engram_case(dev: Device, train: bool) -> Any:
+    m = dev.m(tpt.EngramMemory(D, hc_mult=2, kernel_size=3, **tiny_ngram_kwargs(V)).train(train))
+    return [m(dev.t(_randn(2, 5, 2, D)), dev.t(IDS))], _params(m)
 
 
 def learned_case(dev: Device, train: bool) -> Any:
@@ -234,6 +252,11 @@ def _rope(scaling: str, **kw: Any) -> Callable[[], Any]:
 HAND_CASES: dict[str, Case] = {
     "token": token_case,
     "token_scaled_padding": lambda d, t: token_case(d, t, scale=True, padding_idx=0),
+    "per_layer": per_layer_case,
+    "per_layer_zero_padding": lambda d, t: per_layer_case(d, t, out_of_range="zero", padding_idx=0),
+    "ngram": ngram_case,
+    "engram": engram_case,
+    "per_layer_int8_zero": lambda d, t: per_layer_case(d, t, out_of_range="zero", weight_dtype=torch.int8),
     "learned": learned_case,
     "sinusoidal": sinusoidal_case,
     **{f"transformer_{p}_{'positions' if g else 'default'}": (lambda d, t, p=p, g=g: transformer_case(d, t, p, g))
@@ -289,8 +312,9 @@ HAND_CASES: dict[str, Case] = {
 }
 # the public layers that are not registered schemes: their case names' prefix ("transformer_rope_default" is a
 # case of TransformerEmbedding; a registered scheme's cases are named by its scheme name: "rope_default")
-LAYER_CASES = {"TokenEmbedding": "token", "TransformerEmbedding": "transformer", "LayerNorm": "layernorm",
-               "RMSNorm": "rmsnorm"}
+LAYER_CASES = {"TokenEmbedding": "token", "PerLayerEmbedding": "per_layer", "TransformerEmbedding": "transformer",
+               "LayerNorm": "layernorm", "RMSNorm": "rmsnorm", "HashedNgramEmbedding": "ngram",
+               "EngramMemory": "engram"}
 # every public layer: the hand-written cases, and every registered scheme without one
 CASES: dict[str, Case] = {
     **{name: scheme_case(name) for name in SHORTCUTS if not covered(HAND_CASES, {name: name})}, **HAND_CASES}
@@ -336,6 +360,7 @@ def assert_same(got: list[Any], want: list[Any]) -> None:
         torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-6, equal_nan=True)
 
 
+@pytest.mark.slow  # every layer on the fake CUDA device
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_layer_runs_on_cuda_without_a_host_sync(name: str, train: bool) -> None:
@@ -642,6 +667,7 @@ def _fake_arg(a: Any) -> Any:
     return to_fake_cuda(a.detach()).requires_grad_(a.requires_grad)
 
 
+@pytest.mark.slow  # every op sample on the fake CUDA device
 @pytest.mark.parametrize("i", range(len(OP_SAMPLES)), ids=lambda i: f"{OP_SAMPLES[i][0]._name}-{i}")
 def test_every_op_sample_runs_on_cuda_without_a_host_sync(i: int) -> None:
     """Each ``ops.samples()`` entry (every op, strided and expanded inputs included), called through

@@ -30,12 +30,14 @@ def _outputs(x: object) -> tuple[torch.Tensor, ...]:
 def test_samples_cover_every_op() -> None:
     names = {op._name for op, _, _ in SAMPLES}
     assert names == {"embedding", "embedding_backward", "rope", "rope_qk", "rope_backward", "rope_qk_backward",
-                     "tied_cross_entropy", "tied_cross_entropy_backward"}
+                     "tied_cross_entropy", "tied_cross_entropy_backward", "ngram_embedding",
+                     "ngram_embedding_backward"}
     dtypes = {a.dtype for _, args, _ in SAMPLES for a in args[:1]}
     assert dtypes == {torch.float32, torch.float64}
     assert {args[0].requires_grad for _, args, _ in SAMPLES} == {False, True}
 
 
+@pytest.mark.slow  # opcheck of every sample (fast: test_kernel_forward_equals_plain_path_bit_for_bit)
 @pytest.mark.parametrize("kernels", [True, False])
 @pytest.mark.parametrize("i", range(len(SAMPLES)))
 def test_opcheck(i: int, kernels: bool) -> None:
@@ -55,7 +57,7 @@ def test_opcheck_on_cuda(i: int) -> None:  # pragma: no cover - GPU only
 
 
 # float64 sums vs index_add_ (the tied loss has one CPU path, plain torch: bit for bit, issue 33)
-ROUNDING_ONLY = ("embedding_backward",)
+ROUNDING_ONLY = ("embedding_backward", "ngram_embedding_backward")
 
 
 @pytest.mark.parametrize("i", range(len(SAMPLES)))
@@ -110,6 +112,7 @@ def test_gradients_equal_plain_path(dtype: torch.dtype, p: float) -> None:
         _close(a, b)
 
 
+@pytest.mark.slow  # gradgradcheck
 @pytest.mark.parametrize("kernels", [True, False])
 def test_gradcheck_and_double_backward(kernels: bool) -> None:
     """float64 gradcheck and gradgradcheck through both ops (the backward op is differentiable).

@@ -22,7 +22,9 @@ from tokenpos.numpy.kerple import KERPLE
 from tokenpos.numpy.learned import LearnedPositionalEmbedding, PositionalEmbedding
 from tokenpos.numpy.module import Module, Parameter, RowSparseGrad
 from tokenpos.numpy.mrope import MRotaryEmbedding
+from tokenpos.numpy.ngram import HashedNgramEmbedding
 from tokenpos.numpy.norm import LayerNorm, RMSNorm
+from tokenpos.numpy.per_layer import PerLayerEmbedding
 from tokenpos.numpy.rope2d import RotaryEmbedding2D, SinCos2DPositionalEncoding
 from tokenpos.numpy.rotary import RotaryEmbedding
 from tokenpos.numpy.schemes import NoPositionalEncoding
@@ -38,6 +40,7 @@ from tokenpos.tables.registry import class_names, export
 
 __all__ = [
     "FIRE",
+    "HashedNgramEmbedding",
     "KERPLE",
     "DtypeError",
     "MRotaryEmbedding",
@@ -56,6 +59,7 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "Module",
     "NoPositionalEncoding",
+    "PerLayerEmbedding",
     "Parameter",
     "PositionError",
     "PositionalEmbedding",

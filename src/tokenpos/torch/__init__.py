@@ -22,13 +22,16 @@ from tokenpos.torch._dropout import dropout_keep_mask_torch
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.alibi import ALiBi
 from tokenpos.torch.attention import scaled_dot_product_attention
+from tokenpos.torch.engram import EngramMemory
 from tokenpos.torch.fire import FIRE
 from tokenpos.torch.hf import from_hf
 from tokenpos.torch.kerple import KERPLE
 from tokenpos.torch.learned import LearnedPositionalEmbedding, PositionalEmbedding
 from tokenpos.torch.mrope import MRotaryEmbedding
+from tokenpos.torch.ngram import HashedNgramEmbedding
 from tokenpos.torch.norm import LayerNorm, RMSNorm
 from tokenpos.torch.packing import cu_seqlens_from_positions, positions_from_cu_seqlens
+from tokenpos.torch.per_layer import PerLayerEmbedding
 from tokenpos.torch.rope2d import RotaryEmbedding2D, SinCos2DPositionalEncoding
 from tokenpos.torch.rotary import RotaryEmbedding
 from tokenpos.torch.schemes import NoPositionalEncoding
@@ -40,7 +43,9 @@ from tokenpos.torch.transformer import EmbeddingLayer, TransformerEmbedding
 from tokenpos.torch.xpos import XPosRotaryEmbedding
 
 __all__ = [
+    "EngramMemory",
     "FIRE",
+    "HashedNgramEmbedding",
     "KERPLE",
     "DtypeError",
     "MRotaryEmbedding",
@@ -53,6 +58,7 @@ __all__ = [
     "LayerNorm",
     "LearnedPositionalEmbedding",
     "NoPositionalEncoding",
+    "PerLayerEmbedding",
     "PositionError",
     "PositionalEmbedding",
     "RMSNorm",

@@ -3,6 +3,8 @@
 - ``tokenpos::embedding`` / ``tokenpos::embedding_backward`` (:mod:`.embedding`)
 - ``tokenpos::rope`` / ``tokenpos::rope_qk`` and their transposes ``tokenpos::rope_backward`` /
   ``tokenpos::rope_qk_backward`` (:mod:`.rope`)
+- ``tokenpos::ngram_embedding`` / ``tokenpos::ngram_embedding_backward`` (:mod:`.ngram`): the hashed n-gram
+  lookup (Engram), hash and gather in one pass
 - ``tokenpos::tied_cross_entropy`` / ``tokenpos::tied_cross_entropy_backward`` (:mod:`.tied_loss`): the tied
   output projection and its cross-entropy, chunked torch matmuls on every device (:mod:`.tied_loss_blocks`;
   first order only, :mod:`.first_order`)
@@ -21,9 +23,10 @@ and the same formula in plain torch ops under ``torch.func`` transforms.
 
 from tokenpos.torch.ops.embedding import embedding, embedding_backward
 from tokenpos.torch.ops.entry import embed, rotate, rotate_qk
+from tokenpos.torch.ops.ngram import ngram_embedding, ngram_embedding_backward
 from tokenpos.torch.ops.rope import rope, rope_qk
 from tokenpos.torch.ops.samples import samples
 from tokenpos.torch.ops.tied_loss import tied_cross_entropy, tied_cross_entropy_backward
 
-__all__ = ["embed", "embedding", "embedding_backward", "rope", "rope_qk", "rotate", "rotate_qk", "samples",
-           "tied_cross_entropy", "tied_cross_entropy_backward"]
+__all__ = ["embed", "embedding", "embedding_backward", "ngram_embedding", "ngram_embedding_backward", "rope",
+           "rope_qk", "rotate", "rotate_qk", "samples", "tied_cross_entropy", "tied_cross_entropy_backward"]
