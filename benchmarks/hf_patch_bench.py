@@ -16,13 +16,26 @@ share of the wall time spent in RoPE (the ``apply_rotary_pos_emb`` the attention
 tokenpos's, timed by a wrapper in the globals it is read from: :func:`rope_scopes`) and in the input
 embedding (a forward pre/post hook pair), measured in separate timing rounds so the wrappers do not
 touch the main numbers. Logits of the two agree (checked once).
+
+    python benchmarks/hf_patch_bench.py --train [--steps N]
+
+One training step (forward + backward, labels given) of a ``LlamaForCausalLM`` (hidden 256, 1 layer, 4
+heads, tied head, float32) on 2 x 2,048 tokens at vocab 32,000 and 128,256, unpatched against
+``patch(model, loss=True)``: each case in its own process (:func:`train_case`), which reports its peak
+RSS (``ru_maxrss``), the RSS before the first step, the step's peak above it, and the best of ``--steps``
+timed steps after a warm-up one; the loss of the two agree (printed). Liger-Kernel's
+``apply_liger_kernel_to_llama(fused_linear_cross_entropy=True)`` joins when it is installed.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
+import resource
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -109,7 +122,88 @@ class _Shares:
             h.remove()
 
 
+TRAIN_VOCABS = (32000, 128256)
+TRAIN_VARIANTS = ("hf", "tokenpos", "liger")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def train_case(vocab: int, variant: str, steps: int) -> dict[str, Any]:
+    """One process's case: build, (patch), one warm-up step and ``steps`` timed forward + backward steps."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=688, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
+                                   tie_word_embeddings=True, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if variant == "liger":
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+            apply_liger_kernel_to_llama(fused_linear_cross_entropy=True)
+        model = transformers.LlamaForCausalLM(cfg).train()
+    if variant == "tokenpos":
+        from tokenpos.torch.hf import patch
+
+        patch(model, loss=True)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (2, 2048), generator=g)
+    before = _rss_bytes()
+    times, loss = [], 0.0
+    for i in range(steps + 1):
+        model.zero_grad(set_to_none=True)
+        t = time.perf_counter()
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        if i:
+            times.append(time.perf_counter() - t)
+        loss = float(out.loss.detach())
+        del out
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024      # kB on Linux
+    return {"vocab": vocab, "variant": variant, "peak": peak, "before": before, "step_peak": peak - before,
+            "best_s": min(times), "loss": loss}
+
+
+def train_main(steps: int) -> None:
+    """Each (vocab, variant) of :func:`train_case` in a fresh process; prints the table."""
+    try:
+        import liger_kernel  # noqa: F401
+        variants = TRAIN_VARIANTS
+    except ImportError:
+        variants = TRAIN_VARIANTS[:2]
+        print("liger-kernel is not installed: its fused linear cross-entropy is not measured")
+    rows = []
+    for vocab in TRAIN_VOCABS:
+        for variant in variants:
+            out = subprocess.run([sys.executable, __file__, "--train-case", str(vocab), variant, "--steps", str(steps)],
+                                 check=True, capture_output=True, text=True).stdout
+            rows.append(json.loads(out.strip().splitlines()[-1]))
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, 2 x 2048 tokens, hidden 256, 1 layer, "
+          f"best of {steps} steps")
+    print(f"{'vocab':>7} {'model':<9} {'peak RSS MB':>11} {'step peak MB':>12} {'mem vs hf':>9} {'step s':>7} "
+          f"{'hf/ours':>7} {'loss':>10}")
+    for r in rows:
+        ref = next(x for x in rows if x["vocab"] == r["vocab"] and x["variant"] == "hf")
+        print(f"{r['vocab']:>7} {r['variant']:<9} {r['peak'] / 2**20:11.0f} {r['step_peak'] / 2**20:12.0f} "
+              f"{r['peak'] / ref['peak']:9.3f} {r['best_s']:7.2f} {ref['best_s'] / r['best_s']:7.2f} {r['loss']:10.6f}")
+
+
 def main() -> None:
+    if "--train-case" in sys.argv or "--train" in sys.argv:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--train", action="store_true")
+        ap.add_argument("--train-case", nargs=2, metavar=("VOCAB", "VARIANT"))
+        ap.add_argument("--steps", type=int, default=3)
+        a = ap.parse_args()
+        if a.train_case:
+            print(json.dumps(train_case(int(a.train_case[0]), a.train_case[1], a.steps)))
+        else:
+            train_main(a.steps)
+        return
     from tokenpos.analysis.bench_timing import paired_ratio
     from tokenpos.torch.hf import patch, unpatch
 

@@ -7,24 +7,22 @@ tied heads, and unpatch's bit-identical restore.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import pytest
 import torch
 
-from tests.tolerances import TOL
+from tests.torch.hf_models import assert_hf_close, compiled_patched, decoder_kwargs, eval_model, token_ids
 from tokenpos.tables import ConfigError
 from tokenpos.torch.hf import PatchReport, patch, unpatch
 from tokenpos.torch.hf.embedding import SharedTokenEmbedding
-from tokenpos.torch.hf.families import FAMILIES
+from tokenpos.torch.hf.families import recognise
 from tokenpos.torch.hf.patch import ExactAngles
 
 transformers = pytest.importorskip("transformers")
 T = transformers
 V = 128
-KW = {"vocab_size": V, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2,
-      "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+KW = decoder_kwargs(V, 64, 64, 2, 256)
 MROPE = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
 VISION = {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "out_hidden_size": 64,
           "intermediate_size": 32}
@@ -70,27 +68,13 @@ CAUSAL = [k for k in BUILD if k not in ("bert", "roberta")]
 
 
 def _model(name: str) -> Any:
-    torch.manual_seed(0)                                     # HF draws its init from the global generator
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = BUILD[name]()
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.pad_token_id = 0
-    return model.eval()
-
-
-def _close(got: torch.Tensor, want: torch.Tensor) -> None:
-    torch.testing.assert_close(got, want, **TOL["hf.patch"])
-
-
-def _ids(seed: int, shape: tuple[int, int] = (2, 12)) -> torch.Tensor:
-    return torch.randint(3, 100, shape, generator=torch.Generator().manual_seed(seed))
+    return eval_model(BUILD[name])
 
 
 def _runs(model: Any, causal: bool, full: bool = True) -> dict[str, Any]:
     """Every output the acceptance compares: logits (plain, padded, packed), a cached step, greedy tokens
     (``full=False``: the first two only)."""
-    ids = _ids(1)
+    ids = token_ids(1)
     out: dict[str, Any] = {}
     with torch.no_grad():
         out["plain"] = model(ids).logits
@@ -112,7 +96,7 @@ def _train_step(model: Any, causal: bool) -> tuple[torch.Tensor, dict[str, torch
     model.train()
     model.zero_grad()
     torch.manual_seed(5)                                    # the same dropout masks in both runs
-    ids = _ids(2)
+    ids = token_ids(2)
     loss = model(ids, labels=ids).loss if causal else model(ids).logits.square().mean()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -121,11 +105,12 @@ def _train_step(model: Any, causal: bool) -> tuple[torch.Tensor, dict[str, torch
     return loss.detach(), grads
 
 
+@pytest.mark.slow  # an HF model per family, generation and training
 @pytest.mark.parametrize("name", list(BUILD))
 def test_patched_model_equals_hf(name: str) -> None:
     model = _model(name)
     causal = name in CAUSAL
-    family = FAMILIES[name]
+    family = recognise(model)
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     hf_emb = model.get_input_embeddings()
     want, (want_loss, want_grads) = _runs(model, causal), _train_step(model, causal)
@@ -143,11 +128,11 @@ def test_patched_model_equals_hf(name: str) -> None:
         if key == "greedy":
             assert torch.equal(got[key], want[key]), key
         else:
-            _close(got[key], want[key])
-    _close(got_loss, want_loss)
+            assert_hf_close(got[key], want[key])
+    assert_hf_close(got_loss, want_loss)
     assert got_grads.keys() == want_grads.keys()
     for n in want_grads:
-        _close(got_grads[n], want_grads[n])
+        assert_hf_close(got_grads[n], want_grads[n])
     unpatch(model)
     assert model.get_input_embeddings() is hf_emb
     again = _runs(model, causal, full=False)
@@ -155,11 +140,12 @@ def test_patched_model_equals_hf(name: str) -> None:
         assert torch.equal(again[key], want[key]), key
 
 
+@pytest.mark.slow  # an HF model per family
 @pytest.mark.parametrize("name", ["llama", "gptj", "llama4_text", "qwen2_vl", "gemma3_text", "gemma3"])
 def test_exact_angles_match_hf_at_short_positions(name: str) -> None:
     """angles="exact": the model's rotary module is rebuilt; logits stay within fp32 rounding of HF's."""
     model = _model(name)
-    ids = _ids(3)
+    ids = token_ids(3)
     with torch.no_grad():
         want = model(ids).logits
         report = patch(model, angles="exact")
@@ -168,7 +154,7 @@ def test_exact_angles_match_hf_at_short_positions(name: str) -> None:
         got = model(ids).logits
         unpatch(model)
         assert torch.equal(model(ids).logits, want)
-    _close(got, want)
+    assert_hf_close(got, want)
 
 
 def test_exact_angles_are_closer_to_float64_at_long_positions() -> None:
@@ -187,24 +173,14 @@ def test_exact_angles_are_closer_to_float64_at_long_positions() -> None:
     assert err_ex <= 2.0 ** -24 < 1e-4 < err_hf
 
 
+@pytest.mark.slow  # torch.compile
 def test_torch_compile_on_patched_model() -> None:
     """One graph (fullgraph=True) that holds tokenpos's ops; same logits. (The default inductor backend
     also works; it is left out here for CI time: ~30 s on 2 CPU cores.)"""
     model = _model("llama")
-    ids = _ids(4)
-    targets: list[str] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-        targets.extend(str(n.target) for n in gm.graph.nodes)
-        return gm.forward
-
-    with torch.no_grad():
-        want = model(ids).logits
-        patch(model)
-        got = torch.compile(model, backend=backend, fullgraph=True)(ids).logits
-    unpatch(model)
+    got, want, targets = compiled_patched(model, token_ids(4))
     assert any("tokenpos.rope_qk" in t for t in targets) and any("tokenpos.embedding" in t for t in targets)
-    _close(got, want)
+    assert_hf_close(got, want)
 
 
 def test_gemma_scale_is_rounded_to_the_weight_dtype_before_the_multiply() -> None:
@@ -215,7 +191,7 @@ def test_gemma_scale_is_rounded_to_the_weight_dtype_before_the_multiply() -> Non
     emb = model.get_input_embeddings()
     emb.weight.data = emb.weight.data.to(torch.bfloat16)
     assert emb.embed_scale.dtype == torch.float32
-    ids = _ids(5)
+    ids = token_ids(5)
     with torch.no_grad():
         want = emb(ids)
         report = patch(model, rope=False)
@@ -230,7 +206,7 @@ def test_a_cast_after_patch_reaches_the_scale_and_what_unpatch_puts_back(rope: b
     """``model.to(bfloat16)`` after patch: Gemma's scale was frozen at its float32 value (logits 0.0195 off), and
     the HF rotary module displaced by ``angles="exact"`` stayed float32, so the unpatched model differed from one
     never patched. Both now follow every cast of the model."""
-    ids = _ids(5)
+    ids = token_ids(5)
     cases = [("gemma2", {"rope": rope})] + ([("llama", {"angles": "exact"})] if rope else [])
     for name, kw in cases:
         model, ref = _model(name), _model(name)
@@ -258,7 +234,7 @@ def test_an_input_embedding_with_hooks_is_refused_and_nothing_changes() -> None:
     fresh = _model("llama")
     patch(fresh)
     fresh.enable_input_require_grads()
-    out = fresh(_ids(1))
+    out = fresh(token_ids(1))
     assert out.logits.requires_grad
 
 
@@ -307,7 +283,7 @@ def test_only_the_patched_model_runs_tokenpos_rope(monkeypatch: pytest.MonkeyPat
     real = hp.rotate_qk
     monkeypatch.setattr(hp, "rotate_qk", lambda *a: calls.append(1) or real(*a))
     a, b, c = (_model("llama").to(torch.bfloat16) for _ in range(3))
-    ids = _ids(2)
+    ids = token_ids(2)
     with torch.no_grad():
         want_a, want_c = a(ids).logits, c(ids).logits
         patch(a)
@@ -355,6 +331,6 @@ def test_the_blhd_layout_of_the_rope_function_and_a_bad_one() -> None:
     want = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
     got = rope_qk_half(q, k, cos, sin, unsqueeze_dim=2)
     for a, b in zip(got, want, strict=True):
-        _close(a, b)
+        assert_hf_close(a, b)
     with pytest.raises(ConfigError, match="unsqueeze_dim"):
         rope_qk_half(q, k, cos, sin, unsqueeze_dim=0)

@@ -33,6 +33,7 @@ def _rope_err(cos_hf: torch.Tensor, ours: torch.Tensor, max_pos: int) -> None:
     assert float((cos_hf.double() - ours.double()).abs().max()) <= bound
 
 
+@pytest.mark.slow  # a whole HF model
 def test_gptj_logits_with_our_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = transformers.GPTJConfig(vocab_size=50, n_positions=32, n_embd=64, n_layer=1, n_head=4, rotary_dim=8)
     torch.manual_seed(0)                                   # HF draws its init from the global generator
@@ -54,6 +55,7 @@ def test_gptj_logits_with_our_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
     assert float((_logits(model, ids) - want).abs().max()) > 1e-3
 
 
+@pytest.mark.slow  # a whole HF model
 def test_old_neox_dict_logits_with_our_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
     d = {"vocab_size": 50, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
          "intermediate_size": 64, "max_position_embeddings": 64, "rotary_pct": 0.25, "rotary_emb_base": 20000}

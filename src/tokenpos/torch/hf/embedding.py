@@ -11,6 +11,9 @@ the way HF rounds it, then one multiply):
 
 (Granite's float math is float64 for a float64 W, and so is the multiplier here.)
 
+:func:`resize_patched` is a patched model's ``resize_token_embeddings``: HF's own method, run on the HF
+embedding the tokenpos one displaced (HF's method takes only an ``nn.Embedding``).
+
 Shapes: V vocab, D hidden size, ids (...) -> (..., D).
 """
 
@@ -97,3 +100,31 @@ class SharedTokenEmbedding(FollowsDisplaced, TokenEmbedding):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, multiplier={self._multiplier!r}"
+
+
+def resize_patched(model: Any, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                   mean_resizing: bool = True) -> SharedTokenEmbedding:
+    """HF's ``resize_token_embeddings`` on a patched model (``patch`` installs it as the model's method).
+
+    HF's own method runs on the HF embedding the tokenpos one displaced, put back for the call: it resizes
+    that module's weight in place (the same Parameter object, so the tokenpos embedding, the tied head and an
+    optimiser's reference all see it), draws the new rows as HF does (``mean_resizing``, ``_init_weights``)
+    and ties the head again. Then a new :class:`SharedTokenEmbedding` over the resized weight takes its place
+    (the vocabulary size, the padding row and the scale as HF left them). Returns it (HF returns the input
+    embedding module). Raises what HF's method raises; the tokenpos embedding is back in place either way.
+    """
+    shared = model.get_input_embeddings()
+    if not isinstance(shared, SharedTokenEmbedding) or shared.displaced is None:
+        raise ConfigError(f"resize_token_embeddings of a patched model expects its SharedTokenEmbedding with the "
+                          f"displaced HF embedding; got {type(shared).__name__}")
+    hf: Any = shared.displaced
+    model.set_input_embeddings(hf)
+    try:
+        type(model).resize_token_embeddings(model, new_num_tokens, pad_to_multiple_of, mean_resizing)
+    finally:
+        kind, config = shared._scale
+        new = SharedTokenEmbedding(hf.weight, multiplier=shared.multiplier, padding_idx=hf.padding_idx,
+                                   displaced=hf, scale_kind=kind, config=config)
+        new.train(shared.training)
+        model.set_input_embeddings(new)
+    return new
