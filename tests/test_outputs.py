@@ -51,6 +51,7 @@ def _keep(how: str, a: np.ndarray) -> object:
     return memoryview(a)
 
 
+@pytest.mark.slow  # gc and reuse, one process each
 @pytest.mark.parametrize("keep", ["view", "reshape", "torch", "torch_view_numpy", "dlpack", "memoryview"])
 def test_a_block_is_not_reused_while_anything_refers_to_it(keep: str) -> None:
     cache = OutputCache(64 << 20, MiB)

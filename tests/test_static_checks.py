@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("command", [["ruff", "check", "src", "tests", "benchmarks"], ["mypy", "src"]],
+@pytest.mark.parametrize("command", [["ruff", "check", "src", "tests", "benchmarks"],
+                                     pytest.param(["mypy", "src"], marks=pytest.mark.slow)],   # mypy: 10-45 s
                          ids=["ruff", "mypy"])
 def test_the_code_passes(command: list[str]) -> None:
     pytest.importorskip(command[0], reason=f"{command[0]} is a test extra: pip install -e '.[test]'")

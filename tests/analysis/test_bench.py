@@ -44,6 +44,7 @@ def test_numba_gather_limit_is_a_gather() -> None:
     assert np.array_equal(out, w[[5, 0, 2]])
 
 
+@pytest.mark.slow  # torch.compile
 def test_compile_rows_are_timed_when_asked() -> None:
     """torch.compile rows (tiny shapes; compile time is not timed: the first call is the warm-up)."""
     rows = bench_cases.embedding_case(TINY, 0.0, reps=2, compile_=True)
@@ -64,6 +65,7 @@ def test_rope_and_train_rows() -> None:
         assert any(r.impl == f"tokenpos kernel ({mode})" and r.ratio_vs_reference > 0 for r in rows)
 
 
+@pytest.mark.slow  # torch.compile
 def test_block_rows_compare_tokenpos_with_torch_eager_and_compile() -> None:
     """The end-to-end block: torch eager, torch.compile, tokenpos eager and compiled, each with its ratios."""
     from tokenpos.analysis import bench_block
@@ -135,9 +137,10 @@ def test_bench_json_path_is_checked_before_the_run(tmp_path, monkeypatch) -> Non
 
     called = []
     monkeypatch.setattr(bench, "run_bench", lambda **kw: called.append(kw))
-    args = argparse.Namespace(json=str(tmp_path / "missing" / "x.json"), quick=True, compile=None, cases=None,
-                              no_progress=True)
-    with pytest.raises(FileNotFoundError):
+    blocker = tmp_path / "a-file"                  # a missing folder is made (tests/cli/test_output_folders.py);
+    blocker.write_text("")                         # a file in the folder's place is a bad path
+    args = argparse.Namespace(json=str(blocker / "x.json"), quick=True, compile=None, cases=None, no_progress=True)
+    with pytest.raises(NotADirectoryError):
         cli_bench.run(args)
     assert called == []
 

@@ -129,6 +129,7 @@ def test_host_row_ratios_are_tokenpos_over_reference() -> None:
     assert "1 tokenpos functions, 3 lines" in row.note
 
 
+@pytest.mark.slow  # times every call
 def test_calls_case_rows_on_tiny_shapes() -> None:
     """One row per pair, each timed (rounds, calls, positive times, a trace of tokenpos code) or, for the HF
     rows without transformers, a note; the thread counts are restored."""

@@ -61,6 +61,7 @@ def test_the_runs_threads_bound_torch_and_the_compiled_kernels_and_are_restored(
     assert (torch.get_num_threads(), numba.get_num_threads()) == before
 
 
+@pytest.mark.slow  # trains a language model
 def test_loss_goes_down():
     corpus = load_corpus()
     model = build_model("alibi", corpus.vocab_size, d_model=16, num_layers=1, num_heads=2, train_len=16, seed=0)
@@ -94,6 +95,7 @@ def test_rope_scalings_at_factor_one_equal_plain_rope(tiny_result):
         assert tiny_result.row(name, L).tail_nll == pytest.approx(plain.tail_nll, rel=1e-6)
 
 
+@pytest.mark.slow  # trains language models twice
 def test_deterministic_by_seed(tiny_result):
     again = run_extrapolation(ExtrapolationConfig(seed=0, **TINY))
     assert _numbers(again.to_dict()) == _numbers(tiny_result.to_dict())

@@ -37,6 +37,7 @@ def test_cli_bad_scheme_is_one_line_error(capsys):
     assert "unknown schemes ['xpos']" in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # trains language models
 def test_cli_seeds_both_protocols_and_tasks(tmp_path, capsys):
     out, fig = tmp_path / "out.json", tmp_path / "fig.png"
     assert _main(["extrapolate", "--seeds", "0,1", "--eval", "both", "--tasks", "reverse", "--task-steps", "1",

@@ -204,6 +204,7 @@ def test_oracle_scores_full_marks_on_passkey():
     assert score.per_token == 1.0 and score.exact == 1.0
 
 
+@pytest.mark.slow  # trains to a target
 def test_task_training_stops_at_the_target_and_reports_untrained():
     small = dict(d_model=16, num_heads=2, eval_examples=10, eval_lens=(10, 20), check_every=2)
     done = run_task("alibi", "passkey", TaskConfig(steps=8, target_accuracy=0.01, **small), 0)

@@ -29,6 +29,7 @@ def assert_real_png(path: Path) -> None:
     assert img[..., :3].std() > 0.05
 
 
+@pytest.mark.slow  # renders every plot
 @pytest.mark.parametrize("kind", sorted(plots.PLOTS))
 def test_every_kind_writes_a_real_png(kind: str, tmp_path: Path) -> None:
     out = plots.plot(kind, tmp_path / f"{kind}.png", dpi=60)

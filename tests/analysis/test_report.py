@@ -67,6 +67,7 @@ def fast_plots(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("tokenpos.analysis.plots.plot", plot)
 
 
+@pytest.mark.slow  # a whole report
 def test_report_quick_without_bench(tmp_path: Path) -> None:
     steps: list[tuple[str, int, int]] = []
     path = build_report(tmp_path / "rep", mode="quick", bench=False, progress=lambda *a: steps.append(a))
@@ -110,6 +111,7 @@ def test_report_with_fake_bench_and_extrapolation(tmp_path: Path, monkeypatch: p
     assert not notes
 
 
+@pytest.mark.slow  # the full bench
 def test_full_mode_runs_the_full_bench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast_plots: None) -> None:
     calls = install_fake_bench(monkeypatch)
     build_report(tmp_path, mode="full")
@@ -202,10 +204,11 @@ def test_a_successful_run_replaces_the_previous_page(tmp_path: Path, fast_plots:
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow  # a whole report
 def test_report_without_a_run_of_ones_own_shows_the_checked_in_study_with_intervals(tmp_path: Path) -> None:
     from tokenpos.analysis.report import CHECKED_IN_STUDY
 
-    assert CHECKED_IN_STUDY.is_file(), "docs/extrapolation_full.json is checked in beside the sources"
+    assert CHECKED_IN_STUDY.is_file(), "the study ships in the package (src/tokenpos/analysis/data)"
     page = build_report(tmp_path / "rep", mode="quick", bench=False).read_text(encoding="utf-8")
     assert "extrapolation_full.json" in page and "95% Student-t interval over seeds" in page
     assert "checked-in study" in page and "sliding" in page              # both protocols' tables

@@ -21,7 +21,9 @@ def test_memory_rows(tradeoffs) -> None:
 
 def test_extrapolation_findings(tradeoffs) -> None:
     ex = {e.scheme: e for e in tradeoffs.extrapolation}
-    assert set(ex) == {"learned", "sinusoidal", "rope", "alibi", "t5", "none"}
+    from tokenpos.tables.registry import SHORTCUTS
+
+    assert set(ex) == set(SHORTCUTS)                         # every registered scheme, fire and kerple included
     assert ex["learned"].beyond_max == "refused"
     assert "PositionError" in ex["learned"].finding and "128" in ex["learned"].finding
     assert ex["sinusoidal"].beyond_max == "computed"
@@ -29,7 +31,8 @@ def test_extrapolation_findings(tradeoffs) -> None:
 
 
 def test_variance_rows(tradeoffs) -> None:
-    sin, learned, xavier, token, scaled = tradeoffs.variance
+    sin, learned, xavier, token, scaled, sincos2d = tradeoffs.variance
+    assert sincos2d.name == "sincos2d, 11 x 11 patch grid" and 0 < sincos2d.mean <= 1
     assert sin.name == "sinusoidal" and "N(0, 0.02)" in learned.name and "xavier" in xavier.name
     assert sin.mean > 100 * learned.mean
     assert learned.mean == pytest.approx(0.02 ** 2, rel=0.15)

@@ -101,9 +101,10 @@ def test_memory_preset_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_memory_overview(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "memory")
     assert code == 0
-    for title in ("Small Model", "GPT-3 Scale", "GPT-2 small", "BERT-base", "Llama 2 7B", "Llama 3 8B"):
+    for title in ("Small Model", "GPT-3 175B", "GPT-2 small", "BERT-base", "Llama 2 7B", "Llama 3 8B"):
         assert title in out
-    assert "2,470.2" in out                                               # seed 004: GPT-3 table ~2.4 GB
+    assert "2,470.2" in out                                               # the GPT-3 token table: ~2.4 GB
+    assert "GPT-3 Scale" not in out                                       # the same table as GPT-3 175B: once
 
 
 def test_memory_untied_llama(capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,6 +123,7 @@ def test_plot_sinusoidal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert data[:8] == PNG_MAGIC and len(data) > 10_000
 
 
+@pytest.mark.slow  # a whole report
 def test_report_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_dir = tmp_path / "rep"
     code, out, _ = run(capsys, "report", "--out", str(out_dir), "--quick", "--no-bench", "--no-progress")
@@ -150,7 +152,6 @@ BAD = [
     (["plot", "sinusoidal", "--num-positions", "1000000000", "--d-model", "100000"], "plot", "must be <="),
     (["plot", "alibi", "--num-heads", "100000"], "plot", "--num-heads must be <= 64"),
     (["plot", "t5", "--seq-len", "10000"], "plot", "seq_len must be <= 2048"),
-    (["plot", "sinusoidal", "--out", "missing/x.png"], "plot", "output directory 'missing' of"),
     (["plot", "sinusoidal", "--num-heads", "4"], "plot", "does not apply"),
     (["plot", "rope", "--factor", "-2"], "plot", "--factor"),
     (["plot", "sinusoidal", "--out", ""], "plot", "output path must name a file, got ''"),   # was KIND.png
@@ -217,10 +218,19 @@ def test_plot_default_output_is_not_overwritten_either(tmp_path: Path, capsys: p
     assert code == 2 and "'t5.png' exists" in err and (tmp_path / "t5.png").read_bytes() == b"keep"
 
 
-def test_plot_does_not_create_missing_folders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "plot", "sinusoidal", "--out", str(tmp_path / "a" / "b" / "x.png"), "--force")
-    assert code == 2 and "does not exist" in err and "Traceback" not in err
-    assert not (tmp_path / "a").exists()
+def test_plot_creates_missing_folders_as_report_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "a" / "b" / "x.png"
+    code, out, err = run(capsys, "plot", "sinusoidal", "--out", str(target), "--d-model", "16", "--dpi", "40")
+    assert code == 0 and str(target) in out and err == ""
+    assert target.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_failed_plot_leaves_no_folders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "plot", "similarity", "--head-dim", "9", "--out", str(tmp_path / "a" / "b" / "x.png"))
+    assert code == 2 and "head_dim must be an even number" in err and "Traceback" not in err
+    assert not (tmp_path / "a").exists()                                 # made for the output, removed again
+    code, _, err = run(capsys, "plot", "sinusoidal", "--out", str(tmp_path / "c" / "x.txt"))
+    assert code == 2 and "must end in one of" in err and not (tmp_path / "c").exists()   # checked before any folder
 
 
 def test_report_interrupted_by_ctrl_c_keeps_the_previous_report(tmp_path: Path, capsys: pytest.CaptureFixture[str],

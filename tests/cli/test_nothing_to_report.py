@@ -60,6 +60,7 @@ def test_extrapolate_with_every_run_diverged(monkeypatch: pytest.MonkeyPatch, tm
     assert (tmp_path / "x.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # a whole report
 @pytest.mark.parametrize("empty_results", [False, True], ids=["diverged", "no-results"])
 def test_report_with_nothing_to_report(diverged_doc: Path, empty_results: bool, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,8 @@ import pytest
 from tokenpos.kernels import _threading, embedding_forward, rope_apply
 from tokenpos.kernels.reference import embedding_forward_ref
 
+pytestmark = pytest.mark.slow   # child processes and threads (fork, pools)
+
 PRELUDE = """
 import sys
 if TORCH_FIRST:

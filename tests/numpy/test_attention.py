@@ -47,7 +47,7 @@ def data(lq: int, lk: int, seed: int = 0, dtype=np.float64):
     return tuple(rng.standard_normal(s).astype(dtype) for s in ((B, H, lq, DH), (B, H, lk, DH), (B, H, lk, DH)))
 
 
-@pytest.mark.parametrize("name", ["none", "rope", "alibi", "t5"])
+@pytest.mark.parametrize("name", ["none", pytest.param("rope", marks=pytest.mark.slow), "alibi", "t5"])
 @pytest.mark.parametrize(("lq", "lk", "causal"), [(4, 4, True), (2, 5, True), (3, 3, False)])
 def test_backward_matches_finite_differences(name: str, lq: int, lk: int, causal: bool) -> None:
     make = schemes()[name]

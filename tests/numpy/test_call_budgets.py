@@ -48,6 +48,7 @@ pytestmark = pytest.mark.usefixtures("library_sizes")   # the calls as a user ma
 CALLS = {"TransformerEmbedding": _transformer, "TokenEmbedding": _token, "RotaryEmbedding.apply": _rope}
 
 
+@pytest.mark.slow  # traces every call
 @pytest.mark.parametrize("name", sorted(BUDGETS))
 def test_a_decode_sized_call_fits_its_budget(name: str) -> None:
     with tokenpos.use_kernels(True):

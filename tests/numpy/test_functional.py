@@ -62,6 +62,7 @@ def tables(batch: int | None, length: int, half: int, seed: int = 0) -> tuple[np
     return np.cos(angle), np.sin(angle)
 
 
+@pytest.mark.slow  # finite differences (tests/numpy/test_token.py keeps a fast one)
 @pytest.mark.parametrize("scale, p, padding_idx, table_padding_idx", [
     (1.0, 0.0, None, None), (2.5, 0.0, 1, None), (1.0, 0.4, None, 2), (np.sqrt(D), 0.3, 1, 0)])
 def test_embedding_pair_matches_finite_differences(kernel_mode, scale, p, padding_idx, table_padding_idx):

@@ -335,6 +335,7 @@ def _torch_sqrt_is_ieee(torch) -> bool:
     return bool(np.array_equal(torch.from_numpy(x).sqrt().numpy(), want))
 
 
+@pytest.mark.slow  # 50 steps against torch
 @pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "numpy"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sparse_adam_mode_equals_torch_sparse_adam_over_50_steps(kernels, dtype):

@@ -65,7 +65,8 @@ def test_packed_equals_padded_per_token_with_equal_gradients(case: str, kernel_m
         np.testing.assert_allclose(p.grad, grads[name].grad, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
-@pytest.mark.parametrize("case", ["learned", "learned-bert", "sinusoidal"])
+@pytest.mark.parametrize("case", [pytest.param("learned", marks=pytest.mark.slow),
+                                  pytest.param("learned-bert", marks=pytest.mark.slow), "sinusoidal"])
 def test_packed_backward_matches_finite_differences(case: str) -> None:
     ids, tt, *_ = packed_and_padded()
     check_grads(lambda: make(case), ids, run=lambda emb, x: call(emb, x, tt, cu_seqlens=CU),

@@ -46,6 +46,7 @@ def test_blhd_equals_transposed_bhld(kernels: bool, interleaved: bool) -> None:
         tokenpos.set_kernels(previous)
 
 
+@pytest.mark.slow  # finite differences
 @pytest.mark.parametrize("qk_layout", ["bhld", "blhd"])
 def test_backward_finite_differences_in_both_layouts(qk_layout: str) -> None:
     shape = (2, 3, 2, DH) if qk_layout == "blhd" else (2, 2, 3, DH)      # L = 3, H = 2

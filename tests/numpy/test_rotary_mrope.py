@@ -13,6 +13,7 @@ from tokenpos.tables import ConfigError
 DH = 12                                                              # F = 6
 
 
+@pytest.mark.slow  # finite differences
 @pytest.mark.parametrize("layout", ["sections", "interleaved"])
 @pytest.mark.parametrize("qk_layout", ["bhld", "blhd"])
 def test_backward_matches_finite_differences(layout: str, qk_layout: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -55,6 +56,7 @@ def run_concurrently(fn, args: list) -> list:
         return list(pool.map(fn, args))
 
 
+@pytest.mark.slow  # hypothesis x threads
 @given(st.lists(st.integers(1, 48), min_size=THREADS, max_size=4 * THREADS))
 @SHARED
 def test_shared_layers_give_every_thread_its_serial_result(kernel_mode, lengths):
@@ -65,6 +67,7 @@ def test_shared_layers_give_every_thread_its_serial_result(kernel_mode, lengths)
             np.testing.assert_array_equal(a, b, err_msg=f"{name}, length {n}")
 
 
+@pytest.mark.slow  # hypothesis x threads
 @given(st.lists(st.integers(1, 48), min_size=THREADS, max_size=4 * THREADS))
 @SHARED
 def test_functional_pairs_keep_per_call_caches_under_threads(kernel_mode, lengths):

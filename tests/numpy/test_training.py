@@ -14,6 +14,7 @@ def mse(out, target):
     return float(np.mean(diff**2)), (2.0 * diff / diff.size).astype(out.dtype)
 
 
+@pytest.mark.slow  # trains to convergence
 @pytest.mark.parametrize("mode", ["exact", "lazy"])
 def test_adam_learns_a_lookup_task(mode):
     V, D = 32, 8
@@ -35,6 +36,7 @@ def test_adam_learns_a_lookup_task(mode):
     assert final < 1e-3, f"Adam ({mode}) reached only {final:.2e}"
 
 
+@pytest.mark.slow  # trains to convergence
 def test_adamw_trains_the_whole_input_block():
     """Targets depend on the token and on the position: token and learned position tables must both learn."""
     V, D, L = 20, 6, 5

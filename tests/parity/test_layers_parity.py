@@ -115,6 +115,7 @@ def test_helper_catches_a_mismatch() -> None:
         assert_parity("TokenEmbedding", (50, 8), {}, args=(IDS,), prepare=spoil)
 
 
+@pytest.mark.slow  # hypothesis over every option
 @FAST
 @given(ids=id_arrays(40, padding_idx=0), norm=st.sampled_from([None, "layernorm", "rmsnorm"]),
        positional=st.sampled_from(["learned", "sinusoidal", "none"]), num_token_types=st.integers(0, 3),

@@ -112,6 +112,7 @@ def _scheme_literals(node: ast.expr) -> set[str]:
     return {e.value for e in items if isinstance(e, ast.Constant) and e.value in SCHEMES}
 
 
+@pytest.mark.slow  # parses every source file
 def test_no_code_branches_on_a_scheme_name():
     """What a layer needs from its caller is a class attribute that says it (``kind``, ``packs``,
     ``rotates_qk_together``), never its ``name`` compared with a registered name (the xPos special case of
@@ -158,6 +159,7 @@ def _branches_on_a_scheme_name(tree: ast.AST) -> list[int]:
     return lines
 
 
+@pytest.mark.slow  # parses every test file
 def test_no_test_branches_on_a_scheme_name():
     """The tests too: a test that needs what a scheme does reads the property that says it (``kind``,
     ``rotates_qk_together``, its parameters), never ``if name == "xpos"``, so a new scheme with the same

@@ -18,6 +18,8 @@ import tokenpos.torch as tpt
 from tests.tolerances import TOL
 from tokenpos.tables.registry import SHORTCUTS
 
+pytestmark = pytest.mark.slow   # torch.compile
+
 IDS = torch.tensor([[3, 7, 9, 0], [0, 4, 5, 6]])
 
 

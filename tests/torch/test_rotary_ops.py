@@ -104,6 +104,7 @@ def test_rope_gradient_only_for_inputs_that_need_it(calls):
         assert rope.apply(q, k)[0].grad_fn is None
 
 
+@pytest.mark.slow  # gradcheck (fast: test_rope_fused_equals_plain)
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_gradcheck_rope_function(interleaved):
     rope = tpt.RotaryEmbedding(8, max_seq_len=8, interleaved=interleaved, rotary_dim=6)

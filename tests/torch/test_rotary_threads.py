@@ -60,6 +60,7 @@ def _dynamic_candidates(x: torch.Tensor, lengths: list[int]) -> list[np.ndarray]
     return out
 
 
+@pytest.mark.slow  # threads
 @pytest.mark.parametrize("explicit", [False, True])
 @pytest.mark.parametrize("kernels", [True, False])
 @pytest.mark.parametrize("name", ["longrope", "dynamic"])

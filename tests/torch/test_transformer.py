@@ -400,6 +400,7 @@ def test_shared_tensors_written_through_saved_tensors_do_not_change_later_calls(
         emb(ids).sum().backward()                                          # a fresh graph trains
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_importing_under_inference_mode_leaves_training_working():
     """Module-level tensors (the shared no-dropout seed) must not be inference tensors even when
     tokenpos.torch is first imported inside ``torch.inference_mode()``: autograd saves them."""

@@ -11,6 +11,11 @@ embedding cases cycle
 through several id batches, so no impl finds its previous call's rows or buffers still in cache.
 A row's ``seconds`` is its best rep (the machine is shared: other load only ever adds time),
 and its ratios compare best with best; ``median_seconds`` and the note give the medians too.
+A ratio whose best (best / best) and median (median / median) disagree by more than ``RATIO_AGREEMENT``
+(2x) is unstable: it is listed in ``row.unstable`` and shown as not claimed. The
+counters of other processes' CPU time are read at every case boundary: ``row.other_cpus`` is its
+case's, and a row above ``BUSY_CPUS`` is ``competed`` (measured under load; the report does not draw
+it as a result), ``report.competition`` the whole run's.
 
     effective GB/s = 2 * (bytes of the output) / seconds          (read once + written once)
 
@@ -26,6 +31,9 @@ and k: DRAM-sized):
 - ``compiled``: ``torch.compile`` of a model containing TransformerEmbedding vs eager (full runs).
 - ``train_lazy`` / ``train_exact``: one embedding step (forward, backward, AdamW) on Zipf ids vs
   ``nn.Embedding`` + fused AdamW (dense gradient); the ratio is the speed-up over torch.
+- ``ngram``: the hashed n-gram lookup (Engram): the fused kernel against the reference's two steps (NumPy hashing +
+  ``nn.Embedding`` gather) and the random-gather limit of the same rows (:mod:`.bench_ngram`; its own sizes:
+  :data:`NGRAM_FULL`, :data:`NGRAM_QUICK`).
 - ``jit``: import and first-call latency of every kernel in a fresh process (cold = empty numba
   cache, warm = cache filled; the quick run measures the installed package cache only).
 - ``calls``: host time of decode-sized calls (and a training forward, a small tied loss, a patched
@@ -54,6 +62,9 @@ import numpy as np
 from tokenpos.analysis.bench_block import block_case
 from tokenpos.analysis.bench_calls import calls_case
 from tokenpos.analysis.bench_cases import compiled_model_case, embedding_case, rope_case
+from tokenpos.analysis.bench_names import CASES
+from tokenpos.analysis.bench_ngram import DEFAULT as NGRAM_DEFAULT
+from tokenpos.analysis.bench_ngram import ngram_case
 from tokenpos.analysis.bench_timing import (
     NBATCH,
     BenchReport,
@@ -69,8 +80,6 @@ from tokenpos.analysis.bench_timing import (
     public,
     time_interleaved,
 )
-
-CASES = ("forward", "dropout", "bf16", "rope", "block", "compiled", "train_lazy", "train_exact", "jit", "calls")
 
 
 def zipf_ids(rng: np.random.Generator, V: int, shape: tuple[int, ...], s: float = 1.0) -> np.ndarray:
@@ -198,6 +207,11 @@ FULL = dict(V=50257, D=768, B=16, L=512, rB=2, rH=32, L_rope=2048, Dh=128, bB=2,
             train_reps=8, calls_rounds=41, calls_block_ms=10)
 # quick: the same workload (cache-resident shapes would flatter copy), fewer reps and rounds
 QUICK = dict(FULL, reps=5, train_reps=3, calls_rounds=11, calls_block_ms=2)
+# ngram: the reference's settings (max_ngram_size 3, 8 heads per n, 512 per n) on bench_ngram's table (2**17 rows
+# per n: R ~ 2.1M rows x 64 fp32 = 537 MB); quick: the same (4, 1024) batch on 2**15 rows per n (R ~ 0.5M rows,
+# 134 MB: still far past the L3, and quicker to build), fewer reps
+NGRAM_FULL = dict(NGRAM_DEFAULT)
+NGRAM_QUICK = dict(NGRAM_DEFAULT, V=1 << 15, reps=5)
 
 
 def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequence[str] | None = None,
@@ -221,13 +235,16 @@ def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequen
     cfg = dict(QUICK if quick else FULL)
     command = "tokenpos bench" + (" --quick" if quick else "") + flag + (
         f" --cases {','.join(todo)}" if cases is not None else "")
+    ngram_cfg = NGRAM_QUICK if quick else NGRAM_FULL
     report = BenchReport(machine(), command, {**cfg, "dtype": "float32", "dropout": 0.1, "zipf_s": 1.0,
                                                "id_batches": NBATCH,
-                                               "timing": TIMING, "calls_timing": CALLS_TIMING})
-    start = cpu_counters()                                  # competition: other processes' CPU time
+                                               "timing": TIMING, "calls_timing": CALLS_TIMING,
+                                               **({"ngram": dict(ngram_cfg)} if "ngram" in todo else {})})
+    start = now = cpu_counters()                            # competition: other processes' CPU time
     for i, case in enumerate(todo):
         if progress:
             progress(case, i, len(todo))
+        first, case_start = len(report.rows), now
         if case in ("forward", "dropout", "bf16"):
             report.rows += embedding_case(cfg, 0.1 if case == "dropout" else 0.0, cfg["reps"], compile,
                                           bf16=case == "bf16")
@@ -241,9 +258,15 @@ def run_bench(*, quick: bool = False, compile: bool | None = None, cases: Sequen
             report.rows += _train_case(cfg, case[len("train_"):], cfg["train_reps"])
         elif case == "calls":
             report.rows += calls_case(cfg)
+        elif case == "ngram":
+            report.rows += ngram_case(ngram_cfg)
         else:
             report.rows += _jit_case(quick)
-    report.competition = competition(start, cpu_counters())
+        now = cpu_counters()
+        measured = competition(case_start, now)                # this case's competition: its rows are marked
+        for row in report.rows[first:]:
+            row.other_cpus = None if measured is None else measured.other_cpus
+    report.competition = competition(start, now)
     if progress:
         progress("done", len(todo), len(todo))
     return report

@@ -4,8 +4,11 @@
 and the end-to-end block's tokenpos rows. References, raw kernels and the experiment rows
 (compute floor, the numba gather) stay in ``tokenpos bench``'s own output.
 :func:`ratio_points` turns each into (label, reference, median ratio, best ratio) points;
-:func:`figure_bench` draws them: one horizontal bar per point at its median ratio, a whisker to its
-best, a line at 1.0 (> 1: tokenpos faster than that reference).
+:func:`figure_bench` draws them: one horizontal bar per point from 1.0 to its median ratio, a whisker to its
+best, a line at 1.0 (> 1: tokenpos faster than that reference). The legend's swatches are the bars' colours
+(one per reference); a bar that is not a result (its case ran under load, or its reps were unstable:
+:class:`Point`) is grey and hatched and its label says why; a run without torch.compile rows says so
+in the chart (:data:`NO_COMPILE`).
 
 The ``calls`` case (host time, :mod:`.bench_calls`) has a chart of its own, the other way round as its
 rows are: :func:`calls_points` / :func:`figure_calls` show each row's ratio tokenpos / reference (< 1:
@@ -16,14 +19,39 @@ and the best / best ratio.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenpos.analysis.bench_timing import unstable_of
 from tokenpos.analysis.figures import new_figure, save
 
 REFS = (("limit", "ratio_vs_limit", "x limit (gather / copy)"), ("eager", "ratio_vs_reference", "x torch eager"),
         ("compile", "ratio_vs_compile", "x torch.compile"))
 COLORS = {"limit": "#7a7f8a", "eager": "#2b5fab", "compile": "#d08a00"}
+VS = {"limit": "vs limit", "eager": "vs torch eager", "compile": "vs torch.compile"}
+NOT_A_RESULT = "#d9d9d9"      # the fill of a bar that is not a result (competed or unstable); hatched
+HATCH = "////"
+NO_COMPILE = ("no torch.compile bars: this run did not time torch.compile (a quick run skips it; "
+              "tokenpos report --full and tokenpos bench --compile time it)")
+NO_COMPILE_SHORT = "no torch.compile bars: not timed in this run (quick runs skip it; report --full times it)"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One bar: a headline row against one reference. ``status``: "ok" (a result), "unstable" (its best and
+    median ratios disagree by more than RATIO_AGREEMENT: not claimed) or "competed" (the case ran while other
+    processes kept more than BUSY_CPUS CPUs busy: not a result)."""
+
+    label: str
+    key: str
+    median: float
+    best: float
+    status: str = "ok"
+
+    def __iter__(self) -> Iterator[Any]:        # (label, key, median, best), as the points were tuples
+        return iter((self.label, self.key, self.median, self.best))
 
 
 def headline_rows(rows: list[Any]) -> list[Any]:
@@ -34,8 +62,20 @@ def headline_rows(rows: list[Any]) -> list[Any]:
                                               or (r.case == "block" and r.impl.startswith("tokenpos")))]
 
 
-def ratio_points(rows: list[Any]) -> list[tuple[str, str, float, float]]:
-    """``(label, reference key, median ratio, best ratio)`` for each headline row and reference it has."""
+def row_label(r: Any) -> str:
+    return f"{r.case}: {r.impl.replace(' (public layer)', '')}"
+
+
+def point_status(r: Any, key: str) -> str:
+    """"competed", "unstable" or "ok" for row ``r``'s ratio against ``key`` (see :class:`Point`)."""
+    if getattr(r, "competed", False):
+        return "competed"
+    return "unstable" if key in unstable_of(r) else "ok"
+
+
+def ratio_points(rows: list[Any]) -> list[Point]:
+    """One :class:`Point` (label, reference key, median ratio, best ratio, status) for each headline row and
+    reference it has."""
     out = []
     for r in headline_rows(rows):
         meds = getattr(r, "median_ratios", None)
@@ -45,29 +85,56 @@ def ratio_points(rows: list[Any]) -> list[tuple[str, str, float, float]]:
             if best is None or not math.isfinite(best):
                 continue
             med = meds.get(key)
-            out.append((f"{r.case}: {r.impl.replace(' (public layer)', '')}", key,
-                        float(med) if med is not None and math.isfinite(med) else float(best), float(best)))
+            out.append(Point(row_label(r), key, float(med) if med is not None and math.isfinite(med)
+                             else float(best), float(best), point_status(r, key)))
     return out
 
 
 def figure_bench(rows: list[Any]) -> Any:
-    """Horizontal bars: median ratio per (row, reference), whisker to the best ratio, a line at 1."""
+    """Horizontal bars: median ratio per (row, reference), whisker to the best ratio, a line at 1.
+
+    A result's bar has its reference's colour (the legend's swatches are those colours). A bar that is not a
+    result is grey and hatched, and its label says why: "under load" (its case ran while other processes
+    kept the CPUs busy) or "unstable" (its best and median ratios disagree by more than RATIO_AGREEMENT).
+    Without any torch.compile ratio the chart says so under its title."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import NullFormatter
+
     pts = ratio_points(rows)
-    fig = new_figure(9.0, max(2.5, 0.28 * len(pts) + 1.2))
+    fig = new_figure(9.0, max(2.8, 0.28 * len(pts) + 1.9))
     ax = fig.add_subplot()
     y = list(range(len(pts)))[::-1]
-    for yi, (_, key, med, best) in zip(y, pts, strict=True):
-        ax.barh(yi, med, color=COLORS[key], height=0.7)
-        ax.plot([min(med, best), max(med, best)], [yi, yi], color="black", lw=1.2)
-        ax.plot([best], [yi], "|", color="black", ms=8)
+    why = {"competed": "under load", "unstable": "unstable"}
+    for yi, p in zip(y, pts, strict=True):
+        if p.status == "ok":                                  # from 1.0 (parity) to the median, log axis
+            ax.barh(yi, p.median - 1.0, left=1.0, color=COLORS[p.key], height=0.7)
+        else:
+            ax.barh(yi, p.median - 1.0, left=1.0, color=NOT_A_RESULT, edgecolor=COLORS[p.key], hatch=HATCH,
+                    height=0.7, lw=0.8)
+        ax.plot([min(p.median, p.best), max(p.median, p.best)], [yi, yi], color="black", lw=1.2)
+        ax.plot([p.best], [yi], "|", color="black", ms=8)
     ax.axvline(1.0, color="black", lw=0.8, ls="--")
-    ax.set_yticks(y, [f"{label} ({key})" for label, key, _, _ in pts], fontsize=7)
+    ax.set_yticks(y, [f"{p.label} {VS[p.key]}" + (f" [{why[p.status]}]" if p.status != "ok" else "")
+                      for p in pts], fontsize=7)
     ax.set_xscale("log")
-    ax.set_xlabel("reference time / tokenpos time, median (bar) and best (whisker); > 1: tokenpos faster")
-    for key, _, name in REFS:
-        ax.barh([], [], color=COLORS[key], label=name)
-    ax.legend(loc="lower right", fontsize=7)
-    ax.set_title("tokenpos in model conditions (each call right after a torch op)", fontsize=10)
+    xs = [x for p in pts for x in (p.median, p.best) if x > 0] + [1.0]
+    lo, hi = min(xs) / 1.25, max(xs) * 1.25
+    ax.set_xlim(lo, hi)
+    ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0)
+             if lo <= t <= hi]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("reference time / tokenpos time: bar median, whisker best; > 1: tokenpos faster", fontsize=8)
+    keys = [k for k, _, _ in REFS if any(p.key == k for p in pts)]
+    handles = [Patch(facecolor=COLORS[k], label=name) for k, _, name in REFS if k in keys]
+    if any(p.status != "ok" for p in pts):
+        handles.append(Patch(facecolor=NOT_A_RESULT, edgecolor="black", hatch=HATCH,
+                             label="not a result: under load or unstable"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize=7)
+    title = "tokenpos in model conditions (each call right after a torch op)"
+    if "compile" not in keys:
+        title += "\n" + NO_COMPILE_SHORT
+    ax.set_title(title, fontsize=9)
     return fig
 
 

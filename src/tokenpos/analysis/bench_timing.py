@@ -39,6 +39,15 @@ class BenchRow:
     median_ratios: dict = field(default_factory=dict)   # "copy" / "eager" / "limit" / "compile" / "kernel"
     ratio_vs_kernel: float | None = None   # public-layer rows: the raw kernel's time / this time, best
     host: HostTime | None = None           # ``calls`` rows: host time against the row's reference (.bench_calls)
+    unstable: tuple[str, ...] = ()         # ratio keys not claimed: best and median ratio disagree by more than
+                                           # RATIO_AGREEMENT (:func:`unstable_keys`)
+    other_cpus: float | None = None        # CPUs other processes kept busy while this row's case ran (None:
+                                           # not measured); above BUSY_CPUS the row was measured under competition
+
+    @property
+    def competed(self) -> bool:
+        """Measured while other processes kept more than :data:`BUSY_CPUS` CPUs busy on average."""
+        return self.other_cpus is not None and self.other_cpus > BUSY_CPUS
 
 
 @dataclass
@@ -174,6 +183,34 @@ def paired_ratio(ref: list[float], impl: list[float], seed: int = 0,
     return float(np.median(r)), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
 
 
+# A ratio whose best (best / best) and median (median / median) differ by more than this factor is unstable,
+# and not claimed. In model conditions a row's median rep is routinely 1.5-3x its best (torch's spinning
+# threads, benchmarks/HISTORY.md), so the spread of one row says nothing; but the two ratios of a pair timed
+# in the same rounds agree on a machine at rest (within 1.4x over the runs in HISTORY.md). Under load one side
+# can catch a lucky rep the other never gets: ``tokenpos bench --quick`` once showed a best of 2.07 ms against
+# a 31.99 ms median as "12.22x limit", with a median ratio near 0.9.
+RATIO_AGREEMENT = 2.0
+
+
+def disagreement(best: float | None, median: float | None) -> float | None:
+    """max / min of a ratio's best and median (1.0: they agree); None without both (positive, finite)."""
+    if best is None or median is None or not (0 < best < np.inf and 0 < median < np.inf):
+        return None
+    return float(max(best, median) / min(best, median))
+
+
+def unstable_of(row: Any) -> tuple[str, ...]:
+    """The ratio keys ``row`` does not claim (``()`` for a row read from an older JSON without the field)."""
+    keys = getattr(row, "unstable", None)
+    return () if keys is None else tuple(keys)
+
+
+def unstable_keys(best: dict[str, float | None], median: dict[str, float | None]) -> tuple[str, ...]:
+    """The ratio keys (of ``median``) whose best and median ratios disagree by more than :data:`RATIO_AGREEMENT`."""
+    return tuple(k for k, m in median.items() if (d := disagreement(best.get(k), m)) is not None
+                 and d > RATIO_AGREEMENT)
+
+
 def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandwidth: bool = True,
                notes: dict[str, str] | None = None, limit: tuple[str, ...] = (COPY,),
                eager: str = EAGER, compiled: str = COMPILE) -> list[BenchRow]:
@@ -195,9 +232,10 @@ def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandw
     for name, ts in times.items():
         b, m = float(min(ts)), med(ts)
         kernel = (KERNEL,) if PUBLIC in name else ()
-        meds = {k: ratio(ref(med, names), m) for k, names in
-                (("copy", (COPY,) if bandwidth else ()), ("eager", (eager,)), ("limit", limit if bandwidth else ()),
-                 ("compile", (compiled,)), ("kernel", kernel))}
+        refs = {"copy": (COPY,) if bandwidth else (), "eager": (eager,), "limit": limit if bandwidth else (),
+                "compile": (compiled,), "kernel": kernel}
+        bests = {k: ratio(ref(min, names), b) for k, names in refs.items()}
+        meds = {k: ratio(ref(med, names), m) for k, names in refs.items()}
         meds = {k: v for k, v in meds.items() if v is not None}
         note = f"median {m * 1e3:.2f} ms" + "".join(f", x {k} {v:.2f}" for k, v in meds.items()) + f" ({len(ts)} reps)"
         if notes and name in notes:
@@ -205,7 +243,8 @@ def bench_rows(case: str, times: dict[str, list[float]], nbytes: float, *, bandw
         rows.append(BenchRow(case, name, b, nbytes / b / 1e9 if bandwidth else float("nan"),
                              ratio(ref(min, (COPY,)), b) if bandwidth else None, ratio(ref(min, (eager,)), b),
                              note, m, ratio(ref(min, limit), b) if bandwidth else None,
-                             ratio(ref(min, (compiled,)), b), meds, ratio(ref(min, kernel), b)))
+                             ratio(ref(min, (compiled,)), b), meds, ratio(ref(min, kernel), b),
+                             unstable=unstable_keys(bests, meds)))
     return rows
 
 

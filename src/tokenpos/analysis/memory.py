@@ -9,11 +9,13 @@ Adam's two fp32 moments = 16 bytes per trainable parameter (activations not incl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenpos.tables.checks.validation import check_choice, check_int, check_positive_int
 from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.registry import SCHEMES
 
 MIB = 2**20
 MB = 10**6
@@ -21,21 +23,23 @@ MB = 10**6
 PRECISIONS: dict[str, int] = {"fp32": 4, "fp16/bf16": 2, "int8": 1}
 JSON_PRECISIONS: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}  # keys in to_dict()
 ADAM_BYTES_PER_PARAM = 4 * 4  # fp32 weight + grad + Adam m + Adam v
-POSITIONAL_KINDS = ("learned", "sinusoidal", "rope", "alibi", "t5", "none")
+# Every registered positional scheme (tokenpos.tables.registry), additive ones first, then rotary, bias, none.
+KIND_ORDER = ("additive", "rotary", "bias", "none")
+POSITIONAL_KINDS: tuple[str, ...] = tuple(sorted(SCHEMES, key=lambda n: KIND_ORDER.index(SCHEMES[n].kind)))
 T5_NUM_BUCKETS = 32
 FIRE_WIDTH = 32          # FIRE's MLP width (tokenpos.tables.formulas.fire, the paper's listing)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The embedding-relevant facts of one model (a preset, a seed scenario, or user input).
+    """The embedding-relevant facts of one model (a preset, an example scenario, or user input).
 
     Attributes:
         name: short label, e.g. "gpt2".
         vocab_size, d_model: V and D of the token table.
         max_seq_len: L, the trained context (rows of a learned position table); None if unknown.
         positional: one of POSITIONAL_KINDS, the scheme the model uses.
-        num_heads: H (sizes the T5 bias table in the alternatives); None = D // 64 (at least 1).
+        num_heads: H (sizes the T5, FIRE and KERPLE parameters in the alternatives); None = D // 64 (at least 1).
         token_types: rows of a segment/token-type table (BERT: 2), 0 for none.
         tied_output: True if the output projection (LM head) shares the token table.
         total_params: the whole model's parameter count, if known.
@@ -89,7 +93,8 @@ PRESETS: dict[str, ModelConfig] = {
     )
 }
 
-# Seed 004's "systems analysis" scenarios (name, V, D); L = 2048 as in its positional comparison.
+# Example sizes (name, V, D) from small to GPT-3 scale; L = 2048 as in the positional comparison. GPT-3 scale is
+# the gpt3-175b preset's token table, so scenario_reports() lists it once, as the preset.
 SEED_SCENARIOS: tuple[ModelConfig, ...] = (
     ModelConfig("small", 10_000, 256, 2048, title="Small Model"),
     ModelConfig("medium", 50_000, 512, 2048, title="Medium Model"),
@@ -195,61 +200,89 @@ class MemoryReport:
         }
 
 
-def position_alternatives(max_seq_len: int, d_model: int, num_heads: int) -> tuple[TableMemory, ...]:
-    """What each positional scheme stores for context L and width D.
+def _stored(name: str, L: int, D: int, H: int) -> TableMemory:
+    """What scheme ``name`` stores for context L, width D and H heads (see :func:`position_alternatives`)."""
+    return _STORED[name](L, D, H)
 
-    learned: an (L, D) trainable table. sinusoidal: nothing trainable; a layer may cache an (L, D) fp32
-    buffer, listed with trainable=False. rope / alibi / none: no table. t5: a (32 buckets, H) bias table.
-    fire: its MLP (2W + 2 + (W + 1) H parameters, W = 32), one row. kerple: r1 and r2, (2, H).
+
+def _fixed_cache(name: str, what: str) -> Callable[[int, int, int], TableMemory]:
+    def stored(L: int, D: int, H: int) -> TableMemory:
+        return TableMemory(name, 0, D, False, f"fixed, {what}; optional fp32 cache {L}x{D} = {L * D * 4 / MIB:.1f} MiB")
+    return stored
+
+
+def _rotary(name: str, what: str) -> Callable[[int, int, int], TableMemory]:
+    def stored(L: int, D: int, H: int) -> TableMemory:
+        return TableMemory(name, 0, D, False, f"fixed; {what}")
+    return stored
+
+
+# name -> (L, D, H) -> what the scheme stores: one entry per registered scheme (tests/analysis/test_memory_schemes.py
+# checks the keys against the registry and the trained counts against each NumPy class's parameters).
+_STORED: dict[str, Callable[[int, int, int], TableMemory]] = {
+    "learned": lambda L, D, H: TableMemory("learned", L, D, True, f"trained; positions >= {L} refused"),
+    "sinusoidal": _fixed_cache("sinusoidal", "any position"),
+    "sincos2d": _fixed_cache("sincos2d", "the 2-D table of a patch grid of L patches"),
+    "rope": _rotary("rope", "rotates q and k in attention"),
+    "mrope": _rotary("mrope", "rotates q and k by (t, h, w) position ids (Qwen2-VL)"),
+    "rope2d": _rotary("rope2d", "rotates q and k by (row, col) patch positions (Pixtral)"),
+    "xpos": _rotary("xpos", "rotates and scales q and k in attention"),
+    "alibi": lambda L, D, H: TableMemory("alibi", 0, H, False, f"fixed; {H} slopes (one per head)"),
+    "t5": lambda L, D, H: TableMemory("t5", T5_NUM_BUCKETS, H, True,
+                                      f"trained; {T5_NUM_BUCKETS} buckets x {H} heads"),
+    "fire": lambda L, D, H: TableMemory("fire", 1, 2 * FIRE_WIDTH + 2 + (FIRE_WIDTH + 1) * H, True,
+                                        f"trained; MLP 1->{FIRE_WIDTH}->{H} + c + threshold, any position"),
+    "kerple": lambda L, D, H: TableMemory("kerple", 2, H, True, f"trained; r1, r2 per head ({H} heads), any position"),
+    "none": lambda L, D, H: TableMemory("none", 0, D, False, "no positional signal (NoPE)"),
+}
+
+
+def position_alternatives(max_seq_len: int, d_model: int, num_heads: int) -> tuple[TableMemory, ...]:
+    """What each registered positional scheme stores for context L and width D, in :data:`POSITIONAL_KINDS` order.
+
+    learned: an (L, D) trainable table. sinusoidal, sincos2d: nothing trainable; a layer may cache an (L, D)
+    fp32 buffer, listed with trainable=False. rope, mrope, rope2d, xpos, alibi, none: no table. t5: a
+    (32 buckets, H) bias table. fire: its MLP (2W + 2 + (W + 1) H parameters, W = 32), one row. kerple: r1 and
+    r2, (2, H).
     """
     L = check_positive_int("max_seq_len", max_seq_len)
     D = check_positive_int("d_model", d_model)
     H = check_positive_int("num_heads", num_heads)
-    cache_mib = L * D * 4 / MIB
-    return (
-        TableMemory("learned", L, D, True, f"trained; positions >= {L} refused"),
-        TableMemory("sinusoidal", 0, D, False,
-                    f"fixed, any position; optional fp32 cache {L}x{D} = {cache_mib:.1f} MiB"),
-        TableMemory("rope", 0, D, False, "fixed; rotates q and k in attention"),
-        TableMemory("alibi", 0, H, False, f"fixed; {H} slopes (one per head)"),
-        TableMemory("t5", T5_NUM_BUCKETS, H, True, f"trained; {T5_NUM_BUCKETS} buckets x {H} heads"),
-        TableMemory("fire", 1, 2 * FIRE_WIDTH + 2 + (FIRE_WIDTH + 1) * H, True,
-                    f"trained; MLP 1->{FIRE_WIDTH}->{H} + c + threshold, any position"),
-        TableMemory("kerple", 2, H, True, f"trained; r1, r2 per head ({H} heads), any position"),
-        TableMemory("none", 0, D, False, "no positional signal (NoPE)"),
-    )
+    return tuple(_stored(name, L, D, H) for name in POSITIONAL_KINDS)
 
 
 def embedding_memory(config: ModelConfig) -> MemoryReport:
-    """The embedding tables of ``config``: token, learned/t5 position, token type, untied output projection.
+    """The embedding tables of ``config``: token, trained position parameters (learned, t5, fire, kerple),
+    token type, untied output projection.
 
     A learned scheme with ``max_seq_len=None`` has no sized position table: only the token table counts,
-    and ``notes`` says so. When ``num_heads`` is None the ALiBi / T5 alternatives assume H = D // 64 (noted).
+    and ``notes`` says so. When ``num_heads`` is None the headed alternatives assume H = D // 64 (noted).
 
     Raises:
-        ConfigError: a t5 model without ``num_heads`` (its table is 32 x H), or a ``total_params`` smaller
-            than the embedding tables themselves.
+        ConfigError: a t5, fire or kerple model without ``num_heads`` (its parameters depend on H), or a
+            ``total_params`` smaller than the embedding tables themselves.
     """
     V, D, L = config.vocab_size, config.d_model, config.max_seq_len
-    if config.positional == "t5" and config.num_heads is None:
-        raise ConfigError(f"a t5 model needs num_heads: its bias table is {T5_NUM_BUCKETS} buckets x H heads; "
+    p = config.positional
+    own = _stored(p, L or 1, D, config.heads)                 # what the model's own scheme stores
+    if own.trainable and p != "learned" and config.num_heads is None:
+        raise ConfigError(f"a {p} model needs num_heads: its trained parameters depend on H ({own.note}); "
                           f"got num_heads=None")
     notes = []
-    if config.positional == "learned" and L is None:
+    if p == "learned" and L is None:
         notes.append("no learned position table counted: max_seq_len is unknown (give it to count L x D)")
     tables = [TableMemory("token embedding", V, D, True, "tied with the output projection" if config.tied_output
                           else "")]
-    if config.positional == "t5" or (config.positional == "learned" and L is not None):
-        alt = position_alternatives(L or 1, D, config.heads)
-        tables.append(replace(next(t for t in alt if t.name == config.positional),
-                              name=f"position ({config.positional})"))
+    if own.trainable and (p != "learned" or L is not None):
+        tables.append(replace(own, name=f"position ({p})"))
     if config.token_types:
         tables.append(TableMemory("token type", config.token_types, D, True, "segment embeddings"))
     if not config.tied_output:
         tables.append(TableMemory("output projection", V, D, True, "untied LM head (its own V x D table)"))
     alternatives = position_alternatives(L, D, config.heads) if L is not None else ()
     if alternatives and config.num_heads is None:
-        notes.append(f"alibi / t5 alternatives assume {config.heads} heads (d_model // 64); give num_heads")
+        notes.append(f"alibi / t5 / fire / kerple alternatives assume {config.heads} heads (d_model // 64); "
+                     "give num_heads")
     report = MemoryReport(config, tuple(tables), alternatives, tuple(notes))
     if config.total_params is not None and config.total_params < report.params:
         raise ConfigError(f"total_params {config.total_params:,} is smaller than the embedding tables alone "
@@ -270,9 +303,17 @@ def custom_config(vocab_size: int, d_model: int, max_seq_len: int | None = None,
 
 
 def scenario_reports(include_presets: bool = True) -> list[MemoryReport]:
-    """Seed 004's scenarios (then every preset): one MemoryReport each."""
-    configs = list(SEED_SCENARIOS) + (list(PRESETS.values()) if include_presets else [])
-    return [embedding_memory(c) for c in configs]
+    """The example scenarios, then every preset: one MemoryReport each. With the presets, a scenario whose
+    tables a preset already has (the same V, D, L and scheme: GPT-3 scale is gpt3-175b) is listed once, as
+    the preset."""
+    presets = list(PRESETS.values()) if include_presets else []
+    known = {_sizes(c) for c in presets}
+    return [embedding_memory(c) for c in [c for c in SEED_SCENARIOS if _sizes(c) not in known] + presets]
+
+
+def _sizes(c: ModelConfig) -> tuple[Any, ...]:
+    """What sizes a model's embedding tables (two configs with equal sizes have equal tables)."""
+    return (c.vocab_size, c.d_model, c.max_seq_len, c.positional, c.token_types, c.tied_output)
 
 
 def memory_grid(vocab_sizes: Any, d_models: Any, precision: str = "fp32") -> list[list[float]]:

@@ -1,4 +1,4 @@
-"""``build_report``: the analysis of seed 004 as one self-contained HTML page (tokenpos report).
+"""``build_report``: the whole analysis as one self-contained HTML page (tokenpos report).
 
 Sections: embedding memory, a quick lookup benchmark (tokenpos.analysis.bench, when present), the
 figures of every positional scheme, the positional trade-offs (memory, extrapolation, variance across
@@ -14,6 +14,7 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,13 @@ Progress = Callable[[str, int, int], None]
 MODES = ("quick", "default", "full")
 HTML_NAME = "index.html"
 EXTRAPOLATION_NAME = "extrapolation.json"
-# the full study checked in beside the sources (docs/); present in a source checkout / editable install
-CHECKED_IN_STUDY = Path(__file__).resolve().parents[3] / "docs" / "extrapolation_full.json"
+# the full study (docs/EXTRAPOLATION.md) ships inside the package (pyproject's package-data), so an installed
+# wheel's report has it too; docs/extrapolation_full.json in the repository links to this file
+CHECKED_IN_STUDY = Path(str(resources.files("tokenpos.analysis") / "data" / "extrapolation_full.json"))
 # plot kind -> (caption, options per mode)
 FIGURES: dict[str, str] = {
-    "memory": "Token-table size (fp32) over vocab size and d_model; the presets and seed 004's scenarios are marked.",
+    "memory": "Token-table size (fp32) over vocab size and d_model; the model presets and the example sizes are "
+              "marked.",
     "sinusoidal": "The sinusoidal table: fast dimensions on the left, slow ones on the right barely change over "
                   "256 positions.",
     "similarity": "Cosine similarity of the encodings of two positions against their distance. The learned table "
@@ -41,7 +44,11 @@ FIGURES: dict[str, str] = {
              "layout and the Qwen3-VL interleaved layout, and the (3, L) ids of a text + image + text sequence.",
     "positions2d": "2-D patch positions: how similar the axial 2-D RoPE (Pixtral) rotation of each patch is to "
                    "the centre patch's, and the 2-D sin-cos table of ViT-MAE.",
+    "fire": "FIRE at initialisation: its bias against distance per head, for queries at several positions (the "
+            "normaliser max(i, L) stretches the same distances as the query moves past L).",
+    "kerple": "KERPLE-log at initialisation: -r1 log(1 + r2 d) per head, with ALiBi's linear penalties dotted.",
 }
+SCHEME_FIGURES = ("sinusoidal", "similarity", "rope", "mrope", "positions2d", "alibi", "t5", "fire", "kerple")
 DPI = {"quick": 80, "default": 110, "full": 140}
 # bench arguments per mode: quick = a subset of the quick cases, default = every quick case, full = the full bench
 BENCH_QUICK_CASES = ("forward", "rope", "train_lazy", "calls")
@@ -70,8 +77,9 @@ def _memory_section(ctx: ReportContext) -> str:
         sizes = [format_size(f(p)) for p in PRECISIONS for f in (tok.mib, tok.mb)]
         rows.append([r.config.title or r.config.name, f"{r.config.vocab_size:,}", f"{r.config.d_model:,}",
                      f"{tok.params:,}", *sizes])
-    body = H.table(heads, rows, caption="Token embedding table (V x D): seed 004's scenarios and model presets. "
-                                        "MiB = 2^20 bytes, MB = 10^6 bytes; fp16 and bf16 are both 2 bytes.",
+    body = H.table(heads, rows, caption="Token embedding table (V x D): example sizes (small to GPT-3 scale) and "
+                                        "model presets. MiB = 2^20 bytes, MB = 10^6 bytes; fp16 and bf16 are both "
+                                        "2 bytes.",
                    cls="memory")
     rows = []
     for r in reports:
@@ -88,8 +96,8 @@ def _memory_section(ctx: ReportContext) -> str:
     rows = [[t.name, f"{t.params:,}", format_size(t.mib("fp32")), format_size(t.mib("fp16/bf16")),
              format_size(t.train_bytes / MIB), t.note] for t in position_alternatives(2048, 512, 8)]
     body += H.table(["scheme", "params", "fp32 MiB", "fp16/bf16 MiB", "train+Adam MiB", "note"], rows,
-                    numeric={1, 2, 3, 4}, caption="Positional encoding memory at seed 004's d_model 512, "
-                                                  "max_seq_len 2048.")
+                    numeric={1, 2, 3, 4}, caption="Positional encoding memory of every registered scheme at "
+                                                  "d_model 512, max_seq_len 2048, 8 heads.")
     ctx.progress("memory tables", 1, 1)
     return body
 
@@ -100,7 +108,12 @@ def _figures(ctx: ReportContext) -> dict[str, str]:
     out = {}
     ctx.progress("plots", 0, len(FIGURES))
     for i, (kind, caption) in enumerate(FIGURES.items()):
-        path = plot(kind, ctx.out_dir / f"{kind}.png", dpi=DPI[ctx.mode])
+        if kind in ("fire", "kerple"):                   # the learned bias schemes' figures (tokenpos plot fire)
+            from tokenpos.analysis.extrapolate import plot_bias
+
+            path = getattr(plot_bias, f"plot_{kind}")(ctx.out_dir / f"{kind}.png", dpi=DPI[ctx.mode])
+        else:
+            path = plot(kind, ctx.out_dir / f"{kind}.png", dpi=DPI[ctx.mode])
         ctx.images.append(path)
         out[kind] = H.figure(path, caption, alt=f"{kind} plot")
         ctx.progress("plots", i + 1, len(FIGURES))
@@ -132,28 +145,52 @@ def _num(x: Any, fmt: str) -> str:
     return "" if x is None or x != x else format(x, fmt)  # None and NaN: empty cell
 
 
-def _pair(best: Any, median: Any) -> str:
-    return "" if best is None else f"{_num(best, '.2f')} / {_num(median, '.2f')}"
+def _pair(best: Any, median: Any, unstable: bool = False) -> str:
+    if best is None:
+        return ""
+    return "unstable (not claimed)" if unstable else f"{_num(best, '.2f')} / {_num(median, '.2f')}"
+
+
+def _status(r: Any) -> str:
+    """What the row's numbers are: a result, or why not (measured under load; unstable ratios)."""
+    from tokenpos.analysis.bench_timing import unstable_of
+
+    out = []
+    if getattr(r, "competed", False):
+        out.append(f"under load ({r.other_cpus:.2f} CPUs taken by others): not a result")
+    unstable = unstable_of(r)
+    if unstable:
+        out.append(f"unstable x {', x '.join(unstable)}: best and median disagree")
+    return "; ".join(out) or "result"
 
 
 def bench_html(rep: Any, mode: str, out_dir: Path | None = None, dpi: int = 110,
                images: list[Path] | None = None) -> str:
     """The BenchReport at a glance: the chart of tokenpos's ratios (when ``out_dir`` is given), then
     the table of the same rows: public layers and the block, no experiment rows (:mod:`.bench_chart`);
-    then, when the report has ``calls`` rows, their host-time chart and table (:func:`calls_html`)."""
-    from tokenpos.analysis.bench_chart import headline_rows, plot_bench, ratio_points
-    from tokenpos.analysis.bench_timing import busy_note
+    then, when the report has ``calls`` rows, their host-time chart and table (:func:`calls_html`).
+
+    Every number comes with its spread (best and median). A row measured while other processes kept the CPUs
+    busy (its case's competition, :mod:`.bench_timing`) is marked "not a result", in the chart (grey,
+    hatched) and the table; a ratio whose best and median disagree by more than RATIO_AGREEMENT is
+    "unstable (not claimed)". Without a torch.compile ratio the "x compile" column is left out and the
+    note says why."""
+    from tokenpos.analysis.bench_chart import NO_COMPILE, headline_rows, plot_bench, ratio_points
+    from tokenpos.analysis.bench_timing import RATIO_AGREEMENT, busy_note, unstable_of
 
     shown = headline_rows(rep.rows)
+    compiled = any(getattr(r, "ratio_vs_compile", None) is not None for r in shown)
     rows = []
     for r in shown:
         m = getattr(r, "median_ratios", None)
         m = {} if m is None else m
+        u = unstable_of(r)
         med = getattr(r, "median_seconds", None)
         rows.append([r.case, r.impl, _num(r.seconds * 1e3, ".3f"), _num(None if med is None else med * 1e3, ".3f"),
-                     _pair(getattr(r, "ratio_vs_limit", None), m.get("limit")),
-                     _pair(r.ratio_vs_reference, m.get("eager")), _pair(getattr(r, "ratio_vs_compile", None),
-                                                                        m.get("compile"))])
+                     _pair(getattr(r, "ratio_vs_limit", None), m.get("limit"), "limit" in u),
+                     _pair(r.ratio_vs_reference, m.get("eager"), "eager" in u)]
+                    + ([_pair(getattr(r, "ratio_vs_compile", None), m.get("compile"), "compile" in u)]
+                       if compiled else []) + [_status(r)])
     meta = [{"quick": f"quick run, cases {', '.join(BENCH_QUICK_CASES)} only", "default": "quick run",
              "full": "full run"}[mode]]
     for name in ("machine", "command"):
@@ -163,19 +200,28 @@ def bench_html(rep: Any, mode: str, out_dir: Path | None = None, dpi: int = 110,
     busy = busy_note(getattr(rep, "competition", None))
     if busy:
         meta.append(busy)
+    if shown and not compiled:
+        meta.append(NO_COMPILE)
+    competed = [r for r in shown if getattr(r, "competed", False)]
+    if competed:
+        meta.append(f"{len(competed)} of {len(shown)} rows were measured while other processes kept the CPUs busy: "
+                    "they are not results (grey, hatched in the chart); rerun the report on a quiet machine")
     chart = ""
     if out_dir is not None and ratio_points(rep.rows):
         png = plot_bench(rep.rows, out_dir / "bench.png", dpi=dpi)
         if images is not None:
             images.append(png)
         chart = H.figure(png, "tokenpos against the limit, torch eager and torch.compile, each call timed right "
-                              "after a torch op as in a model; bar: median ratio, whisker: best", alt="bench chart")
+                              "after a torch op as in a model; bar: median ratio, whisker: best; grey hatched "
+                              "bars are not results (measured under load, or unstable)", alt="bench chart")
+    heads = ["case", "tokenpos", "best ms", "median ms", "x limit", "x eager"] + (["x compile"] if compiled else [])
     return (H.paragraphs(["; ".join(str(m) for m in meta)], "note") + chart
-            + H.table(["case", "tokenpos", "best ms", "median ms", "x limit", "x eager", "x compile"], rows,
-                      numeric={2, 3, 4, 5, 6},
+            + H.table(heads + ["status"], rows, numeric=set(range(2, len(heads))),
                       caption="tokenpos bench in model conditions: ratios are reference time / tokenpos time, "
                               "best / median (> 1: tokenpos faster); every reference was timed in the same run. "
-                              "Limit: the random-row gather (embedding) or copy bandwidth (RoPE).")
+                              "Limit: the random-row gather (embedding) or copy bandwidth (RoPE). A ratio is "
+                              f"'unstable (not claimed)' where its best and its median differ by more than "
+                              f"{RATIO_AGREEMENT:g}x.")
             + calls_html(rep.rows, out_dir, dpi, images))
 
 
@@ -222,7 +268,8 @@ def _tradeoff_section(ctx: ReportContext) -> str:
 
     t = positional_tradeoffs(progress=ctx.progress)
     body = H.paragraphs([f"Computed now for max_seq_len L = {t.max_seq_len}, d_model D = {t.d_model}, "
-                         f"{t.num_heads} heads, RoPE head_dim {t.head_dim} (seed 004 used L = 512, D = 256)."], "note")
+                         f"{t.num_heads} heads, RoPE head_dim {t.head_dim} (the memory section's "
+                         "positional table uses L = 2048, D = 512)."], "note")
     body += "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in t.summary) + "</ul>"
     body += "<h3>Memory</h3>" + H.table(["scheme", "params", "fp32 MiB", "note"],
                                          [[n, f"{p:,}", format_size(m), note] for n, p, m, note in t.memory],
@@ -233,9 +280,16 @@ def _tradeoff_section(ctx: ReportContext) -> str:
     body += "<h3>Variance across positions</h3>" + H.table(
         ["table (L x D)", "mean per-dim variance", "min", "max", "dims with variance < 0.01"],
         [[v.name, f"{v.mean:.4g}", f"{v.min:.3g}", f"{v.max:.3g}", f"{100 * v.frac_low:.0f}%"] for v in t.variance],
-        caption="Variance over the L positions of each dimension, summarised over the D dimensions. RoPE, ALiBi "
-                "and T5 add nothing to the embeddings, so they have no row here.")
+        caption="Variance over the L positions of each dimension, summarised over the D dimensions. The schemes "
+                f"that add nothing to the embeddings ({', '.join(_not_additive())}) have no row here.")
     return body
+
+
+def _not_additive() -> list[str]:
+    """The registered schemes that act in attention or not at all (no table added to the embeddings)."""
+    from tokenpos.tables.registry import SCHEMES
+
+    return [name for name, entry in SCHEMES.items() if entry.kind != "additive"]
 
 
 def read_extrapolation(path: Path) -> Any:
@@ -256,7 +310,8 @@ def _extrapolation_section(ctx: ReportContext, path: Path, data: Any) -> str:
     """``data``: results read before the run (an explicit file), or None to read ``path`` now (the
     default file; a broken one becomes a note)."""
     target = html.escape(str(ctx.out_dir / EXTRAPOLATION_NAME))
-    hint = (f"No extrapolation results. Run <code>tokenpos extrapolate --json {target}</code> (about 10 minutes), "
+    hint = (f"No extrapolation results. Run <code>tokenpos extrapolate --json {target}</code> (under 10 minutes "
+            "on 2 cores), "
             "then <code>tokenpos report</code> again.")
     if data is None:
         if not path.is_file():
@@ -271,9 +326,14 @@ def _extrapolation_section(ctx: ReportContext, path: Path, data: Any) -> str:
         from tokenpos.analysis.extrapolate.render import html_table, protocols
 
         ci = f" Every number: mean [{data['interval']}]." if "interval" in data else ""
-        own = (f" These are the checked-in study's results; run `tokenpos extrapolate --json "
-               f"{ctx.out_dir / EXTRAPOLATION_NAME}` for your own." if path == CHECKED_IN_STUDY else "")
-        body = (H.paragraphs([f"From {path}.{ci}{own}"], "note")
+        study = path == CHECKED_IN_STUDY
+        own = (f" These are the checked-in study's results (docs/EXTRAPOLATION.md), shipped with tokenpos; run "
+               f"`tokenpos extrapolate --json {ctx.out_dir / EXTRAPOLATION_NAME}` for your own." if study else "")
+        source = f"the study shipped with tokenpos ({path.name})" if study else str(path)
+        from tokenpos.analysis.extrapolate.experiment import ExtrapolationConfig
+        from tokenpos.analysis.extrapolate.gate import explain
+
+        body = (H.paragraphs([f"From {source}.{ci}{own}", *explain(data, ExtrapolationConfig().steps)], "note")
                 + "".join(html_table(data, p) for p in protocols(data)))
         body += _task_tables(data)
     except ImportError:
@@ -364,7 +424,7 @@ def build_report(out_dir: str | Path = "report", *, mode: str = "default", bench
         ("memory", "Embedding memory", memory + figs["memory"]),
         ("bench", "Lookup benchmark", bench_body),
         ("schemes", "Positional schemes",
-         "".join(figs[k] for k in ("sinusoidal", "similarity", "rope", "mrope", "positions2d", "alibi", "t5"))),
+         "".join(figs[k] for k in SCHEME_FIGURES)),
         ("tradeoffs", "Positional encoding trade-offs", tradeoffs),
         ("extrapolation", "Length extrapolation", ext_body),
     ]

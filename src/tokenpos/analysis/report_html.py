@@ -22,7 +22,8 @@ p, li { max-width: 90ch; }
 .meta, .note, caption, figcaption { color: var(--muted); font-size: 0.9em; }
 nav ol { columns: 2; padding-left: 1.2em; }
 a { color: var(--accent); }
-table { border-collapse: collapse; margin: 8px 0 18px; font-size: 0.88em; }
+.table-wrap { max-width: 100%; overflow-x: auto; margin: 8px 0 18px; }
+table { border-collapse: collapse; font-size: 0.88em; }
 caption { caption-side: top; text-align: left; padding-bottom: 4px; }
 th, td { padding: 4px 10px; border-bottom: 1px solid var(--line); vertical-align: top; }
 th { background: var(--bg-alt); text-align: left; font-weight: 600; }
@@ -57,7 +58,14 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, numeric: 
         body.append(f"<tr{klass}>" + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>")
     cap = f"<caption>{esc(caption)}</caption>" if caption else ""
     klass = f' class="{esc(cls)}"' if cls else ""
-    return f"<table{klass}>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return wrap(f"<table{klass}>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+
+
+def wrap(table_html: str) -> str:
+    """A table inside a box that scrolls sideways (CSS ``.table-wrap``): a wide table never widens the page
+    past a narrow viewport (800 px)."""
+    return f'<div class="table-wrap">{table_html}</div>'
+
 
 
 def figure(png: Path, caption: str, alt: str) -> str:

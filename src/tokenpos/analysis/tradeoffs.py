@@ -1,6 +1,8 @@
-"""Seed 004's positional-encoding trade-offs, with every number computed now from the library.
+"""The positional-encoding trade-offs, with every number computed now from the library.
 
-Three questions per scheme (learned, sinusoidal, rope, alibi, t5, none), at context L and width D:
+Three questions per registered scheme (``tokenpos.tables.registry``: the memory and extrapolation tables list
+every one; a scheme added there without a finding here fails tests/analysis/test_report_schemes.py), at
+context L and width D:
 
 1. memory: what the scheme stores (tokenpos.analysis.memory);
 2. extrapolation: what happens at positions L..2L-1, shown with the real layers and tables;
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tokenpos.analysis.memory import MIB, position_alternatives
+from tokenpos.analysis.memory import MIB, POSITIONAL_KINDS, position_alternatives
 
 ALIBI_NEGLIGIBLE = 10.0  # a bias below -10 scales an attention weight by < e^-10 = 4.5e-5
 
@@ -123,6 +125,72 @@ def _extrapolation(L: int, D: int, H: int, Dh: int, rng: np.random.Generator) ->
                              f"learned bias, so longer inputs reuse trained values but cannot tell far keys apart."))
     out.append(Extrapolation("none", "n/a", "No positional signal to extrapolate; causal attention alone gives the "
                              "model an implicit sense of order (NoPE), with no parameters and no length limit."))
+    out += _extrapolation_more(L, D, H, Dh, slow)
+    order = {name: i for i, name in enumerate(POSITIONAL_KINDS)}     # every registered scheme, memory's order
+    return sorted(out, key=lambda e: order.get(e.scheme, len(order)))
+
+
+def _extrapolation_more(L: int, D: int, H: int, Dh: int, slow: int) -> list[Extrapolation]:
+    """The registered schemes beyond seed 004's six: fire, kerple, xpos, mrope, rope2d, sincos2d (``slow``: RoPE's
+    pairs with a wavelength above L). FIRE and KERPLE at their reference initialisation drawn from
+    ``default_rng(0)`` (as ``tokenpos plot fire|kerple``), a generator of their own: the other rows' numbers
+    do not depend on them."""
+    from tokenpos.tables.formulas.fire import fire_bias, fire_init
+    from tokenpos.tables.formulas.kerple import kerple_bias, kerple_init
+    from tokenpos.tables.formulas.mrope import mrope_axis_map, mrope_cos_sin
+    from tokenpos.tables.formulas.rope import rope_cos_sin, rope_inv_freq
+    from tokenpos.tables.formulas.rope2d import rope2d_inv_freq, sincos_2d_table
+    from tokenpos.tables.formulas.xpos import xpos_scale
+    from tokenpos.tables.registry import mrope_section_for
+
+    out = []
+    rng = np.random.default_rng(0)
+    params = fire_init(H, 32, rng)
+    at_l, _ = fire_bias(params, 1, L, init_L=float(L))                     # (H, 1, L): query at L - 1
+    at_2l, cache = fire_bias(params, 1, 2 * L, init_L=float(L))            # (H, 1, 2L): query at 2L - 1
+    same = np.abs(at_2l[:, 0, L:] - at_l[:, 0, :]).max()                   # distances 0..L-1 from both queries
+    out.append(Extrapolation("fire", "relative, interpolated",
+                             f"The MLP reads log-distance / log(max(query position, L)): for a query at {2 * L - 1} "
+                             f"every distance still maps into [0, {cache.x.max():.3f}], the range trained on, so no "
+                             f"input is new; but the same distance maps lower than at L, so at initialisation the "
+                             f"bias of distances 0..{L - 1} moves by up to {same:.3g} between queries at {L - 1} and "
+                             f"{2 * L - 1} (FIRE's progressive interpolation)."))
+    r1, r2 = kerple_init(H, rng)
+    d = np.array([[float(L), 2.0 * L]])
+    kb = kerple_bias(r1, r2, d)[:, 0]                                      # (H, 2)
+    out.append(Extrapolation("kerple", "relative",
+                             f"-r1 log(1 + r2 d) is defined for every distance and only falls: at initialisation "
+                             f"doubling the distance from {L} to {2 * L} deepens the bias by at most "
+                             f"{np.abs(kb[:, 1] - kb[:, 0]).max():.3f} (at most r1 log 2 per head), a slower "
+                             f"logarithmic decay than ALiBi's linear one, so far keys stay visible."))
+    scale = xpos_scale(np.array([L, 2 * L]), Dh)                           # (2, F): q at d, k at 0 (scale 1)
+    out.append(Extrapolation("xpos", "relative, decaying",
+                             f"RoPE's rotation (the same unseen angles past L) times zeta^(distance / 512) per pair: "
+                             f"the fastest-decaying pair keeps {scale[0].min():.3g} of its score at distance {L} and "
+                             f"{scale[1].min():.3g} at {2 * L}, so far keys fade smoothly instead of aliasing."))
+    inv, att = rope_inv_freq(Dh)
+    ids = np.arange(2 * L)
+    mc, _ = mrope_cos_sin(np.stack([ids] * 3), inv, mrope_axis_map(mrope_section_for(Dh), inv.shape[0]),
+                          attention_factor=att)
+    rc, _ = rope_cos_sin(ids, inv, attention_factor=att)
+    out.append(Extrapolation("mrope", "relative (per axis)",
+                             f"Text tokens carry the same id on the t, h and w axes, and then M-RoPE is RoPE: for "
+                             f"positions 0..{2 * L - 1} its cos table differs from RoPE's by "
+                             f"{np.abs(mc - rc).max():.1e}, so past L it meets the same {slow} unseen slow pairs; an "
+                             f"image larger than in training adds unseen h and w offsets as well."))
+    s = max(1, int(np.sqrt(L)))
+    inv2, _ = rope2d_inv_freq(Dh)
+    long2 = int((2 * np.pi / inv2 > s).sum())
+    out.append(Extrapolation("rope2d", "relative (per axis)",
+                             f"Rows and columns rotate separately, so a patch's score depends on its (row, column) "
+                             f"offset only; a grid larger than the {s} x {s} one trained on brings offsets beyond "
+                             f"{s - 1} per axis, where {long2} of its {inv2.shape[0]} frequencies (half per axis, "
+                             f"head_dim {Dh}) have a wavelength above {s}: angles never seen in training."))
+    small, large = sincos_2d_table(s, s, D), sincos_2d_table(2 * s, s, D)  # (s*s, D), (2s*s, D)
+    out.append(Extrapolation("sincos2d", "computed",
+                             f"The 2-D table is computed for any grid: a {2 * s} x {s} grid's first {s} rows equal "
+                             f"the {s} x {s} grid's to {np.abs(large[: s * s] - small).max():.1e}, and the new rows "
+                             f"are absolute vectors the model never saw, as with the 1-D sinusoidal table."))
     return out
 
 
@@ -149,10 +217,15 @@ def positional_tradeoffs(*, max_seq_len: int = 512, d_model: int = 256, num_head
     out.variance = [
         _variance("sinusoidal", sin),
         _variance("learned, init N(0, 0.02) (GPT-2, BERT)", learned),
-        _variance("learned, init xavier_uniform (seed 004)", xavier),
+        _variance("learned, init xavier_uniform", xavier),
         _variance("token embedding rows, N(0, 0.02)", token),
         _variance(f"token embedding rows x sqrt({D}) (scale=True)", token * np.sqrt(D)),
     ]
+    side = max(1, int(np.sqrt(L)))                                                  # the largest square grid
+    if D % 4 == 0:
+        from tokenpos.tables.formulas.rope2d import sincos_2d_table
+
+        out.variance.append(_variance(f"sincos2d, {side} x {side} patch grid", sincos_2d_table(side, side, D)))
     sv, learned_v, token_v, scaled_v = out.variance[0], out.variance[1], out.variance[3], out.variance[4]
     out.summary = [
         f"Memory: a learned table for L = {L}, D = {D} holds {L * D:,} parameters ({L * D * 4 / MIB:.2f} MiB in fp32, "

@@ -1,8 +1,12 @@
 """The ``tokenpos`` console script: ``main(argv) -> exit code``.
 
-Each sub-command lives in its own module exposing ``add_parser(subparsers)`` and ``run(args) -> int``.
-Sub-command modules import heavy things (numpy arrays, matplotlib, torch) inside ``run`` only, so
-``tokenpos --help`` stays fast.
+Each sub-command lives in its own module (named as the command) exposing ``HELP`` (its one-line summary),
+``add_parser(subparsers)`` and ``run(args) -> int``. Imports are what a command needs, when it needs them: a
+sub-command module imports nothing heavy at module level, ``main`` builds the options of the one command it
+runs (the others are listed by name and ``HELP`` only), and torch, numba and matplotlib are imported by the
+``run`` that uses them. So ``tokenpos --help``, a bad argument and ``tokenpos memory`` import none of them
+(tests/cli/test_lazy_imports.py), and the console script works without the optional packages. A command that
+needs a missing optional package says which extra installs it (:func:`tokenpos.cli._ui.missing_extra`).
 
 Errors: a bad argument (argparse), a ``ValueError`` from the library (``ConfigError`` and friends),
 an ``OSError`` on output files or a ``MemoryError`` becomes one line ``tokenpos <cmd>: error: ...`` on
@@ -18,7 +22,7 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -76,8 +80,13 @@ def _load(name: str) -> ModuleType | _Unavailable | None:
         return _Unavailable(name, exc)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every available sub-command registered."""
+def build_parser(full: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with every available sub-command registered.
+
+    Args:
+        full: the commands whose options are built (each ``add_parser`` may import what its options list);
+            the others are registered by name and ``HELP`` only. None: every command (tests, documentation).
+    """
     from tokenpos import __version__
 
     parser = _Parser(
@@ -92,12 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
         mod = _load(name)
         if mod is None:
             continue
+        if full is not None and name not in full and not isinstance(mod, _Unavailable):
+            sub.add_parser(name, help=mod.HELP)              # listed in --help; never parsed (not the command)
+            continue
         before = set(sub.choices)
         mod.add_parser(sub)
         for new in set(sub.choices) - before:  # default the runner unless the module set its own
             if sub.choices[new].get_default("_run") is None:
                 sub.choices[new].set_defaults(_run=mod.run)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The sub-command ``argv`` names: its first argument that is not an option (the top-level parser has no
+    option that takes a value), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def _fail(prog: str, message: str, code: int = EXIT_USAGE) -> int:
@@ -118,7 +136,8 @@ def _stdout_to_devnull() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    command = _command_of(argv)
+    parser = build_parser(full=() if command is None else (command,))
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
@@ -143,7 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
         return _fail(prog, f"{where}{exc.strerror or exc}")
-    except (ValueError, RuntimeError, ImportError) as exc:
+    except ImportError as exc:
+        from tokenpos.cli._ui import missing_extra
+
+        return _fail(prog, missing_extra(exc) or str(exc))
+    except (ValueError, RuntimeError) as exc:
         return _fail(prog, str(exc))
     except MemoryError as exc:   # a last line of defence: sizes are bounded where they are read
         return _fail(prog, f"out of memory{': ' + str(exc) if str(exc) else ''}; try smaller sizes")

@@ -5,9 +5,70 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 ProgressFn = Callable[[str, int, int], None]
+
+#: Each optional package a command may import -> the extra of pyproject.toml's [project.optional-dependencies]
+#: that installs it (tests/cli/test_lazy_imports.py checks the two agree, and that none is a required package).
+EXTRAS: dict[str, str] = {"torch": "torch", "transformers": "hf", "matplotlib": "plot", "triton": "gpu"}
+
+
+def missing_extra(exc: ImportError) -> str | None:
+    """The one message for a missing optional package: ``needs matplotlib, which is not installed; install it
+    with: pip install 'tokenpos[plot]'``; None when ``exc`` is not a missing package of :data:`EXTRAS` (a
+    package that is installed but fails to import keeps its own message)."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    package = exc.name.partition(".")[0]
+    extra = EXTRAS.get(package)
+    if extra is None:
+        return None
+    return f"needs {package}, which is not installed; install it with: pip install 'tokenpos[{extra}]'"
+
+
+@contextmanager
+def output_file(path: str | os.PathLike[str], *, overwrite: bool = True,
+                suffixes: tuple[str, ...] | None = None) -> Iterator[Path]:
+    """An output file's path, checked before the work (:func:`tokenpos._files.check_output_path`), its missing
+    parent folders created first as ``report --out`` creates its folder; if the work (the ``with`` body) fails,
+    the folders created here are removed again, so a failed run leaves nothing behind. Write the file itself
+    atomically (``tokenpos._files``).
+
+    Raises:
+        ValueError / OSError: from :func:`tokenpos._files.check_output_path`, or a folder that cannot be made.
+    """
+    from tokenpos._files import check_output_path
+
+    target = Path(path)
+    created: list[Path] = []
+    try:
+        check_output_path(path, overwrite=overwrite, suffixes=suffixes)       # name, suffix, existing file
+    except FileNotFoundError:                                                   # only the parent is missing
+        missing = [p for p in target.parent.parents if not p.exists()][::-1] + [target.parent]
+        try:
+            for folder in missing:
+                folder.mkdir()
+                created.append(folder)
+            check_output_path(target, overwrite=overwrite, suffixes=suffixes)
+        except BaseException:
+            _remove_empty(created)
+            raise
+    try:
+        yield target
+    except BaseException:
+        _remove_empty(created)
+        raise
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) that are still empty."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def console(*, stderr: bool = False):  # -> rich.console.Console

@@ -13,7 +13,7 @@ HELP = ("benchmark the fused kernels: GB/s and ratios vs the measured limit (gat
 
 
 def _cases(text: str) -> list[str]:
-    from tokenpos.analysis.bench import CASES
+    from tokenpos.analysis.bench_names import CASES  # the names alone: an argument error imports no numba
 
     names = [c.strip() for c in text.split(",") if c.strip()]
     bad = [c for c in names if c not in CASES]
@@ -32,16 +32,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                "is the random-row gather (embedding cases) or the copy bandwidth (rope). "
                "The calls case instead times each call's host work as the calling thread's CPU time, tokenpos "
                "and the torch way alternating, and its ratio is tokenpos time / reference time (< 1: tokenpos "
-               "costs less). Cases: forward, dropout, bf16, rope, block, compiled, train_lazy, train_exact, jit, "
+               "costs less). A ratio shows as 'unstable' (not claimed) where its best and its median differ by more "
+               "than 2x; rows measured while other processes kept the CPUs busy are marked "
+               "'under load'. Cases: forward, dropout, bf16, rope, block, compiled, train_lazy, train_exact, ngram "
+               "(the hashed n-gram lookup vs the Engram reference's two steps and the gather limit), jit, "
                "calls. "
                "Example: tokenpos bench --quick --cases forward,rope",
     )
     p.add_argument("--quick", action="store_true",
-                   help="the same shapes, few reps, no torch.compile rows (about 30 s)")
+                   help="the same shapes, fewer reps, no torch.compile rows (209 s measured on 2 busy cores)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="time torch.compile rows (default: yes, except with --quick)")
     p.add_argument("--cases", type=_cases, default=None, metavar="A,B",
-                   help="comma-separated cases to run (default: all)")
+                   help="comma-separated cases to run (default: all; --quick and --no-compile leave 'compiled' "
+                        "out)")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the report as JSON to PATH")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -51,9 +55,31 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def _pair(best: float | None, median: float | None) -> str:
-    """'best/median' of a ratio, '-' when there is none."""
-    return "-" if best is None else f"{_fmt(best, '.2f')}/{_fmt(median, '.2f')}"
+def _pair(best: float | None, median: float | None, unstable: bool = False) -> str:
+    """'best/median' of a ratio, '-' when there is none, 'unstable' when it is not claimed (its best and median
+    disagree by more than RATIO_AGREEMENT)."""
+    if best is None:
+        return "-"
+    return "unstable" if unstable else f"{_fmt(best, '.2f')}/{_fmt(median, '.2f')}"
+
+
+def _best(r: Any, key: str) -> float | None:
+    """Row ``r``'s best ratio against reference ``key``."""
+    attr = {"limit": "ratio_vs_limit", "eager": "ratio_vs_reference", "compile": "ratio_vs_compile",
+            "kernel": "ratio_vs_kernel", "copy": "ratio_vs_copy"}[key]
+    return getattr(r, attr, None)
+
+
+def _row_note(r: Any) -> str:
+    """The row's note (medians have their own columns), then its unstable ratios and its competition."""
+    note = "" if r.note.startswith("median ") else r.note.split("; median ")[0]
+    extra = []
+    if r.unstable:
+        extra.append("unstable: " + ", ".join(f"x {k} {_pair(_best(r, k), r.median_ratios.get(k))}"
+                                              for k in r.unstable))
+    if r.competed:
+        extra.append(f"under load: others kept {r.other_cpus:.2f} CPUs busy")
+    return "; ".join([note] * bool(note) + extra)
 
 
 def _table(report: Any, rows: list[Any]) -> Any:
@@ -70,12 +96,13 @@ def _table(report: Any, rows: list[Any]) -> Any:
         if last is not None and r.case != last:
             table.add_section()
         last = r.case
-        m = r.median_ratios
-        note = "" if r.note.startswith("median ") else r.note.split("; median ")[0]   # medians: own columns
+        m, u = r.median_ratios, r.unstable
         table.add_row(r.case, r.impl, _fmt(r.seconds * 1e3, ".2f"),
                       _fmt(None if r.median_seconds is None else r.median_seconds * 1e3, ".2f"), _fmt(r.gbps, ".1f"),
-                      _pair(r.ratio_vs_limit, m.get("limit")), _pair(r.ratio_vs_compile, m.get("compile")),
-                      _pair(r.ratio_vs_reference, m.get("eager")), _pair(r.ratio_vs_kernel, m.get("kernel")), note)
+                      _pair(r.ratio_vs_limit, m.get("limit"), "limit" in u),
+                      _pair(r.ratio_vs_compile, m.get("compile"), "compile" in u),
+                      _pair(r.ratio_vs_reference, m.get("eager"), "eager" in u),
+                      _pair(r.ratio_vs_kernel, m.get("kernel"), "kernel" in u), _row_note(r))
     return table
 
 
@@ -106,14 +133,23 @@ def _calls_table(report: Any, rows: list[Any]) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenpos._files import atomic_write_text, check_output_path
+    """Run the benchmark; ``--json PATH`` is checked first (fail now, not after minutes of timing), its missing
+    folders made, and removed again if the run fails."""
+    from tokenpos.cli._ui import output_file
+
+    if not args.json:
+        return _run(args)
+    with output_file(args.json):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tokenpos._files import atomic_write_text
     from tokenpos.analysis.bench import run_bench
     from tokenpos.analysis.bench_calls import CASE
-    from tokenpos.analysis.bench_timing import busy_note
+    from tokenpos.analysis.bench_timing import RATIO_AGREEMENT, busy_note
     from tokenpos.cli._ui import console, progress_bars
 
-    if args.json:
-        check_output_path(args.json)                     # fail now, not after minutes of timing
     with progress_bars(not args.no_progress) as progress:
         def step(label: str, done: int, total: int) -> None:
             progress("bench cases", done, total)
@@ -126,6 +162,14 @@ def run(args: argparse.Namespace) -> int:
     calls = [r for r in report.rows if r.case == CASE]
     if calls:
         con.print(_calls_table(report, calls))
+    if any(r.unstable for r in shown):
+        con.print(f"[yellow]unstable: a ratio is not claimed where its best (best / best) and its median (median / "
+                  f"median) differ by more than {RATIO_AGREEMENT:g}x: one side caught reps the other did not (other "
+                  "load, or too few reps); the note gives both. Rerun on a quiet machine, or without --quick."
+                  "[/yellow]")
+    if shown and all(r.ratio_vs_compile is None for r in shown):
+        con.print("x compile: '-' throughout: torch.compile was not timed in this run (--quick skips it); "
+                  "--compile times it.", markup=False)
     busy = busy_note(report.competition)
     if busy:
         con.print(f"[yellow]{busy}.[/yellow]")

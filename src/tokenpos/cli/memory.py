@@ -1,6 +1,7 @@
 """``tokenpos memory``: embedding parameters and memory per precision, with Adam training state; with
 ``--tp N`` also the vocab-parallel split (padded vocab, per-rank shard, Adam state and logits per rank);
-with ``--logits`` the logits of a (batch, seq_len) step and what the fused tied loss saves of them.
+with ``--logits`` the logits of a (batch, seq_len) step and what the fused tied loss saves of them; with
+``--input-tables`` the per-layer (Gemma 3n) and hashed n-gram (Engram) tables (:mod:`tokenpos.analysis.memory_input`).
 
 Output may go to a pipe that closes early (``tokenpos memory | head -1``): the command then stops
 quietly with exit status 141 (128 + SIGPIPE, as a Unix tool killed by SIGPIPE), no error message.
@@ -14,6 +15,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from tokenpos.cli._table import print_grid
 from tokenpos.cli._ui import console, positive_int
 
 HELP = "embedding memory: parameters, fp32 / fp16 / bf16 / int8 sizes, Adam training memory"
@@ -23,7 +25,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from tokenpos.analysis.memory import POSITIONAL_KINDS, PRESETS
 
     p = subparsers.add_parser(
-        "memory", help=HELP, description=HELP + ". With no arguments: seed 004's scenarios and every preset.",
+        "memory", help=HELP, description=HELP + ". With no arguments: example sizes from small to GPT-3 scale, "
+                                                "every preset, and what each positional scheme stores.",
         epilog="MiB = 2**20 bytes, MB = 10**6 bytes. Training memory = fp32 weights + grads + Adam m and v "
                "(16 bytes per trainable parameter, activations excluded). "
                "Example: tokenpos memory --vocab-size 50257 --d-model 768 --max-seq-len 1024",
@@ -33,10 +36,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--d-model", type=positive_int, metavar="D", help="embedding width")
     p.add_argument("--max-seq-len", type=positive_int, metavar="L",
                    help="context length: rows of a learned position table (overrides a preset's)")
-    p.add_argument("--positional", choices=POSITIONAL_KINDS, default=None,
-                   help="positional scheme of a custom model (default: learned, its table counted when "
-                        "--max-seq-len is given; an explicit --positional learned needs it)")
-    p.add_argument("--num-heads", type=positive_int, metavar="H", help="heads (sizes the T5 bias table)")
+    p.add_argument("--positional", choices=POSITIONAL_KINDS, default=None, metavar="SCHEME",
+                   help="positional scheme of a custom model, one of " + ", ".join(POSITIONAL_KINDS) + " (default: "
+                        "learned, its table counted when --max-seq-len is given; an explicit --positional learned "
+                        "needs it)")
+    p.add_argument("--num-heads", type=positive_int, metavar="H",
+                   help="heads (sizes the t5, fire and kerple parameters; those schemes need it)")
     p.add_argument("--untied", action="store_true", help="the output projection has its own V x D table")
     p.add_argument("--total-params", type=positive_int, metavar="N",
                    help="the whole model's parameters, to show the embedding share")
@@ -53,6 +58,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="with --tp or --logits: batch for the logits (default 8)")
     p.add_argument("--seq-len", type=positive_int, metavar="L",
                    help="with --tp or --logits: tokens per sequence for the logits (default: max_seq_len, else 2048)")
+    p.add_argument("--input-tables", action="store_true",
+                   help="the input tables beyond the token table: Gemma 3n E2B / E4B per-layer embeddings and the "
+                        "Engram demo's hashed n-gram tables, stored fp32 / bf16 / int8 (+ fp32 row scales), and "
+                        "training memory dense (fp32 weights + grads + Adam) and row-sparse (lazy optimisers: "
+                        "dense weights + Adam, gradient of the --batch x --seq-len step's rows only)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     return p
 
@@ -91,11 +101,12 @@ def _parallel(args: argparse.Namespace, configs: list[Any] | None) -> list[Any]:
     from tokenpos.analysis.memory_tp import DEFAULT_BATCH, vocab_parallel_memory
 
     if args.tp is None:
-        sizes = () if args.logits else (("--batch", args.batch), ("--seq-len", args.seq_len))
+        sizes = () if args.logits or args.input_tables else (("--batch", args.batch), ("--seq-len", args.seq_len))
         given = [o for o, v in (("--pad-to-multiple-of", args.pad_to_multiple_of), *sizes) if v is not None]
         if given:
             raise ValueError(f"{'/'.join(given)} only apply with --tp N (the vocab-parallel split)"
-                             + ("" if args.logits else " or, for --batch/--seq-len, with --logits"))
+                             + ("" if args.logits or args.input_tables
+                                else " or, for --batch/--seq-len, with --logits or --input-tables"))
         return []
     return [vocab_parallel_memory(c, args.tp, args.pad_to_multiple_of or 1, batch=args.batch or DEFAULT_BATCH,
                                   seq_len=args.seq_len) for c in (configs or list(PRESETS.values()))]
@@ -115,6 +126,19 @@ def _logits(args: argparse.Namespace, configs: list[Any] | None) -> list[Any]:
                           dtype=args.logits_dtype or "fp32") for c in (configs or list(PRESETS.values()))]
 
 
+def _input_tables(args: argparse.Namespace) -> tuple[list[Any], int] | None:
+    """The input tables asked for with --input-tables and the tokens of one training step (--batch x --seq-len)."""
+    from tokenpos.analysis.memory_input import input_tables
+    from tokenpos.analysis.memory_tp import DEFAULT_BATCH
+
+    if not args.input_tables:
+        return None
+    return input_tables(), (args.batch or DEFAULT_BATCH) * (args.seq_len or DEFAULT_SEQ_LEN)
+
+
+DEFAULT_SEQ_LEN = 2048          # --input-tables without --seq-len: tokens per sequence of the training step
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the report (a reader that closes the pipe early is handled by ``tokenpos.cli.main``)."""
     return _run(args)
@@ -130,21 +154,24 @@ def _run(args: argparse.Namespace) -> int:
     configs = _configs(args)
     parallel = _parallel(args, configs)
     logits = _logits(args, configs)
+    inputs = _input_tables(args)
     reports = [embedding_memory(c) for c in configs] if configs else scenario_reports()
     if args.json:
         out: dict[str, Any] = {"models": [r.to_dict() for r in reports]}
         if configs is None:
-            out["seed_position_comparison"] = [t.to_dict() for t in position_alternatives(2048, 512, 8)]
+            out["position_alternatives"] = [t.to_dict() for t in position_alternatives(*OVERVIEW_POSITIONS)]
         if parallel:
             out["vocab_parallel"] = [m.to_dict() for m in parallel]
         if logits:
             out["logits"] = [m.to_dict() for m in logits]
+        if inputs:
+            out["input_tables"] = [t.to_dict(inputs[1]) for t in inputs[0]]
         print(json.dumps(out, indent=2))
         sys.stdout.flush()
         return 0
     con = console()
     con.on_broken_pipe = _broken_pipe          # rich would exit(1) itself; main() ends it quietly
-    if configs is None and not parallel and not logits:
+    if configs is None and not parallel and not logits and not inputs:
         _print_overview(con, reports)
     elif configs is not None:
         for r in reports:
@@ -153,6 +180,8 @@ def _run(args: argparse.Namespace) -> int:
         _print_vocab_parallel(con, parallel)
     if logits:
         _print_logits(con, logits)
+    if inputs:
+        _print_input_tables(con, *inputs)
     con.print("MiB = 2**20 bytes, MB = 10**6 bytes; fp16 and bf16 are both 2 bytes per parameter. "
               "Training = fp32 weights + grads + Adam m, v = 16 B/param (activations excluded).", markup=False)
     con.file.flush()
@@ -162,14 +191,12 @@ def _run(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- output
 
 
-def _table(title: str, headers: list[str]) -> Any:
-    from rich import box
-    from rich.table import Table
+def _table(title: str, headers: list[str], text: tuple[int, ...] = (0,)) -> Any:
+    """A Grid (printed by :func:`tokenpos.cli._table.print_grid`: never a number broken); ``text``: the columns of
+    words (the first, and notes), the others numbers."""
+    from tokenpos.cli._table import Grid
 
-    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
-    for i, h in enumerate(headers):
-        t.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
-    return t
+    return Grid(title, headers, frozenset(i % len(headers) for i in text))
 
 
 def _size_cells(t: Any) -> list[str]:
@@ -182,6 +209,8 @@ def _size_cells(t: Any) -> list[str]:
 
 
 SIZE_HEADERS = ["fp32 MiB", "fp32 MB", "fp16/bf16 MiB", "fp16/bf16 MB", "int8 MiB", "int8 MB"]
+# (max_seq_len, d_model, num_heads) of the overview's positional comparison
+OVERVIEW_POSITIONS = (2048, 512, 8)
 
 
 def _print_model(con: Any, r: Any) -> None:
@@ -196,20 +225,19 @@ def _print_model(con: Any, r: Any) -> None:
                   + (f"; {c.note}" if c.note else ""), markup=False)
     for note in r.notes:
         con.print(f"note: {note}", markup=False)
-    t = _table("Embedding tables", ["table", "shape", "params", "share of model", "note"])
+    t = _table("Embedding tables", ["table", "shape", "params", "share of model", "note"], text=(0, -1))
     for tab in r.tables:
         t.add_row(tab.name, f"{tab.rows:,} x {tab.cols:,}", f"{tab.params:,}", format_share(r.share(tab.params)),
                   tab.note)
     t.add_row("embedding total", "", f"{r.params:,}", format_share(r.share()), "", style="bold")
-    t.columns[-1].justify = "left"
-    con.print(t)
+    print_grid(con, t)
     t = _table("Memory", ["table", *SIZE_HEADERS, "train+Adam MiB", "train+Adam MB"])
     for tab in r.tables:
         t.add_row(tab.name, *_size_cells(tab), format_size(tab.train_bytes / MIB), format_size(tab.train_bytes / MB))
     total = TableMemory("total", r.params, 1)
     t.add_row("embedding total", *_size_cells(total), format_size(r.train_bytes / MIB),
               format_size(r.train_bytes / MB), style="bold")
-    con.print(t)
+    print_grid(con, t)
     if r.alternatives:
         _print_alternatives(con, r.alternatives, f"Position table alternatives at max_seq_len {c.max_seq_len:,}, "
                                                  f"d_model {c.d_model:,}")
@@ -219,28 +247,27 @@ def _print_alternatives(con: Any, alternatives: Any, title: str) -> None:
     from tokenpos.analysis.memory import MIB, format_size
 
     t = _table(title, ["scheme", "params", "fp32 MiB", "fp32 MB", "fp16/bf16 MiB", "int8 MiB",
-                       "train+Adam MiB", "note"])
+                       "train+Adam MiB", "note"], text=(0, -1))
     for a in alternatives:
         sizes = _size_cells(a)
         t.add_row(a.name, f"{a.params:,}", sizes[0], sizes[1], sizes[2], sizes[4],
                   format_size(a.train_bytes / MIB), a.note)
-    t.columns[-1].justify = "left"
-    con.print(t)
+    print_grid(con, t)
 
 
 def _print_overview(con: Any, reports: list[Any]) -> None:
     from tokenpos.analysis.memory import MIB, format_share, format_size, position_alternatives
 
-    t = _table("Token embedding table (V x D), seed 004 scenarios and presets",
+    t = _table("Token embedding table (V x D): example sizes and model presets",
                ["model", "vocab_size", "d_model", "params", *SIZE_HEADERS])
     for r in reports:
         tok = r.tables[0]
         t.add_row(r.config.title or r.config.name, f"{r.config.vocab_size:,}", f"{r.config.d_model:,}",
                   f"{tok.params:,}", *_size_cells(tok))
-    con.print(t)
+    print_grid(con, t)
     t = _table("All embedding tables (token + position + token type + untied output)",
                ["model", "positions", "output", "params", "fp32 MiB", "fp16/bf16 MiB", "train+Adam MiB",
-                "model total", "share of model"])
+                "model total", "share of model"], text=(0, 1, 2, 7))
     for r in reports:
         c = r.config
         pos = f"{c.positional} ({c.max_seq_len:,})" if c.max_seq_len else c.positional
@@ -248,9 +275,10 @@ def _print_overview(con: Any, reports: list[Any]) -> None:
         t.add_row(c.title or c.name, pos, "tied" if c.tied_output else "untied", f"{r.params:,}",
                   format_size(r.nbytes("fp32") / MIB), format_size(r.nbytes("fp16/bf16") / MIB),
                   format_size(r.train_bytes / MIB), total, format_share(r.share()))
-    con.print(t)
-    _print_alternatives(con, position_alternatives(2048, 512, 8),
-                        "Positional encoding memory (seed 004: d_model 512, max_seq_len 2048)")
+    print_grid(con, t)
+    L, D, H = OVERVIEW_POSITIONS
+    _print_alternatives(con, position_alternatives(L, D, H),
+                        f"Positional encoding memory of every scheme (max_seq_len {L:,}, d_model {D}, {H} heads)")
 
 
 def _print_vocab_parallel(con: Any, splits: list[Any]) -> None:
@@ -267,7 +295,7 @@ def _print_vocab_parallel(con: Any, splits: list[Any]) -> None:
     t = _table(f"Vocab parallel over tp {tp}, per rank (logits: batch {first.batch} x seq_len x rows per rank)",
                ["model", "vocab", "padded", "padding rows", "rows/rank", "output", "weights/rank fp32 MiB",
                 "Adam MiB tied", "Adam MiB untied", "seq_len", "logits/rank fp32 MiB", "bf16 MiB",
-                "one device fp32 MiB"])
+                "one device fp32 MiB"], text=(0, 5))
     for v in splits:
         c = v.config
         t.add_row(c.title or c.name, f"{c.vocab_size:,}", f"{v.padded_vocab:,}", f"{v.padding_rows:,}",
@@ -275,7 +303,7 @@ def _print_vocab_parallel(con: Any, splits: list[Any]) -> None:
                   format_size(v.adam_bytes_if(True) / MIB), format_size(v.adam_bytes_if(False) / MIB),
                   f"{v.seq_len:,}", format_size(v.logits_bytes("fp32") / MIB),
                   format_size(v.logits_bytes("bf16") / MIB), format_size(v.logits_one_device * 4 / MIB))
-    con.print(t)
+    print_grid(con, t)
     con.print("Padding rows are stored, trained and optimised like real ones. weights/rank counts the model's "
               "vocab-sized tables (an untied output projection is a second sharded table); train+Adam = fp32 "
               "weights + grads + m + v of one table (tied) or two (untied). Logits per rank are the same tied or "
@@ -295,7 +323,33 @@ def _print_logits(con: Any, reports: list[Any]) -> None:
                   format_size(r.logits_bytes / MIB), format_size(r.materialised_bytes / MIB), f"{r.chunk_tokens:,}",
                   format_size(r.fused_bytes / MIB), format_size(r.saved_bytes / MIB),
                   f"{100 * r.saved_bytes / r.materialised_bytes:.2f}%")
-    con.print(t)
+    print_grid(con, t)
     con.print("logits + grad = the materialised path's N x V logits and their gradient (F.cross_entropy also keeps "
               "a log-softmax of that size); fused = one block of logits (block tokens x V, fp32) and the (N,) "
               "log-sum-exp of tied_cross_entropy / TokenEmbedding.loss, which never hold the logits.", markup=False)
+
+
+def _print_input_tables(con: Any, tables: list[Any], tokens: int) -> None:
+    from tokenpos.analysis.memory import MIB, format_size
+
+    def mib(n: int | None) -> str:
+        return "-" if n is None else format_size(n / MIB)
+
+    t = _table(f"Input tables beyond the token table (training step: {tokens:,} tokens)",
+               ["model", "table", "shape", "params", "fp32 MiB", "bf16 MiB", "int8 MiB", "train dense MiB",
+                "grad rows/step", "train row-sparse MiB"], text=(0, 1, 2))
+    for tab in tables:
+        t.add_row(tab.model, tab.name, f"{tab.rows:,} x {tab.cols:,}", f"{tab.params:,}", mib(tab.nbytes("fp32")),
+                  mib(tab.nbytes("bf16")), mib(tab.nbytes("int8")), mib(tab.train_dense_bytes),
+                  f"{tab.grad_rows(tokens):,}", mib(tab.train_sparse_bytes(tokens)))
+    print_grid(con, t)
+    con.print("int8 = int8 values + one fp32 scale per row (PerLayerEmbedding weight_dtype=int8, inference only: "
+              "the table is frozen); '-': HashedNgramEmbedding has no int8 storage. train dense = fp32 weights + "
+              "grads + Adam m, v (16 B/param). train row-sparse (lazy optimisers: NumPy sparse_mode lazy / "
+              "sparse_adam on either table, torch PerLayerEmbedding sparse=True + SparseAdam) = fp32 weights + "
+              "Adam m, v for the whole table (12 B/param, allocated at the first step) + a gradient of at most "
+              "min(rows, tokens x lookups per token) fp32 rows and int64 ids (per-layer: 1 lookup per token; "
+              "hashed: one per head). Table names: (layers x width per layer) and (hash heads x width per head); "
+              "hashed rows = the sum of the heads' primes. Sources: Gemma 3n E4B = transformers' Gemma3nTextConfig "
+              "defaults, E2B = its 30-layer slice (google/gemma3n-slicing-configs); Engram = deepseek-ai/Engram "
+              "engram_demo_v1.py's EngramConfig.", markup=False)

@@ -6,7 +6,7 @@ import argparse
 import inspect
 from typing import Any
 
-from tokenpos.cli._ui import console, positive_int
+from tokenpos.cli._ui import console, output_file, positive_int
 
 HELP = "draw one figure (sinusoidal, similarity, rope, alibi, t5, fire, kerple, memory, mrope, positions2d) to a PNG"
 
@@ -34,8 +34,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("plot", help=HELP, description=f"{HELP}. Kinds: {kinds}.",
                               epilog="Example: tokenpos plot sinusoidal --out sinusoidal.png")
     p.add_argument("kind", choices=list(DESCRIPTIONS), metavar="KIND", help="one of " + ", ".join(DESCRIPTIONS))
-    p.add_argument("--out", metavar="FILE", help="output file, .png (or .svg / .pdf); default KIND.png. Its folder "
-                                                 "must exist; an existing file is kept unless --force")
+    p.add_argument("--out", metavar="FILE", help="output file, .png (or .svg / .pdf); default KIND.png. Missing "
+                                                 "folders are created; an existing file is kept unless --force")
     p.add_argument("--force", action="store_true", help="replace FILE if it exists")
     p.add_argument("--dpi", type=positive_int, default=110, help="resolution (default 110, at most 600)")
     g = p.add_argument_group("figure options (each applies to the kinds that use it)")
@@ -52,12 +52,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenpos._files import check_output_path
+    """Draw the figure (matplotlib is imported by the drawing: without it, main names the extra to install)."""
     from tokenpos.analysis.extrapolate import plot_bias
     from tokenpos.analysis.plots import FORMATS, PLOTS
-
-    out = check_output_path(f"{args.kind}.png" if args.out is None else args.out, overwrite=args.force,
-                            suffixes=tuple(f".{f}" for f in FORMATS))      # before any drawing
 
     fn = PLOTS.get(args.kind) or getattr(plot_bias, f"plot_{args.kind}")
     accepted = set(inspect.signature(fn).parameters)
@@ -69,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         if kw not in accepted:
             raise ValueError(f"--{dest.replace('_', '-')} does not apply to plot {args.kind!r}")
         opts[kw] = value
-    path = fn(out, **opts)
+    with output_file(f"{args.kind}.png" if args.out is None else args.out, overwrite=args.force,
+                     suffixes=tuple(f".{f}" for f in FORMATS)) as out:      # checked before any drawing
+        path = fn(out, **opts)
     console().print(f"wrote {path}", markup=False)
     return 0

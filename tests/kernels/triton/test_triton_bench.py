@@ -30,6 +30,7 @@ def test_without_cuda_it_says_so_and_measures_nothing(gpu_bench, capsys) -> None
     assert captured.out == ""
 
 
+@pytest.mark.slow  # every impl on the Triton interpreter
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="smoke mode runs on the Triton interpreter")
 def test_smoke_runs_every_impl_and_agrees_with_the_formula(gpu_bench, capsys) -> None:
     assert gpu_bench.main(["--smoke"]) == 0

@@ -85,11 +85,13 @@ def compiled() -> dict[str, dict]:
     return json.loads(run.stdout)
 
 
+@pytest.mark.slow  # compiles every Triton kernel in a child process
 def test_every_kernel_compiles_for_cuda_to_a_cubin(compiled) -> None:
     assert set(compiled) == set(_variants())
     assert all(c["cubin_bytes"] > 0 for c in compiled.values())
 
 
+@pytest.mark.slow  # compiles every Triton kernel
 def test_float_products_and_sums_are_never_contracted(compiled) -> None:
     """With LAUNCH_OPTIONS, products and sums carry an explicit .rn (ptxas never fuses those): no fma."""
     for key, c in compiled.items():
@@ -99,6 +101,7 @@ def test_float_products_and_sums_are_never_contracted(compiled) -> None:
             assert "mul.lo.s64" in c["ptx"], key                                # the uint64 hash is there
 
 
+@pytest.mark.slow  # compiles Triton kernels
 def test_compiled_bf16_outputs_use_the_hardware_round_to_nearest_even(compiled) -> None:
     """Compiled kernels convert fp32 -> bf16 with ``cvt.rn.bf16`` (round-to-nearest-even), never the
     interpreter's bit spelling of it (about seven integer instructions per element: ``_cast``)."""

@@ -53,6 +53,7 @@ def cases(draw):
     return q, k, cos, sin, draw(st.booleans())
 
 
+@pytest.mark.slow  # hypothesis on the Triton interpreter
 @SETTINGS
 @given(c=cases())
 def test_forward_and_backward_equal_numpy_reference_bit_for_bit(c, device) -> None:

@@ -44,3 +44,37 @@ def passes(doc: dict[str, Any], scheme: str) -> bool:
         return True
     entry = gate["schemes"].get(scheme)
     return bool(entry and entry["passes"])
+
+
+def explain(doc: dict[str, Any], default_steps: int) -> list[str]:
+    """What a reader should take from the gate in ``doc``: which schemes fail it and why their R(k) is hidden,
+    and, for a run trained fewer than ``default_steps`` steps (``--quick``), what such a run can and cannot show.
+    Empty for a document without a gate."""
+    gate = doc.get("gate")
+    if gate is None:
+        return []
+    config = doc.get("config")
+    steps = None if config is None else config.get("steps")
+    short = isinstance(steps, int) and steps < default_steps
+    failing = [s for s, e in gate["schemes"].items() if not e["passes"]]
+    out = []
+    if failing:
+        out.append(f"'{FAIL_TEXT}': {', '.join(failing)} did not beat the {gate['baseline']} baseline at L "
+                   f"(NLL {gate['baseline_nll']:.4f}, {gate['protocol']} protocol), so their R(k) is not shown: a "
+                   "model that ignores its context cannot get worse when given more of it, and its flat R(k) "
+                   "would say nothing about extrapolation.")
+    if short and failing and len(failing) == len(gate["schemes"]):
+        out.append(f"This run trained {steps} steps per scheme (the default run: {default_steps}): too few for any "
+                   f"model to learn to use its context, so '{FAIL_TEXT}' here is an artefact of the short training, "
+                   "not a finding about the schemes. A quick run shows that the study runs end to end; compare "
+                   "schemes on the default run (`tokenpos extrapolate --seed 0`) or on the study shipped with "
+                   "tokenpos (five seeds, in `tokenpos report`).")
+    elif short:
+        out.append(f"This run trained {steps} steps per scheme (the default run: {default_steps}): schemes still "
+                   f"short of the baseline may only be undertrained, and one seed's R(k) has no interval; compare "
+                   "schemes on the default run (`tokenpos extrapolate --seed 0`, --seeds for intervals) or on the "
+                   "study shipped with tokenpos (in `tokenpos report`).")
+    elif failing and len(failing) == len(gate["schemes"]):
+        out.append("No scheme used its context: train longer (--steps) or a wider model (--d-model) before "
+                   "reading R(k).")
+    return out

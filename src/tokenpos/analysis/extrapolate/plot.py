@@ -1,16 +1,24 @@
 """Figures of the extrapolation study.
 
 - :func:`plot_extrapolation`: perplexity and R(k) against eval length, one line per scheme, one row
-  of two panels per protocol; with several seeds every point is the mean with a 95 % interval bar.
+  of two panels per protocol; with several seeds every point is the mean with a 95 % interval bar. The
+  perplexity panel draws the add-k n-gram baselines (dotted, flat: they have no positions), the R(k) curves'
+  yardstick in the tables and the gate; a scheme that
+  fails the context gate (gate.py) is faded and labelled "does not use context", as in the tables.
+
+Every figure draws a scheme in its one colour, :func:`scheme_color` (keyed by name, not by position in a
+figure's list), so a scheme looks the same in the extrapolation, task and curve figures.
 - :func:`plot_tasks`: exact-match accuracy against input length, one panel per synthetic task,
   with the interval as a bar and the training range shaded.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
+from tokenpos.analysis.extrapolate.gate import FAIL_TEXT, passes
 from tokenpos.analysis.extrapolate.render import PROTOCOL_TITLES, protocols
 
 
@@ -18,11 +26,35 @@ def _doc(result: Any) -> dict[str, Any]:
     return result.to_dict() if hasattr(result, "to_dict") else result
 
 
-def _color(i: int) -> Any:
-    """Distinct colours for up to 20 lines (matplotlib's default cycle repeats after 10)."""
+def scheme_names() -> tuple[str, ...]:
+    """Every line name a study can draw, in a fixed order: the study's schemes (``schemes.SCHEMES``), then each
+    rotary scheme's inference-time scalings (``rope+linear``, ...)."""
+    from tokenpos.analysis.extrapolate.experiment import ROPE_SCALINGS
+    from tokenpos.analysis.extrapolate.schemes import ROTARY_SCHEMES, SCHEMES
+
+    return SCHEMES + tuple(f"{s}+{t}" for s in ROTARY_SCHEMES for t in ROPE_SCALINGS)
+
+
+# the scalings' lines (dashed): tab10's tenth colour and five dark ones far from tab10's
+SCALING_COLORS = ("#17becf", "#000000", "#393b79", "#8c6d31", "#843c39", "#7b4173")
+
+
+def scheme_color(name: str) -> Any:
+    """The one colour of scheme ``name`` in every figure of the study (extrapolation, tasks, curves): the
+    schemes take tab10's colours, the scalings :data:`SCALING_COLORS` (all distinct, :func:`scheme_names`); a
+    name outside
+    the registry (an older document) a tab20c colour chosen from its CRC-32, the same in every figure."""
+    import zlib
+
     from matplotlib import colormaps
 
-    return colormaps["tab20"](i % 20)
+    from tokenpos.analysis.extrapolate.schemes import SCHEMES
+
+    names, k = scheme_names(), len(SCHEMES)                 # k <= 9 schemes: one tab10 colour each
+    if name in names:
+        i = names.index(name)
+        return colormaps["tab10"](i) if i < k else SCALING_COLORS[(i - k) % len(SCALING_COLORS)]
+    return colormaps["tab20c"](zlib.crc32(name.encode()) % 20)
 
 
 def _yerr(rows: list[dict[str, Any]], key: str) -> list[list[float]] | None:
@@ -55,18 +87,28 @@ def plot_extrapolation(result: Any, path: str | Path) -> Path:
         for r in results:
             if r["scheme"] not in schemes:
                 schemes.append(r["scheme"])
-        for i, scheme in enumerate(schemes):
+        for scheme in schemes:
             rows = sorted((r for r in results if r["scheme"] == scheme and r["ppl"] is not None),
                           key=lambda r: r["eval_len"])
             if not rows:
                 continue
             style = "--" if "+" in scheme else "-"
             x = [r["eval_len"] for r in rows]
+            uses = passes(data, scheme)             # below the 4-gram at L; else its R(k) says nothing (gate.py)
             for ax, key in ((ax_ppl, "ppl"), (ax_r, "ratio")):
                 ax.errorbar(x, [r[key] for r in rows], yerr=_yerr(rows, key), fmt=style, marker="o", ms=3,
-                            capsize=2, label=scheme, color=_color(i))
+                            capsize=2, label=scheme if uses else f"{scheme} ({FAIL_TEXT})",
+                            color=scheme_color(scheme), alpha=1.0 if uses else 0.35)
                 values[key] += [r[key] for r in rows] + [c for r in rows for c in (r.get(f"{key}_ci") or [])
                                                          if c > 0]
+        grams = sorted((g for g in data.get("ngram", []) if g["protocol"] == protocol), key=lambda g: g["order"])
+        for j, g in enumerate(grams):                # the baselines the gate compares against: no positions, flat
+            ppl = math.exp(g["nll"])
+            label = f"{g['order']}-gram (add-k {g['k']:g})"
+            ax_ppl.axhline(ppl, color=str(0.2 + 0.2 * j), lw=1.0, ls=":", label=label)
+            ax_ppl.annotate(label, (1.0, ppl), xycoords=("axes fraction", "data"), xytext=(-3, 2),
+                            textcoords="offset points", ha="right", va="bottom", fontsize=6.5, color="0.25")
+            values["ppl"].append(ppl)
         for ax, key in ((ax_ppl, "ppl"), (ax_r, "ratio")):
             ax.set_xscale("log", base=2)
             ax.set_xticks(lens, [str(t) for t in lens])
@@ -75,7 +117,7 @@ def plot_extrapolation(result: Any, path: str | Path) -> Path:
             if positive and max(positive) / max(min(positive), 1e-12) > 4:   # log only for wide ranges
                 ax.set_yscale("log")
                 ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False))
             ax.yaxis.set_minor_formatter(NullFormatter())
             ax.axvline(L, color="grey", lw=0.8, ls=":")
             ax.set_xlabel(f"eval length (train length L = {L})")
@@ -86,6 +128,9 @@ def plot_extrapolation(result: Any, path: str | Path) -> Path:
         ax_r.set_ylabel("R(k) = NLL at kL / at L" if protocol == "sliding" else "R(k) = tail NLL at kL / at L")
         if values["ratio"]:                                  # no line at all (every run diverged): no legend
             ax_r.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+            if data.get("gate") and not any(passes(data, s) for s in schemes):
+                ax_r.text(0.5, 0.5, f"every scheme: {FAIL_TEXT}\n(none beat the 4-gram at L): no R(k) here is a "
+                          "result", ha="center", va="center", fontsize=9, color="0.3", transform=ax_r.transAxes)
         else:
             ax_r.text(0.5, 0.5, "nothing to plot: no scheme has a result", ha="center", transform=ax_r.transAxes)
     seeds = " (mean and 95% interval over seeds)" if "interval" in data else ""
@@ -117,7 +162,7 @@ def plot_tasks(result: Any, path: str | Path) -> Path:
         for e in entries:
             if e["task"] == task and e["scheme"] not in schemes:
                 schemes.append(e["scheme"])
-        for i, scheme in enumerate(schemes):
+        for scheme in schemes:
             rows = sorted((e for e in entries if e["task"] == task and e["scheme"] == scheme
                            and e["accuracy"] is not None), key=lambda e: e["length"])
             if not rows:
@@ -126,7 +171,7 @@ def plot_tasks(result: Any, path: str | Path) -> Path:
                     [100 * (e["accuracy_ci"][1] - e["accuracy"]) for e in rows]] \
                 if all(e.get("accuracy_ci") for e in rows) else None
             ax.errorbar([e["length"] for e in rows], [100 * e["accuracy"] for e in rows], yerr=yerr, marker="o",
-                        ms=3, capsize=2, label=scheme, color=_color(i))
+                        ms=3, capsize=2, label=scheme, color=scheme_color(scheme))
         if train_len:
             ax.axvspan(0, train_len, color="grey", alpha=0.12, lw=0)
         ax.set_title(f"{task}")
@@ -159,12 +204,13 @@ def plot_curves(result: Any, path: str | Path) -> Path:
     longest = max(c["eval_len"] for c in curves)
     fig = Figure(figsize=(8.0, 4.2))
     ax = fig.subplots()
-    for i, c in enumerate(c for c in curves if c["eval_len"] == longest):
+    for c in (c for c in curves if c["eval_len"] == longest):
         x = [(b + 0.5) * c["bin_width"] for b in range(len(c["nll"]))]
-        ax.plot(x, c["nll"], marker="o", ms=3, label=c["scheme"], color=_color(i),
+        ax.plot(x, c["nll"], marker="o", ms=3, label=c["scheme"], color=scheme_color(c["scheme"]),
                 ls="--" if "+" in c["scheme"] else "-")
         if all(ci is not None for ci in c["nll_ci"]):
-            ax.fill_between(x, [ci[0] for ci in c["nll_ci"]], [ci[1] for ci in c["nll_ci"]], color=_color(i),
+            ax.fill_between(x, [ci[0] for ci in c["nll_ci"]], [ci[1] for ci in c["nll_ci"]],
+                            color=scheme_color(c["scheme"]),
                             alpha=0.15, lw=0)
     ax.axvline(data["train_len"], color="grey", lw=1, ls=":")
     ax.set_xlabel(f"position in a window of {longest} (dotted: L = {data['train_len']})")

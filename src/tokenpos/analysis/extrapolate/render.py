@@ -180,8 +180,8 @@ def markdown_task_table(data: Any, task: str) -> str:
 def _html(headers: list[str], rows: list[list[str]], caption: str, cls: str) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in rows)
-    return (f'<table class="{cls}"><caption>{caption}</caption><thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table>")
+    return (f'<div class="table-wrap"><table class="{cls}"><caption>{caption}</caption><thead><tr>{head}</tr>'
+            f"</thead><tbody>{body}</tbody></table></div>")
 
 
 def html_table(data: Any, protocol: str = "nonoverlap") -> str:

@@ -19,10 +19,13 @@ Trainable schemes draw their initial values from the generator passed in, after 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import nn
+
+# annotations only: the functions that build models import torch, so listing the schemes (the CLI's parser) needs none
+if TYPE_CHECKING:
+    from torch import nn
 
 SCHEMES = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope", "fire", "kerple", "irope")
 DEFAULT_SCHEMES = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope")

@@ -27,12 +27,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
+
+if TYPE_CHECKING:                      # the functions that use torch import it: this package imports light
+    import torch
+    from torch import nn
 
 from tokenpos.tables.errors import ConfigError, PositionError
 
@@ -86,6 +87,8 @@ class TaskConfig:
 def make_batch(task: str, n: int, batch_size: int, num_symbols: int,
                rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """B examples of n items: inputs (B, 2n) and targets (B, 2n) int64; only targets[:, n:] are scored."""
+    import torch
+
     x = rng.integers(0, num_symbols, size=(batch_size, n))                   # (B, n)
     if task == "copy":
         y = x
@@ -104,6 +107,8 @@ def make_passkey(length: int, batch_size: int, digits: int, num_symbols: int,
                  rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """B passkey examples of input length T: inputs and targets (B, T) int64; only targets[:, T - digits:]
     (the key after QUERY) are scored. The key sits at a uniformly random depth of the filler."""
+    import torch
+
     key, query, fill = num_symbols + 1, num_symbols + 2, num_symbols + 3          # num_symbols is SEP
     filler = length - 2 * digits - 1                                         # FILL tokens in all
     full = np.full((batch_size, length + 1), fill, dtype=np.int64)           # (B, T + 1)
@@ -142,6 +147,8 @@ class TaskScore:
 
 def score_task(model: nn.Module, task: str, length: int, cfg: TaskConfig) -> TaskScore:
     """Accuracy on ``cfg.eval_examples`` fixed examples at input length ``length``."""
+    import torch
+
     rng = np.random.default_rng([TASKS.index(task), length, 12345])          # same examples for every seed
     inputs, targets, first = make_examples(task, length, cfg.eval_examples, cfg, rng)
     right = exact = 0
@@ -166,6 +173,9 @@ def train_task(model: nn.Module, task: str, cfg: TaskConfig, seed: int) -> tuple
 
     Returns (mean loss of the last 5 % of steps, steps taken, per-token accuracy at ``train_len``).
     """
+    import torch
+    import torch.nn.functional as F
+
     from tokenpos.analysis.extrapolate.train import lr_at
 
     rng = np.random.default_rng([seed, TASKS.index(task), 7])
