@@ -18,8 +18,8 @@ which is ``F.cross_entropy(full_logits, t, label_smoothing=eps)``. Backward need
 Without ``vocab_size=`` a padding column is one whose logit is -inf (``attend`` writes -inf there). A target
 whose logit is -inf raises a TokenIdError on every rank after all-reduce 3, instead of an infinite loss; with label
 smoothing, all-reduce 3 also carries each row's count of columns that are not -inf, and a padded row refuses the
-call with a ConfigError naming ``vocab_size=`` (API.md), so a shard that is not padded never refuses (the count is
-then V = W * Vl). CPU: the values are read, at no cost; elsewhere one device-side assert each, no host sync.
+call with a ConfigError naming ``vocab_size=`` (API.md), so a shard that is not padded never refuses (every column
+is then a class: V = W * Vl). CPU: the values are read, at no cost; elsewhere one device-side assert each, no host sync.
 """
 
 from __future__ import annotations
@@ -69,13 +69,11 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         c = torch.promote_types(logits.dtype, torch.float32)
         x = logits.reshape(-1, Vl).to(c)                                       # (N, Vl)
         t = targets.reshape(-1).to(x.device).long()                            # (N,)
-        if vocab_size is None:                         # the real columns: those whose logit is not -inf
-            real = x != float("-inf") if eps > 0.0 else torch.ones((1, Vl), dtype=torch.bool, device=x.device)
-        else:
-            n_real = min(max(vocab_size - start, 0), Vl)                       # real columns here
-            real = (torch.arange(Vl, device=x.device) < n_real).unsqueeze(0)   # (1, Vl)
-            if n_real < Vl:
-                x = x.masked_fill(~real, float("-inf"))
+        V = world * Vl if vocab_size is None else vocab_size                   # classes (None: every column)
+        n_real = min(max(V - start, 0), Vl)                                    # real columns here
+        real = (torch.arange(Vl, device=x.device) < n_real).unsqueeze(0)       # (1, Vl)
+        if n_real < Vl:
+            x = x.masked_fill(~real, float("-inf"))
         m = x.amax(dim=-1)                                                     # (N,)
         if world > 1:
             all_reduce(m, group, dist.ReduceOp.MAX)
@@ -91,7 +89,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if eps > 0.0:
             parts.append(torch.where(real, x, torch.zeros_like(x)).sum(dim=-1))
             if vocab_size is None:
-                parts.append(real.sum(dim=-1).to(c))                           # each row's real columns
+                parts.append((x != float("-inf")).sum(dim=-1).to(c))           # for the refusal: no -inf column
         reduced = torch.stack(parts)                                           # (1 to 3, N)
         if world > 1:
             all_reduce(reduced, group)
@@ -101,11 +99,10 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
                 _check_smoothing_columns(reduced[2] < world * Vl, eps, world * Vl)
         lse = torch.log(s) + m                                                 # (N,)
         per = lse - reduced[0]
-        smooth = None                                                          # (N or 1, Vl): eps / V on real columns
+        smooth = None                                                          # (1, Vl): eps / V on real columns
         if eps > 0.0:
-            classes = reduced[2] if vocab_size is None else torch.full((1,), vocab_size, dtype=c, device=x.device)
-            per = (1.0 - eps) * per + eps * (lse - reduced[1] / classes)       # classes (N,) or (1,): V
-            smooth = real * (eps / classes).unsqueeze(-1)
+            per = (1.0 - eps) * per + eps * (lse - reduced[1] / V)
+            smooth = real.to(c) * (eps / V)
         per = torch.where(valid, per, torch.zeros_like(per))
         count = valid.sum().clamp_min(1)                                       # () on the device: never read
         ctx.save_for_backward(e / s.unsqueeze(-1), idx, here, valid, count, smooth)
