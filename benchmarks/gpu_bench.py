@@ -28,6 +28,15 @@ documents (``cu_seqlens``, ``qk_layout="thd"``), its "eager" row being the padde
 Workloads: RoPE q (4, 32, 4096, 128), k (4, 8, 4096, 128) bf16, half layout, fp32 cos/sin (L, 64);
 embedding V=50257, D=4096, ids (4, 2048), learned positions (2048, 4096), bf16, scale sqrt(D), p=0.1.
 ``--quick`` quarters the lengths.
+
+``--cases host_table`` (not in the default run; ``gpu_check.sh``'s "hosttable" stage): tables kept in host memory
+(``storage="host"``, issue 51) against the same table on the device, per layer type (token V=262,144 D=2,048;
+per-layer Gemma 3n E2B's V=262,144 x 30 layers x 256; hashed n-gram n=3, 8 heads, Dh=128, ~8M rows), bf16, ids
+(4, 2048) from the host. Rows: "eager" is the device-stored lookup; "host, no prefetch" gathers and sends in the
+call; "host, prefetched" is ``prefetch(host ids)`` then ``forward(device ids)`` back to back (the host gather on the
+critical path); "compute only" is a stand-in for the rest of a step (bf16 matmuls), and "compute + device" /
+"compute + host, prefetched" put the lookup after it, the prefetch issued before it: what is left of the host
+path's cost when the next step's gather overlaps the GPU's work. Plain rows only (a host path is not capturable).
 """
 
 from __future__ import annotations
@@ -488,6 +497,90 @@ def tied_loss_case(args, device, dtype) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------------
+# tables kept in host memory
+# --------------------------------------------------------------------------------------------------
+
+
+def _host_table_makers(args, dtype) -> list[tuple[str, Callable[..., object]]]:
+    """(name, make(storage, device) -> layer) per layer type, bf16, built empty (``init="zeros"``: a normal init of
+    GBs would take minutes on the host); :func:`_fill` gives them rows."""
+    import tokenpos.torch as tpt
+
+    V, D, L, P = (50, 16, 3, 4) if args.smoke else (262144, 2048, 30, 256)
+    sizes = [11, 13] if args.smoke else [500009, 500029]
+    heads, dim = (2, 4) if args.smoke else (8, 1024)
+    return [("token", lambda storage, device: tpt.TokenEmbedding(V, D, init="zeros", scale=True, storage=storage,
+                                                                 device=device, dtype=dtype)),
+            ("per-layer", lambda storage, device: tpt.PerLayerEmbedding(V, L, P, init="zeros", storage=storage,
+                                                                        device=device, dtype=dtype)),
+            ("hashed", lambda storage, device: tpt.HashedNgramEmbedding(
+                engram_vocab_size=sizes, max_ngram_size=3, n_embed_per_ngram=dim, n_head_per_ngram=heads, layer_id=1,
+                layer_ids=[1], pad_id=0, seed=0, compress=np.arange(V), init="zeros", storage=storage, device=device,
+                dtype=dtype))]
+
+
+@torch.no_grad()
+def _fill(w: torch.Tensor, seed: int) -> None:
+    """Seeded rows: a (4096, W) random block tiled down the table (one gather, fast for a table of GBs)."""
+    block = torch.randn(min(4096, w.shape[0]), w.shape[1], generator=torch.Generator().manual_seed(seed))
+    w.copy_(block.to(w.dtype)[torch.arange(w.shape[0]) % block.shape[0]])
+
+
+def host_table_case(args, device, dtype) -> list[dict]:
+    """Host-stored tables with prefetch against device-stored ones (module doc, ``--cases host_table``)."""
+    B, L = (2, 8) if args.smoke else (4, 2048)
+    n = 256 if args.smoke else 8192
+    a = torch.randn(n, n, generator=torch.Generator().manual_seed(6)).to(device, dtype)
+
+    def compute():                                                            # the rest of a step, on the GPU
+        x = a
+        for _ in range(1 if args.smoke else 4):
+            x = x @ a
+        return x
+
+    rows = []
+    for k, (name, make) in enumerate(_host_table_makers(args, dtype)):
+        host = make("host", None)                                             # the table on the host
+        _fill(host.weight, k)
+        on_device = make("device", device)
+        with torch.no_grad():
+            on_device.weight.copy_(host.weight)
+        host = host.to(device)                                                # outputs to the device, table stays
+        assert host.weight.device.type == "cpu"
+        plain = make("host", None).to(device)                                 # the same table, never prefetched
+        plain.weight = host.weight
+        vocab = host.spec.compress.shape[0] if name == "hashed" else host.vocab_size
+        ids_host = torch.randint(0, vocab, (B, L), generator=torch.Generator().manual_seed(7))
+        ids_dev = ids_host.to(device)
+
+        def prefetched(layer=host, ids_host=ids_host, ids_dev=ids_dev):   # one prefetch queued ahead: each call
+            layer.prefetch(ids_host)                                        # adds one, consumes the older one
+            return layer(ids_dev)
+
+        def overlapped(layer=host, ids_host=ids_host, ids_dev=ids_dev):
+            layer.prefetch(ids_host)
+            compute()
+            return layer(ids_dev)
+
+        with torch.no_grad():
+            host.prefetch(ids_host)
+            err = max((host(ids_dev).float() - on_device(ids_dev).float()).abs().max().item(),
+                      (plain(ids_host).float() - on_device(ids_dev).float()).abs().max().item())
+            host.prefetch(ids_host)
+            impls = {"eager": lambda m=on_device, i=ids_dev: m(i),
+                     "host, no prefetch": lambda m=plain, i=ids_host: m(i),
+                     "host, prefetched": prefetched, "compute only": compute,
+                     "compute + device": lambda m=on_device, i=ids_dev: (compute(), m(i)),
+                     "compute + host, prefetched": overlapped}
+            ms = side_by_side(impls, args.rounds, device, graphs=False)
+            out_bytes = on_device(ids_dev).numel() * host.weight.element_size()
+        rows += _rows(f"host table {name}", ms, 2 * out_bytes, args, device, err)
+        host.clear_prefetch()
+        del on_device, host, plain
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
 # report
 # --------------------------------------------------------------------------------------------------
 
@@ -536,6 +629,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="quarter lengths")
     ap.add_argument("--rounds", type=int, default=None, help="timed rounds per impl (default 30, smoke 2)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated cases: rope, embedding, tied, host_table (default: the first three; "
+                         "--smoke: all four)")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU + Triton interpreter, tiny shapes: checks that every impl runs and agrees; "
                          "prints no timings")
@@ -566,7 +662,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{triton.__version__}; {args.rounds} rounds, median; {'quick' if args.quick else 'full'} workload")
         print(header, flush=True)
     rows = []
-    for case in (rope_case, embedding_case, tied_loss_case):
+    cases = {"rope": rope_case, "embedding": embedding_case, "tied": tied_loss_case, "host_table": host_table_case}
+    args.cases = args.cases or ",".join(list(cases)[:len(cases) if args.smoke else 3])
+    unknown = sorted(set(args.cases.split(",")) - set(cases))
+    if unknown:
+        print(f"gpu_bench: --cases {args.cases}: unknown {unknown}; expected names from {sorted(cases)}",
+              file=sys.stderr)
+        return 2
+    for case in (cases[c] for c in args.cases.split(",")):
         got = case(args, device, torch.bfloat16)
         if not args.smoke:                                                    # as it goes: a cut-off run keeps them
             print("\n".join(report(got).splitlines()[1:len(got) + 1]), flush=True)

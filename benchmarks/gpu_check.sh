@@ -19,13 +19,16 @@
 #   nccl    the vocab-parallel demo on NCCL (world of one), checked against the one-process model.
 #   tied    benchmarks/tied_loss_bench.py --backend cuda: the tied loss beside the eager logits path and
 #           Liger-Kernel's fused linear cross-entropy, time and peak memory (issue 33's GPU row).
+#   hosttable  benchmarks/gpu_bench.py --cases host_table: tables kept in host memory (storage="host") with
+#           prefetch against the same tables on the device, per layer type (issue 51's GPU row), and
+#           tests/torch/test_host_storage.py's real-CUDA test (pinned copies on a side stream, no sync in forward).
 #   tiles   (experiment, not by default) tile sizes of the Triton embedding and RoPE kernels.
 #   host    (experiment, not by default) host time per call of each piece of a layer call, and a profile.
 #   diag    (experiment, not by default) which variant of a reduce-overhead training step breaks.
 #   ab      (experiment, not by default) the Triton kernels of an earlier commit against the working
 #           tree's, bits and time: BEFORE=folder (`git archive REV src/tokenpos/kernels/triton | tar -x -C
 #           folder`, carried with the tree).
-# STAGES="bench tiles" runs only those (default: bench tests assert nccl tied); TESTS="files" narrows the
+# STAGES="bench tiles" runs only those (default: bench tests assert nccl tied hosttable); TESTS="files" narrows the
 # tests stage; BENCH_LIMIT / TESTS_LIMIT change those stages' limits (seconds).
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -48,7 +51,7 @@ stage() {                                   # stage NAME SECONDS COMMAND...
     echo "stage $name: exit $rc after $(( $(date +%s) - start )) s (limit $limit s)" | tee -a "$OUT/summary.txt"
 }
 
-want() { [[ " ${STAGES:-bench tests assert nccl tied} " == *" $1 "* ]]; }   # STAGES="bench tiles" picks stages
+want() { [[ " ${STAGES:-bench tests assert nccl tied hosttable} " == *" $1 "* ]]; }   # STAGES="bench tiles" picks stages
 
 want bench && stage bench "${BENCH_LIMIT:-260}" python3 benchmarks/gpu_bench.py --rounds 15 --json "$OUT/gpu_bench.json"
 TESTS=${TESTS:-tests/torch/test_no_host_sync.py tests/torch/test_errors.py tests/kernels/triton tests/torch/test_ops.py}
@@ -67,11 +70,14 @@ else:
     raise SystemExit("bad id on CUDA: no error, output " + str(y.cpu()))'
 want nccl && stage nccl 90 python3 -m torch.distributed.run --nproc-per-node 1 -m tokenpos.examples.vocab_parallel_lm --device cuda --steps 30 --check
 want tied && stage tied 120 python3 benchmarks/tied_loss_bench.py --backend cuda --rounds 5
+want hosttable && stage hosttable "${HOSTTABLE_LIMIT:-240}" bash -c "python3 benchmarks/gpu_bench.py --cases host_table \
+    --rounds 10 --json '$OUT/host_table.json' && python3 -m pytest -q -p no:cacheprovider --timeout 120 \
+    tests/torch/test_host_storage.py -k real_cuda"
 
 want tiles && stage tiles 120 python3 benchmarks/experiments/exp_gpu_tiles.py
 want host && stage host 60 python3 benchmarks/experiments/exp_gpu_host.py --profile "$OUT/host_profile.txt"
 want diag && stage diag 90 python3 benchmarks/experiments/exp_gpu_reduce_overhead.py
 want ab && stage ab 120 python3 benchmarks/experiments/exp_gpu_kernel_ab.py --before "${BEFORE:?BEFORE=folder for the ab stage}"
 
-for f in bench tests assert nccl tied tiles host diag ab; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; tail -n 60 "$OUT/$f.log"; }; done
+for f in bench tests assert nccl tied hosttable tiles host diag ab; do [ -f "$OUT/$f.log" ] && { echo "=== $f"; tail -n 60 "$OUT/$f.log"; }; done
 cat "$OUT/summary.txt"

@@ -19,11 +19,14 @@ from tokenpos.tables.errors import ConfigError
 TORCH_ONLY = {
     "device": "NumPy arrays live in host memory: there is nothing to place",
     "generator": "a torch.Generator for the initial draw; the NumPy twin takes rng= (a NumPy Generator) and seed=",
+    "storage": "where a torch table is kept while the model runs on a device (host memory or the device); NumPy "
+               "arrays are always in host memory",
 }
 #: (layer, keyword) -> why that NumPy twin has none
 LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("TokenEmbedding", "sparse"): "torch's sparse gradients (nn.Embedding's sparse=True); NumPy has no sparse arrays",
     ("PerLayerEmbedding", "sparse"): "as TokenEmbedding's",
+    ("HashedNgramEmbedding", "sparse"): "as TokenEmbedding's",
 }
 
 TORCH, NUMPY = public_layers("torch"), public_layers("numpy")

@@ -44,9 +44,13 @@ def test_per_layer_sizes_are_the_layers_own():
     assert tab.nbytes("int8") == _torch_nbytes(tq.weight) + _torch_nbytes(tq.weight_scale)
     bf = tpt.PerLayerEmbedding(V, L, P, dtype=torch.bfloat16, seed=0)
     assert tab.nbytes("bf16") == _torch_nbytes(bf.weight)
+    f8 = tpt.PerLayerEmbedding(V, L, P, weight_dtype=torch.float8_e4m3fn, seed=0)
+    assert tab.nbytes("fp8") == _torch_nbytes(f8.weight) + _torch_nbytes(f8.weight_scale)
+    ids = torch.tensor([[0, 3, 5], [9, 9, 1]])
+    assert tab.host_device_bytes(ids.numel()) == _torch_nbytes(f8(ids))     # the step's rows sent to the device
 
 
-def test_hashed_sizes_are_the_layers_own_and_have_no_int8():
+def test_hashed_sizes_are_the_layers_own_in_every_storage():
     tables = engram_tables(TINY_ENGRAM)
     assert [t.name.split(",")[1].split("(")[0].strip() for t in tables] == ["layer 1", "layer 15"]
     for layer, tab in zip(TINY_ENGRAM.layer_ids, tables, strict=True):
@@ -58,7 +62,11 @@ def test_hashed_sizes_are_the_layers_own_and_have_no_int8():
         assert tab.lookups_per_token == n.spec.num_heads
         t = tpt.HashedNgramEmbedding(**kw, dtype=torch.bfloat16)
         assert tab.nbytes("bf16") == _torch_nbytes(t.weight)
-        assert tab.nbytes("int8") is None
+        for name, wd in (("int8", torch.int8), ("fp8", torch.float8_e4m3fn)):
+            q = tpt.HashedNgramEmbedding(**kw, weight_dtype=wd)
+            assert tab.nbytes(name) == _torch_nbytes(q.weight) + _torch_nbytes(q.weight_scale)
+        ids = torch.tensor([[0, 3, 5, 9]])
+        assert tab.host_device_bytes(ids.numel()) == _torch_nbytes(t.float()(ids))
 
 
 def test_training_counts_match_a_lazy_adam_step():

@@ -25,7 +25,7 @@ def test_input_tables_print_every_row_and_say_what_they_count(capsys: pytest.Cap
     assert "16,384 tokens" in out                                  # the default step: 8 x 2048
     assert "Token embedding table" not in out                       # the section alone, not the overview
     text = " ".join(out.split())                                    # the footnote wraps at the terminal width
-    assert "one fp32 scale per row" in text and "HashedNgramEmbedding has no int8 storage" in text
+    assert "one fp32 scale per row" in text and "fp8 MiB" in text and "host: device MiB/step" in text
 
 
 def test_input_tables_json_follow_the_step_size(capsys: pytest.CaptureFixture[str]) -> None:
@@ -34,7 +34,10 @@ def test_input_tables_json_follow_the_step_size(capsys: pytest.CaptureFixture[st
     rows = json.loads(out)["input_tables"]
     assert rows == [t.to_dict(128) for t in input_tables()]
     per_layer, hashed = rows[0], rows[2]
-    assert per_layer["grad_rows"] == 128 and hashed["grad_rows"] == 128 * 16 and hashed["bytes"]["int8"] is None
+    assert per_layer["grad_rows"] == 128 and hashed["grad_rows"] == 128 * 16
+    assert hashed["bytes"]["int8"] == hashed["bytes"]["fp8"] < hashed["bytes"]["bf16"]
+    host = hashed["storage"]["host"]
+    assert host["host_bytes"] == hashed["bytes"] and host["device_bytes"] == 128 * 16 * hashed["shape"][1] * 4
 
 
 def test_batch_alone_is_still_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,11 +41,22 @@ that requires grad (on real CUDA that zero is on the device).
 Also refused: an op with a boolean-mask index (``x[mask]``, its shape depends on the values), and
 host data sent to CUDA by Python code (``cpu_tensor.to("cuda")``, ``torch.tensor(data,
 device="cuda")``: :class:`HostToDevice`).
+
+Allowed, because on CUDA they do not block the host: a copy between pinned host memory and the device
+with ``non_blocking=True`` (``pinned.to("cuda", non_blocking=True)``; ``pinned.copy_(cuda_tensor,
+non_blocking=True)``). Pinned memory cannot be allocated on a CPU-only build: :func:`pinned_empty`
+makes a host tensor that this module counts as pinned (a pageable one, or a blocking copy, is still
+refused). Each allowed copy is logged in the detector's ``copies`` ("h2d" / "d2h", bytes, the fake stream
+it ran on). :class:`FakeRuntime` stands in for ``tokenpos.torch.host_table.CudaRuntime`` (streams, events,
+pinned allocation, ``record_stream``): it logs every call, and an event's ``synchronize`` (a host wait) in
+``host_waits``, so a test checks the order of copies, records and waits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -176,6 +187,95 @@ def cpu_of(t: torch.Tensor) -> torch.Tensor:
     return t.elem if isinstance(t, FakeCuda) else t
 
 
+# ------------------------------------------------------------------------------------ pinned memory, streams
+
+_PINNED: dict[int, weakref.ref[torch.Tensor]] = {}      # storage address -> a tensor allocated by pinned_empty
+_STREAM: list[str] = ["default"]                         # the fake current stream (a stack of names)
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A host tensor this module counts as pinned (``torch.empty(..., pin_memory=True)`` needs CUDA)."""
+    t = torch.empty(shape, dtype=dtype)
+    _PINNED[t.untyped_storage().data_ptr()] = weakref.ref(t)
+    return t
+
+
+def is_pinned(t: torch.Tensor) -> bool:
+    """Whether ``t`` lies in a block from :func:`pinned_empty` that is still alive."""
+    if isinstance(t, FakeCuda) or t.device.type != "cpu":
+        return False
+    ref = _PINNED.get(t.untyped_storage().data_ptr())
+    owner = None if ref is None else ref()
+    return owner is not None and owner.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+
+
+class FakeEvent:
+    """``torch.cuda.Event`` for :class:`FakeRuntime`: ``record`` and ``synchronize`` (a host wait) are logged."""
+
+    def __init__(self, runtime: FakeRuntime, number: int) -> None:
+        self.runtime, self.number, self.stream = runtime, number, None
+
+    def record(self, stream: FakeStream | None = None) -> None:
+        self.stream = (stream or self.runtime.current).name
+        self.runtime.log.append(("record", self.number, self.stream))
+
+    def synchronize(self) -> None:
+        self.runtime.host_waits.append(self.number)
+        self.runtime.log.append(("host_wait", self.number, self.stream))
+
+
+class FakeStream:
+    """``torch.cuda.Stream`` for :class:`FakeRuntime`: waits are logged (the fake device runs in order)."""
+
+    def __init__(self, runtime: FakeRuntime, name: str) -> None:
+        self.runtime, self.name = runtime, name
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.runtime.log.append(("wait_event", event.number, self.name))
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.runtime.log.append(("wait_stream", other.name, self.name))
+
+
+class FakeRuntime:
+    """The CUDA runtime of ``tokenpos.torch.host_table`` (its ``RUNTIME``) on a CPU-only build: side streams,
+    events, pinned allocation and ``record_stream``, each call logged in ``log``; host waits in ``host_waits``."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.host_waits: list[int] = []
+        self.current = FakeStream(self, "default")
+        self._numbers = itertools.count()
+
+    def stream(self, device: torch.device) -> FakeStream:
+        assert torch.device(device).type == "cuda", device
+        return FakeStream(self, f"side{next(self._numbers)}")
+
+    def current_stream(self, device: torch.device) -> FakeStream:
+        assert torch.device(device).type == "cuda", device
+        return self.current
+
+    @contextlib.contextmanager
+    def use_stream(self, stream: FakeStream) -> Iterator[None]:
+        old, self.current = self.current, stream
+        _STREAM.append(stream.name)
+        try:
+            yield
+        finally:
+            self.current = old
+            _STREAM.pop()
+
+    def event(self) -> FakeEvent:
+        return FakeEvent(self, next(self._numbers))
+
+    def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return pinned_empty(shape, dtype)
+
+    def record_stream(self, t: torch.Tensor, stream: FakeStream) -> None:
+        assert isinstance(t, FakeCuda), "record_stream of a tensor that is not on the device"
+        self.log.append(("record_stream", tuple(t.shape), stream.name))
+
+
 def _is_cuda_device(d: Any) -> bool:
     return d is not None and torch.device(d).type == "cuda"
 
@@ -224,6 +324,7 @@ class SyncDetector(TorchDispatchMode):
         super().__init__()
         self.strict = strict                # False: run fake CUDA tensors, refuse nothing (:func:`fake_cuda`)
         self.ops: list[Any] = []            # every op seen (a test may look at what ran)
+        self.copies: list[tuple[str, int, str]] = []   # allowed pinned copies: ("h2d" / "d2h", bytes, stream)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
@@ -237,6 +338,14 @@ class SyncDetector(TorchDispatchMode):
             if not bool(cond):
                 raise RuntimeError(f"device-side assert triggered: {args[1] if len(args) > 1 else ''}")
             return None
+        pinned = _pinned_copy(func, args, kwargs)
+        if pinned is not None:              # non_blocking between pinned host memory and the device: no host wait
+            self.copies.append((pinned, _nbytes(args[0]), _STREAM[-1]))
+            if func is aten._to_copy.default:
+                return _run(func, args, kwargs)
+            dst, src = args[0], args[1]
+            func(cpu_of(dst), cpu_of(src), *args[2:], **kwargs)
+            return dst
         opdef = custom_ops.OPDEFS.get(func._schema.name) if fake else None
         if opdef is not None:                   # a tokenpos op: its CUDA implementation, op by op, checked
             with self:
@@ -254,6 +363,28 @@ class SyncDetector(TorchDispatchMode):
         if not (fake or wants_cuda):
             return func(*args, **kwargs)
         return _run(func, args, kwargs)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _pinned_copy(func: Any, args: Any, kwargs: dict[str, Any]) -> str | None:
+    """"h2d" / "d2h" for a ``non_blocking=True`` copy between pinned host memory and a fake CUDA tensor
+    (``_to_copy`` of a pinned tensor to CUDA, ``copy_`` either way), else None."""
+    if func is aten._to_copy.default:
+        src = args[0]
+        if (not isinstance(src, FakeCuda) and kwargs.get("non_blocking", False)
+                and _is_cuda_device(kwargs.get("device")) and is_pinned(src)):
+            return "h2d"
+    elif func is aten.copy_.default:
+        dst, src = args[0], args[1]
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        if non_blocking and isinstance(src, FakeCuda) and not isinstance(dst, FakeCuda) and is_pinned(dst):
+            return "d2h"
+        if non_blocking and isinstance(dst, FakeCuda) and not isinstance(src, FakeCuda) and is_pinned(src):
+            return "h2d"
+    return None
 
 
 @contextlib.contextmanager
@@ -298,8 +429,10 @@ class HostToDevice(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _TO_DEVICE:
             src = args[0] if args else kwargs.get("data")
+            non_blocking = False
             if func is torch.Tensor.to:
-                device = torch._C._nn._parse_to(*args[1:], **{k: v for k, v in kwargs.items() if k != "copy"})[0]
+                device, _, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **{k: v for k, v in kwargs.items()
+                                                                                  if k != "copy"})
             elif func is torch.Tensor.cuda:
                 device = CUDA
             elif func is torch.Tensor.new_tensor:
@@ -307,6 +440,8 @@ class HostToDevice(TorchFunctionMode):
             else:
                 device = kwargs.get("device")
             if _is_cuda_device(device) and not isinstance(src, FakeCuda):
+                if non_blocking and isinstance(src, torch.Tensor) and is_pinned(src):
+                    return func(*args, **kwargs)     # an async copy from pinned memory: the detector logs it
                 name = getattr(func, "__name__", func)
                 raise HostSync(f"{name}: host data copied to {device} (a host-to-device copy)")
         return func(*args, **kwargs)

@@ -142,7 +142,11 @@ def ngram_case(dev: Device, train: bool) -> Any:
 
 def engram_case(dev: Device, train: bool) -> Any:
     m = dev.m(tpt.EngramMemory(D, hc_mult=2, kernel_size=3, **tiny_ngram_kwargs(V)).train(train))
-    return [m(dev.t(_randn(2, 5, 2, D)), dev.t(IDS))], _params(m)
+    cache = m.new_cache(3)                          # packed documents, then one decoding step each, from a cache
+    packed = m(dev.t(_randn(10, 2, D, seed=1)), dev.t(IDS.reshape(-1)), cu_seqlens=dev.t(torch.tensor([0, 4, 4, 10])),
+               cache=cache)
+    step = m(dev.t(_randn(3, 1, 2, D, seed=2)), dev.t(IDS[:, :3].T[:, :1]), cache=cache)
+    return [m(dev.t(_randn(2, 5, 2, D)), dev.t(IDS)), packed, step, cache.conv], _params(m)
 
 
 def learned_case(dev: Device, train: bool) -> Any:

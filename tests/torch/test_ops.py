@@ -31,9 +31,13 @@ def test_samples_cover_every_op() -> None:
     names = {op._name for op, _, _ in SAMPLES}
     assert names == {"embedding", "embedding_backward", "rope", "rope_qk", "rope_backward", "rope_qk_backward",
                      "tied_cross_entropy", "tied_cross_entropy_backward", "ngram_embedding",
-                     "ngram_embedding_backward"}
-    dtypes = {a.dtype for _, args, _ in SAMPLES for a in args[:1]}
+                     "ngram_embedding_backward", "quantized_embedding"}
+    dtypes = {a.dtype for op, args, _ in SAMPLES for a in args[:1] if op._name != "quantized_embedding"}
     assert dtypes == {torch.float32, torch.float64}
+    eight_bit = {(args[0].dtype, args[1].dtype, args[4]) for op, args, _ in SAMPLES
+                 if op._name == "quantized_embedding"}                  # (q, scale, float8: q holds float8 bits)
+    assert eight_bit == {(q, s, q == torch.uint8) for q in (torch.int8, torch.uint8)
+                         for s in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
     assert {args[0].requires_grad for _, args, _ in SAMPLES} == {False, True}
 
 

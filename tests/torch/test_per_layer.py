@@ -190,7 +190,7 @@ def test_an_int8_table_refuses_bad_ids_and_bad_arguments() -> None:
             layer(bad)
     with pytest.raises(tpt.ConfigError, match="weight_dtype must be None"):
         tpt.PerLayerEmbedding(V, L, P, weight_dtype=torch.float16)
-    with pytest.raises(tpt.ConfigError, match="int8 table takes no gradient"):
+    with pytest.raises(tpt.ConfigError, match="8-bit table takes no gradient"):
         tpt.PerLayerEmbedding(V, L, P, weight_dtype=torch.int8, sparse=True)
     meta = tpt.PerLayerEmbedding(V, L, P, weight_dtype=torch.int8, device="meta")
     assert meta(torch.zeros(2, 3, dtype=torch.int64, device="meta")).shape == (2, 3, L, P)

@@ -9,10 +9,15 @@ training step.
   head primes (:func:`tokenpos.tables.formulas.ngram_hash.ngram_primes`), C = n_embed_per_ngram //
   n_head_per_ngram; K = (max_ngram_size - 1) * n_head_per_ngram rows looked up per token.
 
-Storage (what the layers hold): ``fp32`` and ``bf16`` store C values of 4 or 2 bytes per row; ``int8`` stores
-C int8 values and one float32 scale per row (``weight_dtype=int8`` of ``PerLayerEmbedding`` with
-``dtype=float32``: ``weight`` (R, C) int8 + ``weight_scale`` (R,)), inference only (the quantised table is
-frozen). ``HashedNgramEmbedding`` has no int8 storage: its int8 size is None.
+Storage (what the layers hold): ``fp32`` and ``bf16`` store C values of 4 or 2 bytes per row; ``int8`` and ``fp8``
+store C 8-bit values and one float32 scale per row (``weight_dtype=int8`` / ``float8_e4m3fn`` of every table with
+``dtype=float32``: ``weight`` (R, C) + ``weight_scale`` (R,); float8 in the torch backend only), inference only
+(the quantised table is frozen).
+
+Where the table lives (``storage=``): "device" puts all of it in the accelerator's memory; "host" keeps it in host
+memory (:attr:`InputTable.nbytes` there) and the device holds only one step's gathered rows, T * lookups per token
+rows of C output values (:meth:`InputTable.host_device_bytes`: fp32 outputs, 4 bytes a value, whatever the
+table's storage: an 8-bit table's rows are dequantised before they are sent).
 
 Training memory (activations excluded), as ``tokenpos memory`` counts it for every table:
 
@@ -30,8 +35,9 @@ from typing import Any
 
 from tokenpos.tables.checks.validation import check_choice, check_positive_int
 
-# storage name -> (bytes per value, bytes per row besides the values: the int8 table's float32 scale)
-STORAGES: dict[str, tuple[int, int]] = {"fp32": (4, 0), "bf16": (2, 0), "int8": (1, 4)}
+# storage name -> (bytes per value, bytes per row besides the values: an 8-bit table's float32 scale)
+STORAGES: dict[str, tuple[int, int]] = {"fp32": (4, 0), "bf16": (2, 0), "int8": (1, 4), "fp8": (1, 4)}
+OUT_BYTES = 4                   # a gathered row's value as sent to the device (fp32 outputs)
 DENSE_TRAIN_BYTES = 16          # fp32 weight + grad + Adam m + v, per parameter
 SPARSE_STATE_BYTES = 12         # fp32 weight + Adam m + v, per parameter (the row-sparse gradient counted apart)
 GRAD_ROW_ID_BYTES = 8           # one int64 row id per gradient row
@@ -40,14 +46,13 @@ DEFAULT_TOKENS = 8 * 2048       # tokens per step for the row-sparse gradient (t
 
 @dataclass(frozen=True)
 class InputTable:
-    """One input table: R x C, how many rows a token looks up, and whether the library stores it in int8."""
+    """One input table: R x C and how many rows a token looks up."""
 
     model: str
     name: str
     rows: int
     cols: int
     lookups_per_token: int
-    int8: bool
     note: str = ""
     source: str = ""
 
@@ -60,13 +65,15 @@ class InputTable:
     def params(self) -> int:
         return self.rows * self.cols
 
-    def nbytes(self, storage: str = "fp32") -> int | None:
-        """Bytes of the stored table (int8: values + one float32 scale per row); None where the layer has no such
-        storage (int8 of a hashed table)."""
+    def nbytes(self, storage: str = "fp32") -> int:
+        """Bytes of the stored table (int8 / fp8: values + one float32 scale per row), wherever it is stored."""
         value, per_row = STORAGES[check_choice("storage", storage, STORAGES)]
-        if storage == "int8" and not self.int8:
-            return None
         return self.params * value + self.rows * per_row
+
+    def host_device_bytes(self, tokens: int = DEFAULT_TOKENS) -> int:
+        """Device bytes of a host-stored table (``storage="host"``) in one step: the step's gathered rows,
+        T * lookups per token rows of C fp32 values (the table itself stays in host memory, :meth:`nbytes`)."""
+        return check_positive_int("tokens", tokens) * self.lookups_per_token * self.cols * OUT_BYTES
 
     @property
     def train_dense_bytes(self) -> int:
@@ -85,7 +92,11 @@ class InputTable:
     def to_dict(self, tokens: int = DEFAULT_TOKENS) -> dict[str, Any]:
         return {"model": self.model, "name": self.name, "shape": [self.rows, self.cols], "params": self.params,
                 "lookups_per_token": self.lookups_per_token, "note": self.note, "source": self.source,
-                "bytes": {s: self.nbytes(s) for s in STORAGES}, "train_dense_bytes": self.train_dense_bytes,
+                "bytes": {s: self.nbytes(s) for s in STORAGES},
+                "storage": {"device": {"device_bytes": {s: self.nbytes(s) for s in STORAGES}, "host_bytes": 0},
+                            "host": {"device_bytes": self.host_device_bytes(tokens),
+                                     "host_bytes": {s: self.nbytes(s) for s in STORAGES}}},
+                "train_dense_bytes": self.train_dense_bytes,
                 "tokens_per_step": tokens, "grad_rows": self.grad_rows(tokens),
                 "train_sparse_bytes": self.train_sparse_bytes(tokens)}
 
@@ -133,7 +144,7 @@ def per_layer_table(cfg: PerLayerConfig) -> InputTable:
     HF's ``embed_tokens_per_layer.weight``."""
     return InputTable(cfg.name, f"per-layer ({cfg.num_hidden_layers} x {cfg.hidden_size_per_layer_input})",
                       cfg.vocab_size_per_layer_input,
-                      cfg.num_hidden_layers * cfg.hidden_size_per_layer_input, 1, True,
+                      cfg.num_hidden_layers * cfg.hidden_size_per_layer_input, 1,
                       f"{cfg.num_hidden_layers} layers x {cfg.hidden_size_per_layer_input}", cfg.source)
 
 
@@ -146,7 +157,6 @@ def engram_tables(settings: EngramSettings = ENGRAM_DEMO, model: str = "engram-d
     heads = (settings.max_ngram_size - 1) * settings.n_head_per_ngram
     dim = settings.n_embed_per_ngram // settings.n_head_per_ngram
     return [InputTable(model, f"hashed, layer {layer} ({heads} x {dim})", sum(sum(p) for p in per_n), dim, heads,
-                       False,
                        f"{heads} heads x {dim}; rows: sum of the head primes",
                        "deepseek-ai/Engram engram_demo_v1.py EngramConfig")
             for layer, per_n in primes.items()]

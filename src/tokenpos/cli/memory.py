@@ -336,15 +336,19 @@ def _print_input_tables(con: Any, tables: list[Any], tokens: int) -> None:
         return "-" if n is None else format_size(n / MIB)
 
     t = _table(f"Input tables beyond the token table (training step: {tokens:,} tokens)",
-               ["model", "table", "shape", "params", "fp32 MiB", "bf16 MiB", "int8 MiB", "train dense MiB",
-                "grad rows/step", "train row-sparse MiB"], text=(0, 1, 2))
+               ["model", "table", "shape", "params", "fp32 MiB", "bf16 MiB", "int8 MiB", "fp8 MiB",
+                "host: device MiB/step", "train dense MiB", "grad rows/step", "train row-sparse MiB"], text=(0, 1, 2))
     for tab in tables:
         t.add_row(tab.model, tab.name, f"{tab.rows:,} x {tab.cols:,}", f"{tab.params:,}", mib(tab.nbytes("fp32")),
-                  mib(tab.nbytes("bf16")), mib(tab.nbytes("int8")), mib(tab.train_dense_bytes),
+                  mib(tab.nbytes("bf16")), mib(tab.nbytes("int8")), mib(tab.nbytes("fp8")),
+                  mib(tab.host_device_bytes(tokens)), mib(tab.train_dense_bytes),
                   f"{tab.grad_rows(tokens):,}", mib(tab.train_sparse_bytes(tokens)))
     print_grid(con, t)
-    con.print("int8 = int8 values + one fp32 scale per row (PerLayerEmbedding weight_dtype=int8, inference only: "
-              "the table is frozen); '-': HashedNgramEmbedding has no int8 storage. train dense = fp32 weights + "
+    con.print("int8 / fp8 = 8-bit values + one fp32 scale per row (weight_dtype=int8 / float8_e4m3fn of every "
+              "table, fp8 in torch only; inference only: the table is frozen). The fp32 / bf16 / int8 / fp8 sizes "
+              "are device memory with storage='device' and host memory with storage='host'; host: device "
+              "MiB/step = what a host-stored table costs the device, one step's gathered rows (tokens x lookups "
+              "per token x width, fp32). train dense = fp32 weights + "
               "grads + Adam m, v (16 B/param). train row-sparse (lazy optimisers: NumPy sparse_mode lazy / "
               "sparse_adam on either table, torch PerLayerEmbedding sparse=True + SparseAdam) = fp32 weights + "
               "Adam m, v for the whole table (12 B/param, allocated at the first step) + a gradient of at most "

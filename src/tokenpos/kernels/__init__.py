@@ -31,6 +31,16 @@ Packed documents (:mod:`.packing`), ``cu_seqlens`` (N + 1,):
 - ``packing.document_positions(cu_seqlens, total) -> (positions (T,) int64, longest document)``: the
   layers' packed positions, checked, in one compiled pass (twin: ``tables.formulas.packing``).
 
+Hashed n-gram lookup (:mod:`.ngram`, Engram), ids (B, L) / packed (T,), K hash heads, Dh head width:
+
+- ``ngram_forward`` / ``ngram_rows`` / ``ngram_backward``: hash and gather in one pass (no (T, K) index array),
+  the (..., K) table rows alone, and the row-sparse gradient (twin: ``tables.formulas.ngram_hash``).
+
+8-bit tables (:mod:`.quantized`), q (V, C) int8 or float8 e4m3fn bits (uint8), scale (V,):
+
+- ``quantized_embedding(q, scale, ids (...), multiplier=1.0, *, out=None) -> (..., C)``: gather and dequantise
+  in one pass (twin: ``tables.formulas.quantize.dequantize_rows``, equal bit for bit).
+
 Row-sparse optimisers (:mod:`.optim`), in place, ``mode="exact"|"lazy"``:
 
 - ``sparse_adam_update(param, exp_avg, exp_avg_sq, indices, rows, *, step, lr, beta1=0.9,
@@ -42,7 +52,8 @@ The tied loss has no CPU kernel: both backends run its blocks as plain torch / N
 block kernel measured no faster and was deleted, issue 33); its CUDA block kernel is
 ``triton.tied_loss``, whose NumPy twin ``reference.tied_loss_block_ref`` is that kernel's test oracle.
 
-Every kernel ``f`` has a twin ``f_ref`` in :mod:`.reference` with the same signature; the
+Every kernel ``f`` but the n-gram and 8-bit ones (twins named above) has a twin ``f_ref`` in :mod:`.reference`
+with the same signature; the
 optimisers' twins are dense (``adam_dense_ref``, ``sgd_dense_ref``) and lazy (``*_lazy_ref``).
 Dropout masks equal :func:`tokenpos.tables.formulas.dropout.dropout_keep_mask` bit for bit; forwards equal
 their twins bit for bit; sums and optimiser steps agree to float rounding.

@@ -21,10 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from tokenpos._config import OUTPUTS
+from tokenpos._config import OUTPUTS, kernels_enabled
 from tokenpos.kernels import ngram as kernel
+from tokenpos.numpy._quantized import (
+    QuantizedTable,
+    check_weight_dtype,
+    fill_quantized,
+    quantized_lookup,
+    quantized_parameters,
+    refuse,
+)
 from tokenpos.numpy.functional._dispatch import compute_dtype, use_kernel
-from tokenpos.numpy.module import Module, Parameter, coalesce_rows
+from tokenpos.numpy.module import Parameter, coalesce_rows
 from tokenpos.tables.checks.validation import check_dtype, check_grad
 from tokenpos.tables.formulas.init import init_weight, resolve_rng
 from tokenpos.tables.formulas.ngram_hash import NgramSpec, check_ngram_inputs, ngram_hash_ids, ngram_spec
@@ -46,6 +54,16 @@ def ngram_rows(spec: NgramSpec, ids: np.ndarray, cu_seqlens: np.ndarray | None =
     ctx = None if context is None else comp[context]
     return ngram_hash_ids(comp[ids], spec.multipliers, spec.primes, spec.pad, cu_seqlens=cu_seqlens,
                           context=ctx) + spec.offsets
+
+
+def quantized_rows(spec: NgramSpec, ids: np.ndarray, cu_seqlens: np.ndarray | None = None,
+                   context: np.ndarray | None = None) -> np.ndarray:
+    """Checked ids -> (..., K) table rows for an 8-bit table's gather: the numba rows kernel with kernels on, else
+    the formula (:func:`ngram_rows`); the same rows."""
+    if not kernels_enabled():
+        return ngram_rows(spec, ids, cu_seqlens, context)
+    return kernel.ngram_rows(np.ascontiguousarray(ids, dtype=np.int64), spec.compress, spec.multipliers, spec.primes,
+                             spec.offsets, spec.pad, cu_seqlens=cu_seqlens, context=context)
 
 
 def ngram_forward(weight: np.ndarray, spec: NgramSpec, ids: np.ndarray, cu_seqlens: np.ndarray | None = None,
@@ -75,7 +93,7 @@ def ngram_backward(dout: np.ndarray, spec: NgramSpec, cache: NgramCache) -> tupl
     return sparse.indices, sparse.rows.astype(dout.dtype, copy=False)
 
 
-class HashedNgramEmbedding(Module):
+class HashedNgramEmbedding(QuantizedTable):
     """Hashed n-gram embedding of one layer, with the Engram reference's settings.
 
     Args:
@@ -89,6 +107,10 @@ class HashedNgramEmbedding(Module):
         compress: (Vo,) integer old-to-new id array (the reference's ``CompressedTokenizer.lookup_table``).
         init, std: the table's init scheme ("standard_normal": ``nn.Embedding``'s, as the reference).
         dtype: float16, float32 (default) or float64. init_seed / rng: the explicit source of the initial weights.
+        weight_dtype: None (the table is ``dtype``) or ``np.int8`` / "int8": the table is stored in 8 bits, ``weight``
+            (R, Dh) int8 and ``weight_scale`` (R,) of ``dtype``, both frozen; a lookup hashes the rows, then gathers
+            and dequantises them in one pass (``tables.formulas.quantize.dequantize_rows``, multiplier 1). A float
+            ``state_dict`` loaded into the layer is quantised. Inference only: ``backward`` raises ConfigError.
 
     Shape:
         forward: ids (B, L) -> (B, L, E); packed ids (T,) with ``cu_seqlens`` (S + 1,) -> (T, E);
@@ -99,7 +121,7 @@ class HashedNgramEmbedding(Module):
 
     def __init__(self, *, engram_vocab_size: Any, max_ngram_size: int, n_embed_per_ngram: int,
                  n_head_per_ngram: int, layer_id: int, layer_ids: Any, pad_id: int, seed: int, compress: Any,
-                 init: str = "standard_normal", std: float = 0.02, dtype: Any = np.float32,
+                 init: str = "standard_normal", std: float = 0.02, dtype: Any = np.float32, weight_dtype: Any = None,
                  init_seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         super().__init__()
         self.spec = ngram_spec(engram_vocab_size=engram_vocab_size, max_ngram_size=max_ngram_size,
@@ -110,7 +132,11 @@ class HashedNgramEmbedding(Module):
                              layer_id=layer_id, layer_ids=list(layer_ids), pad_id=pad_id, seed=seed)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
-        self.weight = Parameter(np.empty((self.spec.num_rows, self.spec.head_dim), self.dtype))
+        self.weight_dtype = check_weight_dtype(weight_dtype)
+        if self.weight_dtype is not None:
+            quantized_parameters(self, (self.spec.num_rows, self.spec.head_dim), self.dtype)
+        else:
+            self.weight = Parameter(np.empty((self.spec.num_rows, self.spec.head_dim), self.dtype))
         self.reset_parameters(rng=resolve_rng(init_seed, rng))
         self._cache: NgramCache | None = None
 
@@ -120,9 +146,12 @@ class HashedNgramEmbedding(Module):
         return self.spec.out_dim
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
-        """Re-draw the table from its init scheme."""
-        self.weight.data[...] = init_weight(self.weight.data.shape, self.init, std=self.std,
-                                            rng=resolve_rng(seed, rng))
+        """Re-draw the table from its init scheme (an 8-bit table: then quantised)."""
+        w = init_weight(self.weight.data.shape, self.init, std=self.std, rng=resolve_rng(seed, rng))
+        if self.weight_dtype is not None:
+            fill_quantized(self, w)
+            return
+        self.weight.data[...] = w
         self.weight.zero_grad()
 
     def hash_rows(self, ids: Any, *, cu_seqlens: Any = None, context: Any = None) -> np.ndarray:
@@ -135,11 +164,18 @@ class HashedNgramEmbedding(Module):
         before each sequence. Bad ids (outside compress's domain) raise TokenIdError naming the value, before
         anything is kept."""
         x, cu, ctx = check_ngram_inputs(self.spec, ids, cu_seqlens, context)
+        if self.weight_dtype is not None:                  # 8 bits: the hashed rows, dequantised in the gather
+            self._cache = None
+            rows = quantized_rows(self.spec, x, cu, ctx)                                        # (..., K)
+            out = quantized_lookup(self.weight.data, self.weight_scale.data, rows, 1.0)         # (..., K, Dh)
+            return out.reshape(*x.shape, self.spec.out_dim)
         out, self._cache = ngram_forward(self.weight.data, self.spec, x, cu, ctx)
         return out
 
     def backward(self, grad_output: np.ndarray) -> None:
         """Accumulate the row-sparse gradient of the last forward; returns None (ids are not float)."""
+        if self.weight_dtype is not None:
+            raise refuse(self, "backward")
         cache = self._cached(self._cache)
         grad = check_grad("grad_output", grad_output, cache.ids.shape + (self.spec.out_dim,))
         if self.weight.requires_grad:
@@ -150,4 +186,4 @@ class HashedNgramEmbedding(Module):
         s = self.settings
         return (f"max_ngram_size={s['max_ngram_size']}, n_embed_per_ngram={s['n_embed_per_ngram']}, "
                 f"n_head_per_ngram={s['n_head_per_ngram']}, layer_id={s['layer_id']}, rows={self.spec.num_rows}, "
-                f"dtype={self.dtype}")
+                f"{'weight_dtype=int8, ' if self.weight_dtype is not None else ''}dtype={self.dtype}")

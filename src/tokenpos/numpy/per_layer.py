@@ -6,7 +6,7 @@ gathered by the token ids, scaled by sqrt(P) as HF rounds it (:mod:`tokenpos.tab
 and reshaped to (..., L, P). The gather is the token embedding's own (``functional.embedding_forward``);
 its backward is the token embedding's row-sparse one, so the lazy optimisers touch only the rows used.
 ``weight_dtype=np.int8`` stores the table quantised (int8 rows, one scale per row, frozen) and dequantises
-the gathered rows only (``tables.formulas.per_layer.dequantize_rows``).
+the gathered rows only (``tables.formulas.quantize.dequantize_rows``).
 
 Shapes: V vocab, L num_layers, P dim (the per-layer width), ids of any shape (...), out (..., L, P).
 """
@@ -18,21 +18,21 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy import functional as F
-from tokenpos.numpy.module import Module, Parameter
-from tokenpos.tables.checks.validation import check_dtype, check_grad, check_token_ids
-from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.formulas.init import init_weight, resolve_rng
-from tokenpos.tables.formulas.per_layer import (
-    dequantize_rows,
-    per_layer_args,
-    per_layer_multiplier,
-    per_layer_repr,
-    quantize_rows,
-    zero_out_of_range,
+from tokenpos.numpy._quantized import (
+    QuantizedTable,
+    check_weight_dtype,
+    fill_quantized,
+    quantized_lookup,
+    quantized_parameters,
+    refuse,
 )
+from tokenpos.numpy.module import Parameter
+from tokenpos.tables.checks.validation import check_dtype, check_grad, check_token_ids
+from tokenpos.tables.formulas.init import init_weight, resolve_rng
+from tokenpos.tables.formulas.per_layer import per_layer_args, per_layer_multiplier, per_layer_repr, zero_out_of_range
 
 
-class PerLayerEmbedding(Module):
+class PerLayerEmbedding(QuantizedTable):
     """Token ids -> one P-vector per layer, (..., L, P), from a single (V, L * P) table.
 
     Args:
@@ -49,7 +49,7 @@ class PerLayerEmbedding(Module):
         dtype: float16, float32 (default) or float64: the table's (and the output's) dtype.
         weight_dtype: None (the table is ``dtype``) or ``np.int8``: the table is stored quantised, ``weight`` int8
             (V, L * P) and ``weight_scale`` (V,) of ``dtype``, one scale per row, both frozen; the gathered rows
-            are dequantised (``tables.formulas.per_layer.dequantize_rows``: q * scale * multiplier in float32,
+            are dequantised (``tables.formulas.quantize.dequantize_rows``: q * scale * multiplier in float32,
             rounded once to ``dtype``). Initial weights are drawn, then quantised (``quantize_rows``); load other
             values with ``load_state_dict``. Inference only: ``backward`` refuses.
         seed / rng: the explicit source of the initial weights.
@@ -69,13 +69,11 @@ class PerLayerEmbedding(Module):
          self.init) = per_layer_args(vocab_size, num_layers, dim, scale, padding_idx, out_of_range, init)
         self.std = std
         self.dtype = check_dtype("dtype", dtype)
-        if weight_dtype is not None and np.dtype(weight_dtype) != np.int8:
-            raise ConfigError(f"weight_dtype must be None (the table is dtype) or int8; got {np.dtype(weight_dtype)}")
-        self.quantized = weight_dtype is not None
+        self.weight_dtype = check_weight_dtype(weight_dtype)
+        self.quantized = self.weight_dtype is not None
         shape = (self.vocab_size, self.num_layers * self.dim)
         if self.quantized:
-            self.weight = Parameter(np.zeros(shape, np.int8), requires_grad=False)
-            self.weight_scale = Parameter(np.zeros(self.vocab_size, self.dtype), requires_grad=False)
+            quantized_parameters(self, shape, self.dtype)
         else:
             self.weight = Parameter(np.empty(shape, self.dtype))
         self.reset_parameters(rng=resolve_rng(seed, rng))
@@ -93,7 +91,7 @@ class PerLayerEmbedding(Module):
         w = init_weight(self.weight.data.shape, self.init, std=self.std, rng=resolve_rng(seed, rng),
                         padding_idx=self.padding_idx)
         if self.quantized:
-            self.weight.data[...], self.weight_scale.data[...] = quantize_rows(w, self.dtype)
+            fill_quantized(self, w)
         else:
             self.weight.data[...] = w
         self.weight.zero_grad()
@@ -106,7 +104,7 @@ class PerLayerEmbedding(Module):
             ids = zero_out_of_range(ids, self.vocab_size)
         ids = check_token_ids(ids, self.vocab_size)
         if self.quantized:                                      # the gathered rows dequantised; nothing kept
-            out = dequantize_rows(self.weight.data, self.weight_scale.data, ids, self.multiplier)  # (..., L * P)
+            out = quantized_lookup(self.weight.data, self.weight_scale.data, ids, self.multiplier)  # (..., L * P)
             self._cache = None
             return out.reshape(*ids.shape, self.num_layers, self.dim)
         out, cache = F.embedding_forward(self.weight.data, ids, scale=self.multiplier,
@@ -118,8 +116,7 @@ class PerLayerEmbedding(Module):
         """Accumulate the row-sparse gradient of the last forward: grad (..., L, P); returns None (ids are not
         float). Rows read for ids >= V (``out_of_range="zero"``) send their gradient to row 0, as in HF."""
         if self.quantized:
-            raise ConfigError("an int8 PerLayerEmbedding is inference only (a frozen quantised table); "
-                              "expected backward on a float table (weight_dtype=None)")
+            raise refuse(self, "backward")
         cache = self._cached(self._cache)
         grad = check_grad("grad_output", grad_output, cache.ids.shape + (self.num_layers, self.dim))
         if self.weight.requires_grad:

@@ -11,7 +11,16 @@ from typing import Any
 import numpy as np
 
 from tokenpos.numpy import functional as F
-from tokenpos.numpy.module import Module, Parameter
+from tokenpos.numpy._quantized import (
+    QuantizedTable,
+    check_weight_dtype,
+    fill_quantized,
+    quantized_attend,
+    quantized_lookup,
+    quantized_parameters,
+    refuse,
+)
+from tokenpos.numpy.module import Parameter
 from tokenpos.tables.checks.tied_loss import check_same_dtype
 from tokenpos.tables.checks.token_table import check_resize, check_table_shape
 from tokenpos.tables.checks.validation import (
@@ -32,7 +41,7 @@ every id in [0, V) exactly when its maximum is below V (a negative id is 2**63 o
 verdict as ``check_token_ids``, which then names the first bad id. Other dtypes, and lists, take that check."""
 
 
-class TokenEmbedding(Module):
+class TokenEmbedding(QuantizedTable):
     """Token ids -> vectors, optionally scaled by sqrt(d_model).
 
     Args:
@@ -43,6 +52,12 @@ class TokenEmbedding(Module):
         scale: a bool switch: multiply the output by ``multiplier`` = sqrt(D) (Vaswani et al.).
         padding_idx: that row starts at zero and never receives gradient from lookups.
         dtype: float16, float32 (default) or float64.
+        weight_dtype: None (the table is ``dtype``) or ``np.int8`` / "int8": the table is stored in 8 bits,
+            ``weight`` (V, D) int8 and ``weight_scale`` (V,) of ``dtype``, both frozen; a lookup dequantises the
+            gathered rows only (``tables.formulas.quantize.dequantize_rows``; the fused kernel with kernels on).
+            A float ``state_dict`` loaded into the layer (or ``from_pretrained(..., weight_dtype=)``) is quantised.
+            Inference only: ``attend`` works (logits against the dequantised table, a block of rows at a time);
+            ``backward``, ``attend_backward``, ``loss`` and ``resize`` raise ConfigError. (float8: torch only.)
         seed / rng: the explicit source of the initial weights.
 
     Shape:
@@ -51,7 +66,7 @@ class TokenEmbedding(Module):
 
     def __init__(self, vocab_size: int, d_model: int, *, init: str = "normal", std: float = 0.02,
                  scale: bool = False, padding_idx: int | None = None, dtype: Any = np.float32,
-                 seed: int | None = None, rng: np.random.Generator | None = None) -> None:
+                 weight_dtype: Any = None, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         super().__init__()
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.d_model = check_positive_int("d_model", d_model)
@@ -59,7 +74,11 @@ class TokenEmbedding(Module):
         self.scale = check_bool("scale", scale)
         self.init, self.std = init, std
         self.dtype = check_dtype("dtype", dtype)
-        self.weight = Parameter(np.empty((self.vocab_size, self.d_model), self.dtype))
+        self.weight_dtype = check_weight_dtype(weight_dtype)
+        if self.weight_dtype is not None:
+            quantized_parameters(self, (self.vocab_size, self.d_model), self.dtype)
+        else:
+            self.weight = Parameter(np.empty((self.vocab_size, self.d_model), self.dtype))
         self.reset_parameters(rng=resolve_rng(seed, rng))
         self._cache: F.EmbeddingCache | None = None
         self._attend_cache: F.AttendCache | None = None
@@ -74,17 +93,29 @@ class TokenEmbedding(Module):
         return math.sqrt(self.d_model) if self.scale else 1.0
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
-        """Re-draw the table from its init scheme; the padding row is zeroed."""
-        self.weight.data[...] = init_weight(self.weight.data.shape, self.init, std=self.std,
-                                            rng=resolve_rng(seed, rng), padding_idx=self.padding_idx)
+        """Re-draw the table from its init scheme (an 8-bit table: then quantised); the padding row is zeroed."""
+        w = init_weight(self.weight.data.shape, self.init, std=self.std, rng=resolve_rng(seed, rng),
+                        padding_idx=self.padding_idx)
+        if self.weight_dtype is not None:
+            fill_quantized(self, w)
+            return
+        self.weight.data[...] = w
         self.weight.zero_grad()
 
     @classmethod
     def from_pretrained(cls, weights: Any, *, freeze: bool = True, padding_idx: int | None = None,
-                        scale: bool = False) -> TokenEmbedding:
-        """Wrap an existing (V, D) array (copied). ``freeze=True`` makes it non-trainable."""
+                        scale: bool = False, weight_dtype: Any = None) -> TokenEmbedding:
+        """Wrap an existing (V, D) array (copied). ``freeze=True`` makes it non-trainable. ``weight_dtype``
+        (int8): the float table quantised, frozen (``freeze=False`` is refused)."""
         w = np.array(weights.detach().cpu().numpy() if hasattr(weights, "detach") else weights)
         check_table_shape(tuple(w.shape))
+        if check_weight_dtype(weight_dtype) is not None:
+            if not freeze or w.dtype.kind != "f":
+                raise refuse(cls, "freeze=False (training)" if not freeze else f"a {w.dtype} table", "int8")
+            layer = cls(w.shape[0], w.shape[1], init="zeros", padding_idx=padding_idx, scale=scale, dtype=w.dtype,
+                        weight_dtype=weight_dtype)
+            fill_quantized(layer, w)
+            return layer
         layer = cls(w.shape[0], w.shape[1], init="zeros", padding_idx=padding_idx, scale=scale, dtype=w.dtype)
         layer.weight.data[...] = w
         layer.weight.requires_grad = not freeze
@@ -98,6 +129,9 @@ class TokenEmbedding(Module):
         vocab = self.vocab_size
         if not (type(ids) is np.ndarray and ids.dtype == INT64 and ids.size and ids.view(np.uint64).max() < vocab):
             ids = check_token_ids(ids, vocab)
+        if self.weight_dtype is not None:                      # 8 bits: the gathered rows dequantised; nothing kept
+            self._cache = None
+            return quantized_lookup(self.weight.data, self.weight_scale.data, ids, self.multiplier)   # (..., D)
         out, cache = F.embedding_forward(self.weight.data, ids, scale=self.multiplier if self.scale else 1.0,
                                          padding_idx=self.padding_idx)
         object.__setattr__(self, "_cache", cache)          # a plain attribute (``Module.__setattr__``: one call more)
@@ -105,6 +139,8 @@ class TokenEmbedding(Module):
 
     def backward(self, grad_output: np.ndarray) -> None:
         """Accumulate the row-sparse gradient of the last forward; returns None (ids are not float)."""
+        if self.weight_dtype is not None:
+            raise refuse(self, "backward")
         cache = self._cached(self._cache)
         grad = check_grad("grad_output", grad_output, cache.ids.shape + (self.d_model,))
         if self.weight.requires_grad:
@@ -117,6 +153,9 @@ class TokenEmbedding(Module):
         dtype (DtypeError otherwise, as ``loss`` and the torch twin)."""
         h = check_float_array("h", h)
         check_feature_dim("h", h.shape, self.d_model)
+        if self.weight_dtype is not None:                       # 8 bits: a block of dequantised rows at a time
+            self._attend_cache = None
+            return quantized_attend(self.weight.data, self.weight_scale.data, h)
         if h.dtype != self.weight.data.dtype:
             check_same_dtype(h.dtype, self.weight.data.dtype)                  # raises
         logits, self._attend_cache = F.attend_forward(h, self.weight.data)
@@ -128,6 +167,8 @@ class TokenEmbedding(Module):
         Like a tied ``nn.Linear``, the projection is dense: every row, the padding row included,
         receives gradient here.
         """
+        if self.weight_dtype is not None:
+            raise refuse(self, "attend_backward")
         cache = self._cached(self._attend_cache, "attend_backward")
         g = check_grad("grad_logits", grad_logits, cache.h.shape[:-1] + (self.vocab_size,))
         dh, dweight = F.attend_backward(g, cache)
@@ -143,6 +184,8 @@ class TokenEmbedding(Module):
         of logits (``loss_backward`` then only scales them). Raises as that function does (a bad target:
         TokenIdError).
         """
+        if self.weight_dtype is not None:
+            raise refuse(self, "loss (the tied loss trains the table)")
         loss, self._loss_cache = F.tied_cross_entropy_forward(
             h, self.weight.data, targets, ignore_index=ignore_index, label_smoothing=label_smoothing,
             reduction=reduction, softcap=softcap, chunk_size=chunk_size, with_grad=self.training)
@@ -166,6 +209,8 @@ class TokenEmbedding(Module):
         drawn from an init scheme. ``pad_to_multiple_of`` rounds the new size up. Gradients and
         caches are cleared; optimiser state for this table must be rebuilt.
         """
+        if self.weight_dtype is not None:
+            raise refuse(self, "resize")
         new_v = check_resize(self.vocab_size, new_vocab_size, pad_to_multiple_of=pad_to_multiple_of, init=init,
                              inits=RESIZE_INITS, allow_shrink=allow_shrink, padding_idx=self.padding_idx)
         old = self.weight.data
@@ -190,5 +235,7 @@ class TokenEmbedding(Module):
             s += f", padding_idx={self.padding_idx}"
         if self.scale:
             s += ", scale=True"
+        if self.weight_dtype is not None:
+            s += ", weight_dtype=int8"
         return s + f", dtype={self.dtype}"
 

@@ -5,8 +5,8 @@ The torch twin of :mod:`tokenpos.numpy.per_layer`: the same arguments, scale and
 embedding's op (``tokenpos::embedding`` through :func:`tokenpos.torch.ops.entry.embed`: autograd, compile
 and the fused kernels as for ``TokenEmbedding``), the id checks the token embedding's
 (:func:`~tokenpos.torch._checks.index_tensor`, then the shared ``TokenIdError`` on the error path).
-``weight_dtype=torch.int8``: int8 rows and per-row scales gathered by ``torch.embedding`` (bounds checked
-there), then dequantised as the NumPy layer defines it; no fused kernel.
+``weight_dtype=torch.int8`` / ``torch.float8_e4m3fn``: 8-bit rows and per-row scales, dequantised inside the
+gather (``tokenpos::quantized_embedding``: numba on the CPU, Triton on CUDA), as the NumPy layer defines it.
 
 Shapes: V vocab, L num_layers, P dim (the per-layer width), ids of any shape (...), out (..., L, P).
 """
@@ -27,7 +27,6 @@ from tokenpos.tables.formulas.per_layer import (
     per_layer_args,
     per_layer_multiplier,
     per_layer_repr,
-    quantize_rows,
     zero_out_of_range,
 )
 from tokenpos.torch._checks import (
@@ -39,6 +38,14 @@ from tokenpos.torch._checks import (
 )
 from tokenpos.torch._init import empty_table, fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
+from tokenpos.torch._quantized import (
+    QuantizedTable,
+    check_weight_dtype,
+    fill_quantized_,
+    quantized_lookup,
+    quantized_parameters,
+)
+from tokenpos.torch.host_table import host_of, host_table, table_device
 from tokenpos.torch.ops.entry import embed
 
 _COMPARABLE = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)   # dtypes with a ``<`` kernel
@@ -63,7 +70,7 @@ def in_table_ids(ids: Any, vocab_size: int, device: torch.device) -> Any:
     return torch.as_tensor(arr, device=device) if arr.dtype.kind in "iu" else ids
 
 
-class PerLayerEmbedding(TokenposModule):
+class PerLayerEmbedding(QuantizedTable, TokenposModule):
     """Token ids -> one P-vector per layer, (..., L, P), from a single (V, L * P) table. The torch twin of
     the NumPy layer.
 
@@ -79,12 +86,16 @@ class PerLayerEmbedding(TokenposModule):
         init, std: the init scheme and the std of the normal ones (as ``TokenEmbedding``).
         sparse: row-sparse ``weight.grad`` (as ``nn.Embedding(sparse=True)``); for a table too large for a dense
             (V, L * P) gradient.
+        storage: "device" (the table lives where the layer is moved) or "host": the table stays in host memory and
+            only the gathered rows go to the layer's device (``prefetch`` starts that early; a trainable table's
+            gradient is then row-sparse on the host, ``sparse=True``). See ``tokenpos.torch.host_table``.
         device, dtype: factory kwargs (dtype: float16, bfloat16, float32, float64; None = default).
-        weight_dtype: None (the table is ``dtype``) or ``torch.int8``: the table is stored quantised, ``weight``
-            int8 (V, L * P) and ``weight_scale`` (V,) of ``dtype``, both frozen (a cast of the module casts the
-            scales, and so the output); the gathered rows are dequantised as the NumPy layer does
-            (``tables.formulas.per_layer.dequantize_rows``: q * scale * multiplier in float32, rounded once).
-            Inference only: the table takes no gradient.
+        weight_dtype: None (the table is ``dtype``), ``torch.int8`` or ``torch.float8_e4m3fn``: the table is stored
+            in 8 bits, ``weight`` (V, L * P) of that dtype and ``weight_scale`` (V,) of ``dtype``, both frozen (a cast
+            of the module casts the scales, and so the output, never the 8-bit values); the gathered rows are
+            dequantised inside the gather (``tables.formulas.quantize.dequantize_rows``: q * scale * multiplier in
+            float32, rounded once). A float ``state_dict`` loaded into the layer is quantised. Inference only: the
+            table takes no gradient.
         seed / rng: initialise exactly as the NumPy backend does; otherwise a seed is drawn from
             ``generator`` (or torch's default generator).
 
@@ -96,10 +107,12 @@ class PerLayerEmbedding(TokenposModule):
 
     def __init__(self, vocab_size: int, num_layers: int, dim: int, *, scale: bool = True,
                  padding_idx: int | None = None, out_of_range: str = "raise", init: str = "normal",
-                 std: float = 0.02, sparse: bool = False, device: Any = None, dtype: Any = None,
-                 weight_dtype: Any = None, seed: int | None = None, rng: np.random.Generator | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 std: float = 0.02, sparse: bool = False, storage: str = "device", device: Any = None,
+                 dtype: Any = None, weight_dtype: Any = None, seed: int | None = None,
+                 rng: np.random.Generator | None = None, generator: torch.Generator | None = None) -> None:
         super().__init__()
+        self._host = host_table(storage, device)        # storage="host": the table stays on the host
+        device = table_device(self._host, device)
         (self.vocab_size, self.num_layers, self.dim, self.scale, self.padding_idx, self.out_of_range,
          self.init) = per_layer_args(vocab_size, num_layers, dim, scale, padding_idx, out_of_range, init)
         self.sparse = check_bool("sparse", sparse)
@@ -107,18 +120,16 @@ class PerLayerEmbedding(TokenposModule):
         # the multiplier of each table dtype, read by the weight's dtype of the moment (a cast changes it)
         self._multipliers = {dt: per_layer_multiplier(self.dim, str(dt).removeprefix("torch."))
                              if self.scale else 1.0 for dt in DTYPES}
-        if weight_dtype not in (None, torch.int8):
-            raise ConfigError(f"weight_dtype must be None (the table is dtype) or torch.int8; got {weight_dtype!r}")
-        self.quantized = weight_dtype is not None
+        self.weight_dtype = check_weight_dtype(weight_dtype)
+        self.quantized = self.weight_dtype is not None
         if self.quantized and self.sparse:
-            raise ConfigError("sparse=True is a gradient layout; an int8 table takes no gradient")
+            raise ConfigError("sparse=True is a gradient layout; an 8-bit table takes no gradient")
         shape = (self.vocab_size, self.num_layers * self.dim)
-        if self.quantized:
-            self.weight = nn.Parameter(torch.zeros(shape, dtype=torch.int8, device=device), requires_grad=False)
-            self.weight_scale = nn.Parameter(torch.zeros(self.vocab_size, dtype=resolve_dtype(dtype), device=device),
-                                             requires_grad=False)
+        if self.weight_dtype is not None:
+            quantized_parameters(self, shape, self.weight_dtype, resolve_dtype(dtype), device)
         else:
             self.weight = nn.Parameter(empty_table(*shape, device=device, dtype=resolve_dtype(dtype)))
+        self.sparse = self.sparse or (self._host is not None and self.weight.requires_grad)   # host: row-sparse
         self.reset_parameters(seed=seed, rng=rng, generator=generator)
 
     @property
@@ -129,25 +140,25 @@ class PerLayerEmbedding(TokenposModule):
 
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None,
                          generator: torch.Generator | None = None) -> None:
-        """Re-draw the table from its init scheme (an int8 table: then quantised); the padding row is zeroed."""
+        """Re-draw the table from its init scheme (an 8-bit table: then quantised); the padding row is zeroed."""
         if not self.quantized:
             fill_init_(self.weight, self.init, self.std, resolve_torch_rng(seed, rng, generator), self.padding_idx)
             return
-        scale = self.weight_scale
-        if scale.is_meta:
+        if self.weight_scale.is_meta:
             return
-        w = init_weight((self.vocab_size, self.num_layers * self.dim), self.init, std=self.std,
-                        rng=resolve_torch_rng(seed, rng, generator), padding_idx=self.padding_idx)
-        # bfloat16 scales (NumPy has none): computed in float32, rounded by the copy below
-        q, s = quantize_rows(w, np.float32 if scale.dtype == torch.bfloat16 else str(scale.dtype)[6:])
-        with torch.no_grad():
-            self.weight.copy_(torch.from_numpy(q))
-            scale.copy_(torch.from_numpy(s))
+        fill_quantized_(self, init_weight((self.vocab_size, self.num_layers * self.dim), self.init, std=self.std,
+                                          rng=resolve_torch_rng(seed, rng, generator), padding_idx=self.padding_idx))
 
     def forward(self, ids: Any) -> torch.Tensor:
         """ids (...) -> (..., L, P) = (W[ids] * multiplier) viewed as L rows of P. Bad ids raise TokenIdError
         naming the value, the index and the range, as ``TokenEmbedding``'s do (ids >= V read row 0 with
         ``out_of_range="zero"``)."""
+        if self._host is not None:           # storage="host": prefetched rows, or gathered on the host and sent
+            return self._host.forward(self, {"ids": ids})
+        return self._lookup(ids)
+
+    def _lookup(self, ids: Any) -> torch.Tensor:
+        """ids (...) -> (..., L, P): the lookup on the table where it is (forward; a host table's gather)."""
         weight = self.weight
         vocab = self.vocab_size
         if self.out_of_range == "zero":
@@ -155,7 +166,7 @@ class PerLayerEmbedding(TokenposModule):
         ids = index_tensor(ids, vocab, weight)
         try:
             if self.quantized:
-                out = self._dequantized(weight, ids)                                               # (..., L * P)
+                out = quantized_lookup(self, ids, self.multiplier)                                 # (..., L * P)
             elif self.sparse:
                 out = F.embedding(ids, weight, self.padding_idx, sparse=True)                   # (..., L * P)
                 out = out * self.multiplier if self.scale else out
@@ -167,19 +178,28 @@ class PerLayerEmbedding(TokenposModule):
             raise
         return out.unflatten(-1, (self.num_layers, self.dim))                                    # (..., L, P)
 
-    def _dequantized(self, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """q[ids] * scale[ids] * multiplier, (..., L * P): two products in float32 (float64 for float64 scales),
-        rounded once to the scales' dtype; only the gathered rows are read and dequantised."""
-        scale = self.weight_scale
-        ct = torch.float64 if scale.dtype == torch.float64 else torch.float32
-        q = torch.embedding(weight, ids)                                                   # (..., L * P) int8
-        s = torch.embedding(scale.unsqueeze(-1), ids)                                      # (..., 1)
-        return ((q.to(ct) * s.to(ct)) * self.multiplier).to(scale.dtype)
+    # -- storage="host" ----------------------------------------------------------------------
+    def prefetch(self, ids: Any) -> None:
+        """Gather the rows of host ids (...) now and start their copy to the output device; the next ``forward``
+        (not served by an older prefetch) returns them, after checking its ids are these. storage="host" only
+        (``tokenpos.torch.host_table``)."""
+        host_of(self).prefetch(self, {"ids": ids})
+
+    def clear_prefetch(self) -> None:
+        """Drop every queued prefetch (after an interrupted step). storage="host" only."""
+        host_of(self).clear()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        if self._host is None:
+            return super()._apply(fn, recurse)
+        return self._host.apply(fn, recurse, super()._apply)       # the table stays on the host; outputs move
 
     def extra_repr(self) -> str:
         s = per_layer_repr(self.vocab_size, self.num_layers, self.dim, self.padding_idx, self.scale, self.out_of_range)
         if self.sparse:
             s += ", sparse=True"
+        if self._host is not None:
+            s += ", storage='host'"
         if self.quantized:
-            return s + f", weight_dtype=torch.int8, dtype={self.weight_scale.dtype}"
+            return s + f", weight_dtype={self.weight_dtype}, dtype={self.weight_scale.dtype}"
         return s + f", dtype={self.weight.dtype}"

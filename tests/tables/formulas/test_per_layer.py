@@ -6,13 +6,8 @@ import numpy as np
 import pytest
 
 from tokenpos.tables.errors import ConfigError
-from tokenpos.tables.formulas.per_layer import (
-    dequantize_rows,
-    per_layer_multiplier,
-    quantize_rows,
-    round_to_bfloat16,
-    zero_out_of_range,
-)
+from tokenpos.tables.formulas.per_layer import per_layer_multiplier, round_to_bfloat16, zero_out_of_range
+from tokenpos.tables.formulas.quantize import dequantize_rows, quantize_rows
 
 torch = pytest.importorskip("torch")
 

@@ -93,31 +93,3 @@ def zero_out_of_range(ids: Any, vocab_size: int) -> Any:
         return arr
     return np.where(arr < vocab_size, arr, 0).astype(arr.dtype, copy=False)
 
-
-INT8_MAX = 127
-"""The largest magnitude of a quantised entry: symmetric int8 in [-127, 127] (-128 is never used)."""
-
-
-def quantize_rows(weight: np.ndarray, scale_dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-row int8 quantisation of a (V, C) float table: (q (V, C) int8, scale (V,) of ``scale_dtype``).
-
-    ``scale[r] = max|W[r]| / 127`` rounded to ``scale_dtype``; ``q[r] = clip(rint(W[r] / scale[r]), -127, 127)``
-    (computed in float64 from the rounded scale; a zero row has scale 0 and q 0). The table a quantised
-    ``PerLayerEmbedding`` reads is the dequantisation of these stored values (:func:`dequantize_rows`).
-    """
-    w = np.asarray(weight, dtype=np.float64)
-    scale = (np.abs(w).max(axis=1, initial=0.0) / INT8_MAX).astype(scale_dtype)
-    s = scale.astype(np.float64)[:, None]                                    # (V, 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(s > 0, np.rint(w / s), 0.0)
-    return np.clip(q, -INT8_MAX, INT8_MAX).astype(np.int8), scale
-
-
-def dequantize_rows(q: np.ndarray, scale: np.ndarray, ids: np.ndarray, multiplier: float) -> np.ndarray:
-    """The definition of a quantised table's lookup: q (V, C) int8, scale (V,), ids (...) -> (..., C) in scale's
-    dtype = ``(float(q[ids]) * float(scale[ids])) * float(multiplier)``, two products in float32 (float64 for a
-    float64 scale), rounded once to scale's dtype. Both backends compute exactly this, on the gathered rows only.
-    """
-    ct = np.dtype(np.float64 if scale.dtype == np.float64 else np.float32)
-    rows = q[ids].astype(ct) * scale[ids].astype(ct)[..., None]              # (..., C)
-    return (rows * ct.type(multiplier)).astype(scale.dtype, copy=False)

@@ -5,6 +5,8 @@
   ``tokenpos::rope_qk_backward`` (:mod:`.rope`)
 - ``tokenpos::ngram_embedding`` / ``tokenpos::ngram_embedding_backward`` (:mod:`.ngram`): the hashed n-gram
   lookup (Engram), hash and gather in one pass
+- ``tokenpos::quantized_embedding`` (:mod:`.quantized`): an 8-bit table's gather, dequantised in the same pass
+  (int8 or float8 e4m3fn bits, a scale per row); inference only (no autograd: the table is frozen)
 - ``tokenpos::tied_cross_entropy`` / ``tokenpos::tied_cross_entropy_backward`` (:mod:`.tied_loss`): the tied
   output projection and its cross-entropy, chunked torch matmuls on every device (:mod:`.tied_loss_blocks`;
   first order only, :mod:`.first_order`)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tokenpos._config import kernels_enabled
 from tokenpos.kernels import ngram as kernel
 from tokenpos.tables.checks.validation import shape_message
 from tokenpos.tables.errors import ConfigError
@@ -91,6 +92,18 @@ def table_rows(ids: torch.Tensor, cu_seqlens: torch.Tensor | None, context: torc
             h = (k - 1) * heads + j
             cols.append(torch.remainder(mix, primes[h]) + offsets[h])
     return torch.stack(cols, dim=-1).reshape(*ids.shape, primes.shape[0])
+
+
+def hashed_rows(ids: torch.Tensor, cu_seqlens: torch.Tensor | None, context: torch.Tensor | None,
+                compress: torch.Tensor, multipliers: torch.Tensor, primes: torch.Tensor, offsets: torch.Tensor,
+                pad: int) -> torch.Tensor:
+    """(..., K) int64 table rows, as :func:`table_rows`: by the numba kernel on the CPU (kernels on, no
+    transform, not traced), else by :func:`table_rows`. A ``sparse=True`` table gathers them with ``F.embedding``."""
+    if ids.is_cpu and kernels_enabled() and not transforms_active() and not torch.compiler.is_compiling():
+        x, c, m, p, o = (np.ascontiguousarray(np_view(t), dtype=np.int64)
+                         for t in (ids, compress, multipliers, primes, offsets))
+        return torch.from_numpy(kernel.ngram_rows(x, c, m, p, o, pad, cu_seqlens=_np(cu_seqlens), context=_np(context)))
+    return table_rows(ids, cu_seqlens, context, compress, multipliers, primes, offsets, pad)
 
 
 @torch.library.custom_op("tokenpos::ngram_embedding", mutates_args=())

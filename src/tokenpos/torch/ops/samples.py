@@ -17,6 +17,7 @@ import torch
 
 from tokenpos.torch.ops.embedding import embedding, embedding_backward
 from tokenpos.torch.ops.ngram import ngram_samples
+from tokenpos.torch.ops.quantized import quantized_samples
 from tokenpos.torch.ops.rope import rope, rope_backward, rope_qk, rope_qk_backward
 from tokenpos.torch.ops.tied_loss import tied_cross_entropy, tied_cross_entropy_backward
 
@@ -63,6 +64,7 @@ def samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[st
     yield from _samples(device)
     yield from tied_loss_samples(device)
     yield from ngram_samples(device)
+    yield from quantized_samples(device)
 
 
 def _samples(device: Any = "cpu") -> Iterator[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
