@@ -1,4 +1,5 @@
-"""tokenpos.torch.distributed: the token table and its tied cross-entropy split by vocab over ranks.
+"""tokenpos.torch.distributed: the token table and its tied cross-entropy split by vocab over ranks, and the
+hashed n-gram table split by rows.
 
 Built on ``torch.distributed`` (gloo on CPU, NCCL on GPU); every rank runs the same code (SPMD).
 
@@ -11,11 +12,12 @@ Built on ``torch.distributed`` (gloo on CPU, NCCL on GPU); every rank runs the s
     >>> loss = vocab_parallel_cross_entropy(emb.attend(h), targets, vocab_size=emb.vocab_size)
 
 Collectives: forward of the embedding 1, ``attend`` 0 (its backward 1), cross-entropy 3 (its backward 0);
-none at world size 1.
+``VocabParallelHashedNgramEmbedding`` forward 1 (2 with the table on the CPU), backward 0; none at world size 1.
 """
 
 from tokenpos.torch.distributed.checkpoint import read_file
 from tokenpos.torch.distributed.cross_entropy import vocab_parallel_cross_entropy
 from tokenpos.torch.distributed.embedding import VocabParallelEmbedding
+from tokenpos.torch.distributed.ngram import VocabParallelHashedNgramEmbedding
 
-__all__ = ["VocabParallelEmbedding", "read_file", "vocab_parallel_cross_entropy"]
+__all__ = ["VocabParallelEmbedding", "VocabParallelHashedNgramEmbedding", "read_file", "vocab_parallel_cross_entropy"]

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tokenpos.tables.errors import ConfigError
+from tokenpos.tables.errors import ConfigError, DtypeError, KernelBoundError, PositionError, TokenIdError
+from tokenpos.torch._init import torch_seed
 
 
 def resolve_group(group: Any = None) -> tuple[Any, int, int]:
@@ -63,17 +64,59 @@ def all_ranks_ok(ok: bool, group: Any, world: int) -> bool:
     return float(all_reduce(flag, group)[0]) == 0.0
 
 
+AGREED_ERRORS: tuple[type[ValueError], ...] = (KernelBoundError, TokenIdError, PositionError, DtypeError, ConfigError)
+"""The refusals :func:`raise_together` carries over a group (most specific first: its code is the first match)."""
+
+
+def raise_together(error: BaseException | None, group: Any, world: int, what: str) -> None:
+    """Raise on every rank of ``group`` when any rank refused ``what``, else return: this rank's own ``error``,
+    or, on a rank that had none, an error of the class another rank raised (its code in
+    :data:`AGREED_ERRORS`; the most specific when ranks differ) saying so. One all-reduce (max) of that code
+    on the group's :func:`collective_device`; none at W = 1. ``error`` must be one of :data:`AGREED_ERRORS`.
+    """
+    if world == 1:
+        if error is not None:
+            raise error
+        return
+    code = 0 if error is None else next(i + 1 for i, c in enumerate(AGREED_ERRORS) if isinstance(error, c))
+    flag = torch.zeros(1, dtype=torch.int64, device=collective_device(group))
+    flag.fill_(len(AGREED_ERRORS) + 1 - code if code else 0)          # max picks the smallest (most specific) code
+    agreed = int(all_reduce(flag, group, dist.ReduceOp.MAX)[0])
+    if error is not None:
+        raise error
+    if agreed:
+        cls = AGREED_ERRORS[len(AGREED_ERRORS) - agreed]
+        raise cls(f"another rank of the group refused its {what} (a {cls.__name__}); every rank refuses the call "
+                  f"together and nothing was computed; expected the same valid {what} on every rank")
+
+
+def shared_seed(group: Any, rank: int, world: int, generator: torch.Generator | None = None) -> int:
+    """A seed drawn by rank 0 from ``generator`` (torch's default generator when None) and given to every rank of
+    ``group`` (one all-reduce; none at W = 1). Only rank 0's generator advances, so every shard comes from the one
+    table a one-process layer draws from rank 0's generator."""
+    seed = torch_seed(generator) if rank == 0 else 0
+    if world > 1:
+        # on the device the group's backend takes (CUDA for NCCL), whatever the table's (CPU, meta)
+        shared = torch.zeros(1, dtype=torch.int64, device=collective_device(group))
+        shared.fill_(seed)
+        seed = int(all_reduce(shared, group)[0])
+    return seed
+
+
 class _ReduceFromGroup(torch.autograd.Function):
     """x (...) -> sum over ranks of x (...); the gradient passes through unchanged."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: Any, in_place: bool) -> torch.Tensor:
+        if in_place:
+            ctx.mark_dirty(x)
+            return all_reduce(x, group)
         out = x.clone(memory_format=torch.contiguous_format)
         return all_reduce(out, group)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return grad, None
+        return grad, None, None
 
 
 class _CopyToGroup(torch.autograd.Function):
@@ -89,13 +132,15 @@ class _CopyToGroup(torch.autograd.Function):
         return all_reduce(grad.clone(memory_format=torch.contiguous_format), ctx.group), None
 
 
-def reduce_from_group(x: torch.Tensor, group: Any, world: int) -> torch.Tensor:
-    """Sum ``x`` over the ranks of ``group`` (one all-reduce in forward, none in backward)."""
+def reduce_from_group(x: torch.Tensor, group: Any, world: int, *, in_place: bool = False) -> torch.Tensor:
+    """Sum ``x`` over the ranks of ``group`` (one all-reduce in forward, none in backward). ``in_place``: ``x`` is
+    a fresh contiguous tensor of the caller's, summed where it is (no copy; autograd sees it modified)."""
     if world == 1:
         return x
+    in_place = in_place and x.is_contiguous()
     if torch.is_grad_enabled() and x.requires_grad:
-        return _ReduceFromGroup.apply(x, group)
-    return all_reduce(x.clone(memory_format=torch.contiguous_format), group)
+        return _ReduceFromGroup.apply(x, group, in_place)
+    return all_reduce(x if in_place else x.clone(memory_format=torch.contiguous_format), group)
 
 
 def copy_to_group(x: torch.Tensor, group: Any, world: int) -> torch.Tensor:

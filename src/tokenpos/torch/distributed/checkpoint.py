@@ -1,10 +1,12 @@
-"""Whole-table state of a vocab-parallel embedding: gather, slice, and safetensors files on disk.
+"""Whole-table state of a row-sharded layer (vocab-parallel embedding, hashed n-gram table): gather, slice, and
+safetensors files on disk.
 
-Shapes: V vocab (unpadded), D d_model, Vl rows per rank, W world size.
+Shapes: V whole-table rows (unpadded: the vocab, or a hashed table's R), D row width, Vl rows per rank, W world
+size. A layer says where its shard sits through ``layer.row_shard`` (:class:`RowShard`).
 
-The file format is the one-process ``TokenEmbedding`` checkpoint: one ``weight`` (V, D) tensor, metadata
-``{"format": "tokenpos", "class": "TokenEmbedding"}``. So a table written at W = 4 loads at W = 2, at
-W = 1, and into a one-process ``TokenEmbedding``, exactly (resharding is slicing).
+The file format is the one-process layer's checkpoint: one ``weight`` (V, D) tensor, metadata
+``{"format": "tokenpos", "class": ...}`` (``TokenEmbedding``, ``HashedNgramEmbedding``). So a table written at
+W = 4 loads at W = 2, at W = 1, and into the one-process layer, exactly (resharding is slicing).
 
 Failures never leave ranks behind in a collective: ``save_full`` and ``load_full`` end with one
 all-reduce of a failure flag, so if any rank failed, every rank raises.
@@ -13,6 +15,7 @@ all-reduce of a failure flag, so if any rank failed, every rank raises.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,19 @@ from tokenpos.tables.errors import StateDictError
 from tokenpos.torch.distributed._comm import all_ranks_ok
 
 FILE_METADATA = {"format": "tokenpos", "class": "TokenEmbedding"}
+
+
+@dataclass(frozen=True)
+class RowShard:
+    """Where a rank's shard sits in the whole (rows, cols) table: its first row ``start`` and its ``num_real``
+    rows of the table (any further local rows are zero padding); ``file_class``: the one-process layer whose
+    checkpoint format the whole table is written in."""
+
+    rows: int
+    cols: int
+    start: int
+    num_real: int
+    file_class: str = "TokenEmbedding"
 
 
 class _Spec:
@@ -50,7 +66,8 @@ def _checked_weight(layer: Any, state_dict: Mapping[str, Any], strict: bool = Tr
     """The (V, D) ``weight`` of a whole-table state_dict, checked (keys, shape; the dtype too with ``same_dtype``:
     the shard's, no cast) before any write."""
     given = {k: _Spec(v) for k, v in state_dict.items()}
-    shape: tuple[int, ...] = (int(layer.vocab_size), int(layer.d_model))
+    shard: RowShard = layer.row_shard
+    shape: tuple[int, ...] = (int(shard.rows), int(shard.cols))
     dtype = layer.weight.dtype if same_dtype or "weight" not in given else given["weight"].dtype
     expected: dict[str, tuple[tuple[int, ...], Any]] = {"weight": (shape, dtype)}
     check_state_dict(given, expected, strict=strict, layer=f"{type(layer).__name__} (whole table)")
@@ -62,7 +79,7 @@ def _checked_weight(layer: Any, state_dict: Mapping[str, Any], strict: bool = Tr
 
 @torch.no_grad()
 def _write_rows(layer: Any, full: torch.Tensor) -> None:
-    start, n = layer.vocab_start, layer.num_real_rows
+    start, n = layer.row_shard.start, layer.row_shard.num_real
     layer.weight[:n].copy_(full[start:start + n])
     layer.weight[n:].zero_()                                                  # padding rows
 
@@ -85,7 +102,8 @@ def save_full(layer: Any, path: str | Path) -> None:
     error: BaseException | None = None
     if layer.rank == 0:
         try:
-            atomic_write_bytes(path, save({"weight": full.contiguous().cpu()}, metadata=FILE_METADATA))
+            atomic_write_bytes(path, save({"weight": full.contiguous().cpu()},
+                                           metadata={**FILE_METADATA, "class": layer.row_shard.file_class}))
         except (OSError, ValueError) as exc:
             error = exc
     if not all_ranks_ok(error is None, layer.group, layer.world_size):

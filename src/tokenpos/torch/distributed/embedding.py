@@ -28,17 +28,10 @@ from tokenpos.tables.checks.validation import check_choice, check_feature_dim, c
 from tokenpos.tables.formulas.init import INIT_SCHEMES, resolve_rng
 from tokenpos.tables.formulas.vocab_parallel import padded_vocab_size, shard_range
 from tokenpos.torch._checks import check_float_tensor, check_target_values, check_token_id_tensor, resolve_dtype
-from tokenpos.torch._init import torch_seed
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.distributed import checkpoint
-from tokenpos.torch.distributed._comm import (
-    all_reduce,
-    collective_device,
-    copy_to_group,
-    reduce_from_group,
-    resolve_group,
-)
-from tokenpos.torch.distributed._lookup import local_lookup
+from tokenpos.torch.distributed._comm import copy_to_group, reduce_from_group, resolve_group, shared_seed
+from tokenpos.torch.distributed._lookup import masked_lookup
 from tokenpos.torch.distributed._shard_init import shard_init
 from tokenpos.torch.distributed.tied_loss import VocabParallelTiedLoss
 from tokenpos.torch.ops.tied_loss import check_tensors
@@ -96,6 +89,11 @@ class VocabParallelEmbedding(TokenposModule):
         return max(0, min(self.vocab_end, self.vocab_size) - self.vocab_start)
 
     @property
+    def row_shard(self) -> checkpoint.RowShard:
+        """This shard's place in the whole (V, D) table (what the checkpoint functions read)."""
+        return checkpoint.RowShard(self.vocab_size, self.d_model, self.vocab_start, self.num_real_rows)
+
+    @property
     def multiplier(self) -> float:
         """sqrt(D) when ``scale`` else 1.0."""
         return math.sqrt(self.d_model) if self.scale else 1.0
@@ -111,12 +109,7 @@ class VocabParallelEmbedding(TokenposModule):
     def reset_parameters(self, *, seed: int | None = None, rng: np.random.Generator | None = None) -> None:
         """Re-draw this rank's rows of the one-process table (see the class doc for seed / rng)."""
         if seed is None and rng is None:                         # rank 0's draw, on every rank
-            seed = torch_seed() if self.rank == 0 else 0            # only rank 0's generator advances
-            if self.world_size > 1:
-                # on the device the group's backend takes (CUDA for NCCL), whatever the table's (CPU, meta)
-                shared = torch.zeros(1, dtype=torch.int64, device=collective_device(self.group))
-                shared.fill_(seed)
-                seed = int(all_reduce(shared, self.group)[0])
+            seed = shared_seed(self.group, self.rank, self.world_size)
         gen = resolve_rng(seed, rng)
         if self.weight.is_meta:
             return
@@ -133,12 +126,8 @@ class VocabParallelEmbedding(TokenposModule):
     def forward(self, ids: Any) -> torch.Tensor:
         """ids (...) -> (..., D), one all-reduce. Bad ids raise TokenIdError on every rank, before it."""
         ids = self._checked_ids(ids)
-        local = ids.long() - self.vocab_start                                  # (...)
-        owned = (local >= 0) & (local < self.num_local_rows)                   # (...)
-        local = torch.where(owned, local, torch.zeros_like(local))
-        part = local_lookup(self.weight, local, self.multiplier, self.local_padding_idx)   # (..., D)
-        part = part.masked_fill(~owned.unsqueeze(-1), 0.0)                    # rows other ranks own
-        return reduce_from_group(part, self.group, self.world_size)
+        part = masked_lookup(self.weight, ids, self.vocab_start, self.multiplier, self.local_padding_idx)  # (..., D)
+        return reduce_from_group(part, self.group, self.world_size, in_place=True)               # part is fresh
 
     # -- tied output projection --------------------------------------------------------------
     def attend(self, h: torch.Tensor) -> torch.Tensor:
