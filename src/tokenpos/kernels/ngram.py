@@ -13,10 +13,22 @@ back (inside the document, else the document's context ``ctx[s]`` right-aligned,
 
 :func:`tokenpos.tables.formulas.ngram_hash.ngram_hash_ids` is the formula (the reference's hashing, bit for bit).
 Tokens run in blocks of :data:`BLOCK`: a block's K rows per token are hashed into a (BLOCK, K) scratch, then
-copied (the copies' independent reads overlap out of order); no (T, K) index array is ever made. A software
-prefetch of the block's rows before the copies measured slower (on a 2-core Xeon guest, B = 16, L = 2048, K = 16,
-Dh = 64, after a matmul: 48.6 ms against 37.1 ms without; the plain gather of the same rows 31.5 ms) and is not
-done. Blocks run in parallel above :data:`PARALLEL_BYTES` of output, serially below.
+copied (the copies' independent reads overlap out of order); no (T, K) index array is ever made. Per token the
+n - 1 mixes come first, then each n's H remainders in a loop of their own (:func:`fast_mod`, branch-free, so that
+loop runs as vectors). While a block is copied, the ``compress`` entry of every next-block token is prefetched
+into L2: that lookup (a random read of a Vo-entry table which the copies evict from the caches) was most of the
+hashing's cost. Blocks run in parallel above :data:`PARALLEL_BYTES` of output, serially below.
+
+Measured (2-core Xeon guest, K = 16, Dh = 64, 512 MiB table; the serial cores by thread time against a serial
+gather of the same rows, B = 8, L = 2048, best of 30-40 under load): the hashing is not overlapped with the copies,
+so its cost adds to the gather's. The old loop (a branching remainder per head inside the mix loop) ran 0.76-0.78x
+the gather; the split loop 0.85-0.87x; with the prefetch of ``compress`` 0.92-0.95x. Not kept: hashing a token a
+few tokens ahead inside the copy loop (a ring of rows instead of blocks), 0.61-0.64x with or without a prefetch of
+the hashed rows into L1 or L2; block sizes 16 and 256 (as 64). A prefetch of the block's table rows before the
+copies measured slower before (B = 16, L = 2048, after a matmul: 48.6 ms against 37.1 ms without; the plain
+gather 31.5 ms). In model conditions (``benchmarks/ngram_bench.py``, quiet, each call after a matmul) the
+parallel forward went from 0.67-0.77x the random-gather limit to 0.92-0.96x (best; 0.88-0.92 median) at B = 16,
+L = 2048 and 0.86-0.93x at B = 4, L = 1024.
 
 Backward: the same hashes give every (token, head)'s row; the gradient slices are summed per unique row (float64
 sums, the embedding backward's segment sum) into a row-sparse gradient (unique sorted rows, summed slices).
@@ -35,46 +47,55 @@ from numba import njit, prange
 
 from tokenpos.kernels._backward import _group, _segment_sum_core
 from tokenpos.kernels._launch import launch
+from tokenpos.kernels._prefetch import prefetch_line_l2
 from tokenpos.kernels._threading import parallel, parallel_guard
 from tokenpos.kernels.embedding import PREFETCH_AHEAD, PREFETCH_FAR, _unique_ids
 from tokenpos.tables.checks.validation import check_token_ids
-from tokenpos.tables.errors import KernelBoundError, TokenIdError
+from tokenpos.tables.errors import ConfigError, KernelBoundError, TokenIdError
 
 BLOCK = 64                  # tokens hashed into a (BLOCK, K) scratch before their rows are copied
 CHUNKS_PER_THREAD = 4       # the parallel forward's contiguous runs of blocks per thread
 PARALLEL_BYTES = 1 << 18    # smaller outputs run on the calling thread
+PRIME_LIMIT = 1 << 51       # fast_mod is exact below it (a table of that many rows cannot be allocated)
 _NO_CONTEXT = np.zeros((1, 0), np.int64)   # no context: one (1, 0) array for every document (holds nothing)
 
 
 @njit(inline="always", cache=True)
 def fast_mod(x, p, inv):  # pragma: no cover - compiled
-    """``x % p`` for int64 ``x`` and ``p`` >= 2, ``inv`` = 1.0 / p (float64): the same value as the integer
-    remainder with Python's sign (0 <= r < p), without a 64-bit division (tens of cycles each, K per token).
+    """``x % p`` for int64 ``x`` and ``2 <= p < PRIME_LIMIT``, ``inv`` = 1.0 / p (float64): the same value as the
+    integer remainder with Python's sign (0 <= r < p), without a 64-bit division (tens of cycles each, K per
+    token) and without a branch (the heads' loop runs as vectors).
 
-    Two float64 quotient estimates: the first leaves a remainder of magnitude below about 2**12 + p (float64
-    keeps 53 bits of x), the second one within a step of [0, p); the loops make it exact whatever the rounding
-    (the int64 products wrap, and the difference x - q * p is exact in two's complement as it fits)."""
+    Two float64 quotient estimates. The first (float64 keeps 53 bits of x; three roundings, each within 2**-53)
+    leaves ``r = x - q * p`` with |r| <= p + 2**63 * 3.3 * 2**-53 < p + 2**12: exact in float64 while that is
+    below 2**53, which :data:`PRIME_LIMIT` keeps; the int64 products wrap, and the difference is exact in two's
+    complement as it fits. The second estimate is then within (|r| / p) * 2.3 * 2**-53 of r / p, so the
+    truncated quotient leaves |r| <= p (an integer below p + 1): one conditional add of p and one conditional
+    subtract of p, as masks, end in [0, p)."""
     q = np.int64(np.float64(x) * inv)
     r = x - q * p
     q = np.int64(np.float64(r) * inv)
-    r = r - q * p
-    while r < 0:
-        r += p
-    while r >= p:
-        r -= p
-    return r
+    r = r - q * p                                   # in [-p, p]
+    r = r + (p & (r >> 63))                         # in [0, p]
+    return r - (p & ((p - 1 - r) >> 63))            # in [0, p)
 
 
 @njit(inline="always", cache=True)
-def _hash_token(ids, compress, cu, ctx, seg, n, mult, primes, invs, offsets, pad, rows):  # pragma: no cover
+def _hash_token(ids, compress, cu, ctx, seg, n, mult, primes, invs, offsets, pad, rows, mixes):  # pragma: no cover
     """rows[:] = the K table rows of token ``n`` (document ``seg``; ``invs`` = 1 / primes for :func:`fast_mod`);
-    returns 1 (rows left partly written) if an id outside [0, Vo) was met, else 0."""
+    returns 1 if an id outside [0, Vo) was met (its rows then hash the pad in its place: to be discarded), else 0.
+
+    The n_max - 1 mixes first, into the scratch ``mixes`` (n_max,), then each n's H heads in a loop of their own.
+    Returning at a bad id, instead of going on with the pad, made the forward 0.81-0.83x the gather against
+    0.92-0.95x (serial, B = 8, L = 2048, with the mixes in ``rows`` or in this scratch; the scratch alone was not
+    measured apart)."""
     inside = n - cu[seg]
     C = ctx.shape[1]
     V = compress.shape[0]
     n_max = mult.shape[0]
     H = primes.shape[0] // (n_max - 1)
     mix = np.int64(0)
+    bad = 0
     for k in range(n_max):
         c = np.int64(pad)
         raw = np.int64(0)
@@ -87,15 +108,19 @@ def _hash_token(ids, compress, cu, ctx, seg, n, mult, primes, invs, offsets, pad
             have = True
         if have:
             if raw < 0 or raw >= V:
-                return 1
-            c = compress[raw]
+                bad = 1                             # c stays the pad's: nothing is read outside compress
+            else:
+                c = compress[raw]
         prod = c * mult[k]
         mix = prod if k == 0 else mix ^ prod
         if k >= 1:
-            for j in range(H):
-                h = (k - 1) * H + j
-                rows[h] = offsets[h] + fast_mod(mix, primes[h], invs[h])
-    return 0
+            mixes[k - 1] = mix
+    for g in range(n_max - 1):
+        m = mixes[g]
+        b = g * H
+        for j in range(H):
+            rows[b + j] = offsets[b + j] + fast_mod(m, primes[b + j], invs[b + j])
+    return bad
 
 
 @njit(inline="always", cache=True)
@@ -112,8 +137,10 @@ def _segment_of(cu, n):  # pragma: no cover - compiled
 
 
 @njit(inline="always", cache=True)
-def _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, scratch, bad, out):  # pragma: no cover
-    """Tokens [b * BLOCK, ...) of the output: hash every row, then copy them; returns the bad count."""
+def _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, scratch, bad, mixes,
+           out):  # pragma: no cover
+    """Tokens [b * BLOCK, ...) of the output: hash every row, then copy them (prefetching the next block's
+    ``compress`` entries); returns the bad count."""
     T = ids.shape[0]
     K = primes.shape[0]
     Dh = weight.shape[1]
@@ -125,9 +152,13 @@ def _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, 
         while cu[seg + 1] <= n:
             seg += 1
         bad[n - n0] = _hash_token(ids, compress, cu, ctx, seg, n, mult, primes, invs, offsets, pad,
-                                  scratch[n - n0])
+                                  scratch[n - n0], mixes)
         nbad += bad[n - n0]
+    V = compress.shape[0]
     for n in range(n0, n1):
+        q = n + scratch.shape[0]                    # the next block's token: its compressed id into L2
+        if q < T and 0 <= ids[q] < V:
+            prefetch_line_l2(compress, ids[q])
         if bad[n - n0]:
             continue
         o = out[n]
@@ -151,8 +182,10 @@ def forward_core(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pa
     for c in prange(nchunks):
         scratch = np.empty((block, primes.shape[0]), np.int64)
         bad = np.empty(block, np.int64)
+        mixes = np.empty(mult.shape[0], np.int64)
         for b in range(c * nb // nchunks, (c + 1) * nb // nchunks):
-            nbad += _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, scratch, bad, out)
+            nbad += _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, scratch, bad, mixes,
+                           out)
     return nbad
 
 
@@ -164,27 +197,47 @@ def forward_core_serial(weight, ids, compress, cu, ctx, mult, primes, invs, offs
     nb = (T + block - 1) // block
     scratch = np.empty((block, primes.shape[0]), np.int64)
     bad = np.empty(block, np.int64)
+    mixes = np.empty(mult.shape[0], np.int64)
     nbad = 0
     for b in range(nb):
-        nbad += _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, scratch, bad, out)
+        nbad += _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, scratch, bad, mixes, out)
     return nbad
 
 
-@njit(parallel=True, cache=True)
-def rows_core(ids, compress, cu, ctx, mult, primes, invs, offsets, pad, rows):  # pragma: no cover - compiled
-    """rows (T, K) = every token's table rows (-1 for a token with a bad id); returns the bad count."""
-    T = ids.shape[0]
+@njit(cache=True)
+def _rows_run(ids, compress, cu, ctx, mult, primes, invs, offsets, pad, n0, n1, rows):  # pragma: no cover - compiled
+    """rows[n0:n1] of :func:`rows_core` (one scratch for the run); returns the run's bad count."""
+    mixes = np.empty(mult.shape[0], np.int64)
+    seg = _segment_of(cu, n0)
     nbad = 0
-    for n in prange(T):
-        seg = _segment_of(cu, n)
-        bad = _hash_token(ids, compress, cu, ctx, seg, n, mult, primes, invs, offsets, pad, rows[n])
+    for n in range(n0, n1):
+        while cu[seg + 1] <= n:
+            seg += 1
+        bad = _hash_token(ids, compress, cu, ctx, seg, n, mult, primes, invs, offsets, pad, rows[n], mixes)
         if bad:
             rows[n, :] = -1
         nbad += bad
     return nbad
 
 
-def _args(ids: np.ndarray, cu: np.ndarray | None, ctx: np.ndarray | None) -> tuple[np.ndarray, ...]:
+@njit(parallel=True, cache=True)
+def rows_core(ids, compress, cu, ctx, mult, primes, invs, offsets, pad, chunks, rows):  # pragma: no cover - compiled
+    """rows (T, K) = every token's table rows (-1 for a token with a bad id), in ``chunks`` contiguous runs;
+    returns the bad count."""
+    T = ids.shape[0]
+    nchunks = max(1, min(T, chunks))
+    nbad = 0
+    for c in prange(nchunks):
+        nbad += _rows_run(ids, compress, cu, ctx, mult, primes, invs, offsets, pad, c * T // nchunks,
+                          (c + 1) * T // nchunks, rows)
+    return nbad
+
+
+def _args(ids: np.ndarray, cu: np.ndarray | None, ctx: np.ndarray | None,
+          primes: np.ndarray) -> tuple[np.ndarray, ...]:
+    if primes.shape[0] and int(primes.max()) >= PRIME_LIMIT:
+        raise ConfigError(f"the n-gram kernel takes head primes below 2**51 (its division-free remainder is exact "
+                          f"there), got {int(primes.max())}")
     flat = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
     if cu is None:                                    # (B, L): B documents of L; (T,): one document
         L = ids.shape[-1] if ids.ndim else 1
@@ -203,7 +256,7 @@ def ngram_forward(weight: np.ndarray, ids: np.ndarray, compress: np.ndarray, mul
     float32 / float64 C-contiguous, ids in [0, Vo), compress values in [0, Vc), the settings those of
     ``tables.formulas.ngram_hash``); out C-contiguous of weight's dtype, returned. A bad id met anyway raises
     ``KernelBoundError`` naming it."""
-    flat, cu, ctx = _args(ids, cu_seqlens, context)
+    flat, cu, ctx = _args(ids, cu_seqlens, context, primes)
     T = flat.shape[0]
     if not T:
         return out
@@ -224,12 +277,12 @@ def ngram_forward(weight: np.ndarray, ids: np.ndarray, compress: np.ndarray, mul
 def ngram_rows(ids: np.ndarray, compress: np.ndarray, mult: np.ndarray, primes: np.ndarray, offsets: np.ndarray,
                pad: int, *, cu_seqlens: np.ndarray | None = None, context: np.ndarray | None = None) -> np.ndarray:
     """(..., K) int64: every token's table rows (the hash ids plus the heads' offsets); checked inputs."""
-    flat, cu, ctx = _args(ids, cu_seqlens, context)
+    flat, cu, ctx = _args(ids, cu_seqlens, context, primes)
     rows = np.empty((flat.shape[0], primes.shape[0]), np.int64)
     if flat.shape[0]:
         with parallel_guard():
             nbad = parallel(rows_core)(flat, compress, cu, ctx, mult, primes, 1.0 / primes, offsets, np.int64(pad),
-                                       rows)
+                                       CHUNKS_PER_THREAD * numba.get_num_threads(), rows)
         if nbad:
             raise ngram_bound_error(flat, ctx, compress.shape[0], nbad)
     return rows.reshape(*np.shape(ids), primes.shape[0])
