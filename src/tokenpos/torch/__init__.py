@@ -22,7 +22,7 @@ from tokenpos.torch._dropout import dropout_keep_mask_torch
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.alibi import ALiBi
 from tokenpos.torch.attention import scaled_dot_product_attention
-from tokenpos.torch.engram import EngramMemory
+from tokenpos.torch.engram import EngramCache, EngramMemory
 from tokenpos.torch.fire import FIRE
 from tokenpos.torch.hf import from_hf
 from tokenpos.torch.kerple import KERPLE
@@ -43,6 +43,7 @@ from tokenpos.torch.transformer import EmbeddingLayer, TransformerEmbedding
 from tokenpos.torch.xpos import XPosRotaryEmbedding
 
 __all__ = [
+    "EngramCache",
     "EngramMemory",
     "FIRE",
     "HashedNgramEmbedding",

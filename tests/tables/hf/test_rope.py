@@ -139,3 +139,20 @@ def test_disagreeing_spellings_are_refused() -> None:
     d = {"hidden_size": 64, "num_attention_heads": 4, "rotary_dim": 8, "partial_rotary_factor": 0.25}
     with pytest.raises(ConfigError, match="rotary_dim=8 conflicts"):
         rope_kwargs_from_hf_config(d)
+
+
+def test_a_config_with_per_layer_values_is_read_per_layer_type() -> None:
+    """Gemma 4 keeps head_dim per layer (transformers 5's ``per_layer_config``): ``from_hf_config`` reads the
+    given layer type's own value, and without ``layer_type`` the ambiguity is a ConfigError naming ``layer_type=``
+    (it was transformers' untyped error)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenpos.torch import RotaryEmbedding
+
+    config = transformers.Gemma4TextConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                           num_key_value_heads=1, head_dim=16, global_head_dim=32,
+                                           intermediate_size=64,
+                                           layer_types=["sliding_attention", "full_attention"])
+    assert RotaryEmbedding.from_hf_config(config, layer_type="sliding_attention").head_dim == 16
+    assert RotaryEmbedding.from_hf_config(config, layer_type="full_attention").head_dim == 32
+    with pytest.raises(ConfigError, match="layer_type="):
+        RotaryEmbedding.from_hf_config(config)

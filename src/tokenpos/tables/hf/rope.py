@@ -50,7 +50,11 @@ def config_get(config: Any, name: str) -> Any:
     if isinstance(config, dict):
         value = config.get(name)
         return config.get(DICT_ALIASES[name]) if value is None and name in DICT_ALIASES else value
-    return getattr(config, name, None)
+    try:
+        return getattr(config, name, None)
+    except RuntimeError as err:     # transformers' AmbiguousGlobalPerLayerAttributeError (Gemma 4: per layer type)
+        raise ConfigError(f"config.{name} differs between the model's layers ({err}); pass layer_type= to read "
+                          f"one layer type's value") from err
 
 
 def first_given(config: Any, *names: str) -> Any:
@@ -124,6 +128,19 @@ def _layer_params(config: Any, params: dict[str, Any], layer_type: str | None) -
     return dict(params[layer_type])
 
 
+def _layer_type_view(config: Any, layer_type: str | None) -> Any:
+    """The config of the layers of ``layer_type`` where the config keeps per-layer values (transformers 5's
+    ``per_layer_config`` view, keyed by layer type: Gemma 4's full-attention layers have their own head_dim);
+    else ``config`` itself."""
+    views = None if layer_type is None or isinstance(config, dict) else getattr(config, "per_layer_config", None)
+    if views is None:
+        return config
+    try:
+        return views[layer_type]
+    except (KeyError, IndexError, TypeError, ValueError):   # keyed otherwise, or the type's layers differ
+        return config
+
+
 def rope_kwargs_from_hf_config(config: Any, *, layer_type: str | None = None) -> dict[str, Any]:
     """RotaryEmbedding keyword arguments from an HF config object (or its ``config.json`` dict).
 
@@ -139,6 +156,7 @@ def rope_kwargs_from_hf_config(config: Any, *, layer_type: str | None = None) ->
         ConfigError: a refused key (see the module docstring), a missing or unknown layer type,
             disagreeing spellings of one setting, no head dim.
     """
+    config = _layer_type_view(config, layer_type)
     raw = scaling_params(config)
     for key, why in REFUSED_KEYS.items():
         value = config_get(config, key)
