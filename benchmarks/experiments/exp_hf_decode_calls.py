@@ -38,7 +38,7 @@ import hf_patch_bench as bench  # noqa: E402
 from tokenpos.torch.hf import patch, unpatch  # noqa: E402
 
 PARTS = {   # module -> the functions of it timed inside tokenpos's calls (names as that module binds them)
-    "tokenpos.torch.hf.patch": ("_op_tables", "rotate_qk"),
+    "tokenpos.torch.hf.rope_helpers": ("_op_tables", "rotate_qk"),
     "tokenpos.torch.ops.rope": ("run_rope", "cpu_empty"),
     "tokenpos.torch.token": ("index_tensor",),
     "tokenpos.torch.ops.entry": ("formula", "forward_impl"),

@@ -157,6 +157,25 @@ def test_exact_angles_match_hf_at_short_positions(name: str) -> None:
     assert_hf_close(got, want)
 
 
+def test_exact_angles_on_a_model_without_a_rotary_module_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A family whose attention makes its own cos / sin (GPT-J before transformers 5.24) has no module for
+    angles="exact" to replace: refused, model unchanged (it used to report "exact" and keep HF's angles)."""
+    import dataclasses
+    import importlib
+
+    patch_module = importlib.import_module("tokenpos.torch.hf.patch")    # the attribute is the function
+    model = _model("llama")
+    ids = token_ids(3)
+    with torch.no_grad():
+        want = model(ids).logits
+    family = dataclasses.replace(recognise(model), rotary=())
+    monkeypatch.setattr(patch_module, "recognise", lambda m: family)
+    with pytest.raises(ConfigError, match="has none"):
+        patch(model, angles="exact")
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+
+
 def test_exact_angles_are_closer_to_float64_at_long_positions() -> None:
     """At position ~1e5 HF's float32 angles put cos off by ~1e-3; tokenpos's float64 ones by one fp32 rounding."""
     model = _model("llama")
@@ -277,7 +296,7 @@ def test_only_the_patched_model_runs_tokenpos_rope(monkeypatch: pytest.MonkeyPat
 
     from transformers.models.llama import modeling_llama
 
-    hp = importlib.import_module("tokenpos.torch.hf.patch")             # (the package's `patch` is the function)
+    hp = importlib.import_module("tokenpos.torch.hf.rope_helpers")   # the replacements call the op
     original = modeling_llama.apply_rotary_pos_emb
     calls: list[int] = []
     real = hp.rotate_qk
@@ -334,3 +353,20 @@ def test_the_blhd_layout_of_the_rope_function_and_a_bad_one() -> None:
         assert_hf_close(a, b)
     with pytest.raises(ConfigError, match="unsqueeze_dim"):
         rope_qk_half(q, k, cos, sin, unsqueeze_dim=0)
+
+
+def test_the_public_names_of_patch_stay_importable_from_it() -> None:
+    """patch.py was split by concept (the RoPE replacements, exact angles, the forward copies, the embedding /
+    head / resize wiring): every public name it held is still importable from it, as the same object."""
+    import importlib
+
+    from tokenpos.torch.hf import exact, rope_helpers
+
+    hp = importlib.import_module("tokenpos.torch.hf.patch")
+    for name in ("REPLACEMENTS", "TABLE_FORMS", "rope_qk_half", "rope_glm", "rope_cohere", "rope_x",
+                 "rope_deinterleave", "rope_gptj", "rope_llama4"):
+        assert getattr(hp, name) is getattr(rope_helpers, name), name
+    for name in ("ExactAngles", "EXACT_ATOL", "ROTARY_UNREAD"):
+        assert getattr(hp, name) is getattr(exact, name), name
+    assert hp.ANGLES == ("hf", "exact") and (hp.patch, hp.unpatch, hp.PatchReport) == (patch, unpatch, PatchReport)
+    assert set(rope_helpers.REPLACEMENTS.values()) == {getattr(hp, n) for n in hp.__all__ if n.startswith("rope_")}

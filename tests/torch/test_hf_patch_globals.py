@@ -37,7 +37,7 @@ def _ids() -> torch.Tensor:
 def test_a_swap_after_patch_reaches_the_patched_model(monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers.models.llama import modeling_llama
 
-    hp = importlib.import_module("tokenpos.torch.hf.patch")
+    hp = importlib.import_module("tokenpos.torch.hf.rope_helpers")   # the replacements call the op
     ops: list[int] = []
     real_op = hp.rotate_qk
     monkeypatch.setattr(hp, "rotate_qk", lambda *a: ops.append(1) or real_op(*a))
