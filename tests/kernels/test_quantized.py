@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tokenpos.kernels.embedding as E
-from tokenpos.kernels.quantized import gather_rows, quantized_embedding
+from tokenpos.kernels.quantized import gather_dequantized, quantized_embedding
 from tokenpos.tables.errors import ConfigError, KernelBoundError, TokenIdError
 from tokenpos.tables.formulas.quantize import dequantize_rows, quantize_rows
 
@@ -91,7 +91,7 @@ def test_bad_ids_are_refused_by_value_and_never_read(core):
             quantized_embedding(q, s, bad)                                  # the checked API: before the kernel
         out = np.zeros((2, 3), np.float32)
         with pytest.raises(KernelBoundError, match="skipped 1 rows"):        # the unchecked entry: the kernel's bound
-            gather_rows(q, s, np.array(bad), 1.0, out)
+            gather_dequantized(q, s, np.array(bad), 1.0, out)
         good = 1 - bad.index(next(b for b in bad if b < 0 or b >= 6))       # the other row was written
         np.testing.assert_array_equal(out[good], dequantize_rows(q, s, np.array([bad[good]]), 1.0)[0])
 

@@ -138,7 +138,8 @@ def gather_core_serial(q, lut, scale, ids, mult, out):  # pragma: no cover - com
     return nbad
 
 
-def gather_rows(q: np.ndarray, scale: np.ndarray, ids: np.ndarray, multiplier: float, out: np.ndarray) -> np.ndarray:
+def gather_dequantized(q: np.ndarray, scale: np.ndarray, ids: np.ndarray, multiplier: float,
+                       out: np.ndarray) -> np.ndarray:
     """The fused lookup on inputs a layer has checked (the entry both backends call): q (V, C) int8 or uint8
     (e4m3fn patterns), scale (V,) float32 / float64 / uint16 (bf16 bits) / int16 (fp16 bits), ids (...) integer,
     out (..., C) C-contiguous of scale's dtype, returned. Only the layout is normalised here; a row with an id
@@ -180,5 +181,5 @@ def quantized_embedding(q: Any, scale: Any, ids: Any, multiplier: float = 1.0, *
         raise ConfigError(f"out must be a writeable C-contiguous {scale.dtype} array of shape {shape}, got "
                           f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
     half = scale.dtype == np.float16                                          # fp16 travels as int16 bits
-    gather_rows(q, scale.view(np.int16) if half else scale, idx, multiplier, out.view(np.int16) if half else out)
+    gather_dequantized(q, scale.view(np.int16) if half else scale, idx, multiplier, out.view(np.int16) if half else out)
     return out

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from tokenpos._config import OUTPUTS, kernels_enabled
-from tokenpos.kernels.quantized import gather_rows
+from tokenpos.kernels.quantized import gather_dequantized
 from tokenpos.numpy.module import Module, Parameter
 from tokenpos.tables.checks.quantized import quantized_refusal as refuse
 from tokenpos.tables.errors import ConfigError
@@ -63,7 +63,7 @@ def quantized_lookup(q: np.ndarray, scale: np.ndarray, ids: np.ndarray, multipli
     out = OUTPUTS.empty(shape, scale.dtype) if OUTPUTS.caches(int(np.prod(shape)) * scale.itemsize) else \
         np.empty(shape, scale.dtype)
     half = scale.dtype == np.float16                                          # fp16 travels as int16 bits
-    gather_rows(q, scale.view(np.int16) if half else scale, ids, multiplier, out.view(np.int16) if half else out)
+    gather_dequantized(q, scale.view(np.int16) if half else scale, ids, multiplier, out.view(np.int16) if half else out)
     return out
 
 

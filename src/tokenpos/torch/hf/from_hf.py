@@ -157,7 +157,8 @@ def _from_gemma_per_layer(base: Any, config: Any) -> TransformerEmbedding:
 
     w = base.embed_tokens.weight
     pad = getattr(base.embed_tokens, "padding_idx", None)
-    layer = TransformerEmbedding(w.shape[0], w.shape[1], int(getattr(config, "max_position_embeddings", 512) or 512),
+    max_len = first_given(config, "max_position_embeddings")
+    layer = TransformerEmbedding(w.shape[0], w.shape[1], 512 if max_len is None else int(max_len),
                                  positional="none", padding_idx=pad, init="zeros", device=w.device, dtype=w.dtype,
                                  seed=0)
     layer.token = SharedTokenEmbedding(torch.nn.Parameter(w.detach().clone()),

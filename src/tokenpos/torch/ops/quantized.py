@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from tokenpos.kernels.quantized import gather_rows
+from tokenpos.kernels.quantized import gather_dequantized
 from tokenpos.tables.errors import ConfigError
 from tokenpos.torch._checks import transforms_active
 from tokenpos.torch.ops._dispatch import cpu_empty, triton_kernels
@@ -89,7 +89,7 @@ def quantized_impl(q: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor, mult
             out, out_np = cpu_empty(shape, scale.dtype)
         s = scale.detach()
         s = s.view(_CPU_OUT[s.dtype]) if s.dtype in (torch.bfloat16, torch.float16) else s
-        gather_rows(q.detach().numpy(), s.numpy(), ids.numpy(), multiplier, out_np)
+        gather_dequantized(q.detach().numpy(), s.numpy(), ids.numpy(), multiplier, out_np)
         return out
     tk = _triton(q, scale)
     if tk is not None:
