@@ -131,6 +131,30 @@ def table_device(host: HostTable | None, device: Any) -> Any:
     return torch.device("cpu")
 
 
+class HostStorage:
+    """What the three input tables share for ``storage="host"`` (the first base: its ``_apply`` wraps the others',
+    such as an 8-bit table's, which keeps float8 bits from a cast): the queue's
+    ``prefetch`` / ``clear_prefetch`` and the move that keeps the table on the host. ``self._host``: the layer's
+    :class:`HostTable`, or None for a table stored on its device."""
+
+    _host: HostTable | None
+
+    def prefetch(self, ids: Any) -> None:
+        """Gather the rows of host ids (...) now and start their copy to the output device; the next ``forward``
+        (not served by an older prefetch) returns them, after checking its ids are these. storage="host" only."""
+        host_of(self).prefetch(self, {"ids": ids})
+
+    def clear_prefetch(self) -> None:
+        """Drop every queued prefetch (after an interrupted step). storage="host" only."""
+        host_of(self).clear()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        apply = super()._apply  # type: ignore[misc]
+        if self._host is None:
+            return apply(fn, recurse)
+        return self._host.apply(fn, recurse, apply)       # the table stays on the host; the outputs move
+
+
 def _output_device(device: torch.device) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"storage='host' sends rows to a CUDA device (or keeps them on the CPU); got device "

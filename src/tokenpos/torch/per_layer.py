@@ -45,7 +45,7 @@ from tokenpos.torch._quantized import (
     quantized_lookup,
     quantized_parameters,
 )
-from tokenpos.torch.host_table import host_of, host_table, table_device
+from tokenpos.torch.host_table import HostStorage, host_table, table_device
 from tokenpos.torch.ops.entry import embed
 
 _COMPARABLE = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)   # dtypes with a ``<`` kernel
@@ -70,7 +70,7 @@ def in_table_ids(ids: Any, vocab_size: int, device: torch.device) -> Any:
     return torch.as_tensor(arr, device=device) if arr.dtype.kind in "iu" else ids
 
 
-class PerLayerEmbedding(QuantizedTable, TokenposModule):
+class PerLayerEmbedding(HostStorage, QuantizedTable, TokenposModule):
     """Token ids -> one P-vector per layer, (..., L, P), from a single (V, L * P) table. The torch twin of
     the NumPy layer.
 
@@ -177,22 +177,6 @@ class PerLayerEmbedding(QuantizedTable, TokenposModule):
             check_token_id_tensor(ids, vocab)         # a bad id the gather met: the shared TokenIdError
             raise
         return out.unflatten(-1, (self.num_layers, self.dim))                                    # (..., L, P)
-
-    # -- storage="host" ----------------------------------------------------------------------
-    def prefetch(self, ids: Any) -> None:
-        """Gather the rows of host ids (...) now and start their copy to the output device; the next ``forward``
-        (not served by an older prefetch) returns them, after checking its ids are these. storage="host" only
-        (``tokenpos.torch.host_table``)."""
-        host_of(self).prefetch(self, {"ids": ids})
-
-    def clear_prefetch(self) -> None:
-        """Drop every queued prefetch (after an interrupted step). storage="host" only."""
-        host_of(self).clear()
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        if self._host is None:
-            return super()._apply(fn, recurse)
-        return self._host.apply(fn, recurse, super()._apply)       # the table stays on the host; outputs move
 
     def extra_repr(self) -> str:
         s = per_layer_repr(self.vocab_size, self.num_layers, self.dim, self.padding_idx, self.scale, self.out_of_range)

@@ -36,7 +36,7 @@ from tokenpos.torch._quantized import (
     quantized_parameters,
     refuse,
 )
-from tokenpos.torch.host_table import host_of, host_table, table_device
+from tokenpos.torch.host_table import HostStorage, host_table, table_device
 from tokenpos.torch.ops import embed
 from tokenpos.torch.tied_loss import tied_cross_entropy
 
@@ -60,7 +60,7 @@ def _pad(padding_idx: int | None) -> int:
     return -1 if padding_idx is None else padding_idx
 
 
-class TokenEmbedding(QuantizedTable, TokenposModule):
+class TokenEmbedding(HostStorage, QuantizedTable, TokenposModule):
     """Token ids -> vectors, optionally scaled by sqrt(d_model). The torch twin of the NumPy layer.
 
     Args:
@@ -176,22 +176,7 @@ class TokenEmbedding(QuantizedTable, TokenposModule):
             check_token_id_tensor(ids, self.vocab_size)      # a bad id the gather met: the shared TokenIdError
             raise
 
-    # -- storage="host" ----------------------------------------------------------------------
-    def prefetch(self, ids: Any) -> None:
-        """Gather the rows of host ids (...) now and start their copy to the output device; the next ``forward``
-        (not served by an older prefetch) returns them, after checking its ids are these. storage="host" only
-        (``tokenpos.torch.host_table``)."""
-        host_of(self).prefetch(self, {"ids": ids})
-
-    def clear_prefetch(self) -> None:
-        """Drop every queued prefetch (after an interrupted step). storage="host" only."""
-        host_of(self).clear()
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        if self._host is None:
-            return super()._apply(fn, recurse)
-        return self._host.apply(fn, recurse, super()._apply)       # the table stays on the host; outputs move
-
+    # -- storage="host" (prefetch, clear_prefetch: HostStorage) -----------------------------------
     def _whole_table(self, what: str) -> None:
         """``attend`` / ``loss`` read every row: refused for a table kept on the host of a model on a device."""
         if self._host is not None and self._host.device.type != "cpu":
