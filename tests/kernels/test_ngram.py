@@ -150,3 +150,62 @@ def test_a_bad_id_mid_block_skips_exactly_the_tokens_that_read_it(parallel_bytes
     assert nbad == reads_bad.sum()
     np.testing.assert_array_equal(rows[reads_bad], -1)
     np.testing.assert_array_equal(rows[~reads_bad], want[~reads_bad])
+
+
+def _shard_case():
+    """Packed documents with a context over many blocks (a last one cut short), a table of R = 240 rows, and its
+    split into shards: uneven ones, an empty one, one past the table's end (a vocab-parallel layer's padding)."""
+    rng = np.random.default_rng(8)
+    compress = rng.integers(0, 40, 60)
+    mult = layer_multipliers(int(compress.max()) + 1, 3, 1, 0)
+    primes = np.array([53, 59, 61, 67], np.int64)
+    w = rng.standard_normal((int(primes.sum()), 3))
+    ids = rng.integers(0, 60, 203)
+    cu = np.array([0, 1, 1, 50, 131, 203])
+    ctx = rng.integers(0, 60, (5, 2))
+    bounds = [0, 1, 97, 97, 160, 240, 256]
+    return compress, mult, primes, head_offsets(primes), w, ids, cu, ctx, bounds
+
+
+@pytest.mark.parametrize("parallel_bytes", [0, 1 << 40], ids=["parallel", "serial"])
+def test_forward_row_range_gathers_the_shard_and_zeros_the_rest_without_reading_it(parallel_bytes, monkeypatch):
+    """``row_start``: weight holds rows [start, start + Rw). Each shard's output is the whole table's where the row
+    is its own and exactly zero elsewhere; the shards sum to the whole lookup bit for bit. Each shard sits between
+    NaN rows in memory, so a read outside its rows would show."""
+    import tokenpos.kernels.ngram as K
+
+    monkeypatch.setattr(K, "PARALLEL_BYTES", parallel_bytes)
+    compress, mult, primes, offsets, w, ids, cu, ctx, bounds = _shard_case()
+    R = w.shape[0]
+    whole = np.empty((203, 12))
+    K.ngram_forward(w, ids, compress, mult, primes, offsets, 5, whole, cu_seqlens=cu, context=ctx)
+    rows = ngram_hash_ids(compress[ids], mult, primes, 5, cu_seqlens=cu, context=compress[ctx]) + offsets  # (T, K)
+    total = np.zeros_like(whole)
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        padded = np.full((end - start + 2, 3), np.nan)
+        padded[1:-1][: max(0, min(end, R) - start)] = w[start:min(end, R)]
+        shard = padded[1:-1]                                      # NaN rows on either side in memory
+        out = np.full((203, 12), 7.0)
+        K.ngram_forward(shard, ids, compress, mult, primes, offsets, 5, out, cu_seqlens=cu, context=ctx,
+                        row_start=start)
+        mine = np.repeat((rows >= start) & (rows < end), 3, axis=1)                         # (T, K * Dh)
+        np.testing.assert_array_equal(out[mine], whole[mine])
+        assert (out[~mine] == 0).all() and not np.signbit(out[~mine]).any()
+        total += out
+    np.testing.assert_array_equal(total, whole)
+
+
+def test_backward_row_range_is_the_whole_gradient_restricted_to_the_shard():
+    """``num_rows`` / ``row_start``: each shard's (rows, sums) are the whole backward's rows in [start, end),
+    renumbered from start, with the same sums bit for bit (each row's slices summed in the same order)."""
+    import tokenpos.kernels.ngram as K
+
+    compress, mult, primes, offsets, w, ids, cu, ctx, bounds = _shard_case()
+    grad = np.random.default_rng(9).standard_normal((203, 12))
+    uniq, summed = K.ngram_backward(grad, ids, compress, mult, primes, offsets, 5, cu_seqlens=cu, context=ctx)
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        u, s = K.ngram_backward(grad, ids, compress, mult, primes, offsets, 5, cu_seqlens=cu, context=ctx,
+                                row_start=start, num_rows=end - start)
+        mine = (uniq >= start) & (uniq < end)
+        np.testing.assert_array_equal(u, uniq[mine] - start)
+        np.testing.assert_array_equal(s, summed[mine])

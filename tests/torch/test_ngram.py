@@ -173,3 +173,84 @@ def test_engram_memory_refuses_bad_inputs():
     bad[0, 0] = V_OLD
     with pytest.raises(TokenIdError, match=f"token id {V_OLD}"):
         ours(torch.zeros(2, 5, 4, 8, dtype=torch.float64), bad)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_eager_call_is_the_op_without_its_dispatcher(grad):
+    """In eager mode the layer calls the op's implementation directly (``ops.ngram.ngram_lookup``, as
+    ``ops.entry.embed`` does): no frame of torch's custom-op machinery (``torch/_library``) runs, and the output,
+    the gradient and the double backward are the op's."""
+    from pathlib import Path
+
+    from tokenpos.analysis.calls import trace_call
+
+    layer = _layer(CASES[3], 15)
+    ids = torch.from_numpy(make_ids((2, 9)))
+    with torch.set_grad_enabled(grad):
+        trace = trace_call(lambda: layer(ids), package=Path(torch._library.__file__).parent)
+    assert trace.functions == (), trace.functions
+    out = layer(ids)
+    want = torch.ops.tokenpos.ngram_embedding(layer.weight, ids, None, None, layer.compress, layer.multipliers,
+                                              layer.primes, layer.offsets, layer.spec.pad)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    if grad:
+        g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2), requires_grad=True)
+        (gw,) = torch.autograd.grad(out, layer.weight, g, create_graph=True)
+        (gw_op,) = torch.autograd.grad(want, layer.weight, g, create_graph=True)
+        torch.testing.assert_close(gw, gw_op, rtol=0, atol=0)
+        v = torch.randn(gw.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+        (gg,) = torch.autograd.grad(gw, g, v)
+        (gg_op,) = torch.autograd.grad(gw_op, g, v)
+        torch.testing.assert_close(gg, gg_op, rtol=0, atol=0)
+        torch.testing.assert_close(gg, torch.ops.tokenpos.ngram_embedding(
+            v, ids, None, None, layer.compress, layer.multipliers, layer.primes, layer.offsets, layer.spec.pad),
+            rtol=0, atol=0)                                     # the backward's adjoint: the forward on v
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_op_row_start_is_a_shard_of_the_table(kernels):
+    """``row_start``: the op on rows [start, start + Rw) of the table gives the whole lookup's values where the row
+    is the shard's and zeros elsewhere; the shards sum to the whole lookup, and each shard's gradient (the backward
+    op's ``row_start``) is its slice of the whole gradient, bit for bit."""
+    layer = _layer(CASES[2], 1)
+    R = layer.spec.num_rows
+    ids = torch.from_numpy(make_ids((3, 8)))
+    bufs = (layer.compress, layer.multipliers, layer.primes, layer.offsets, layer.spec.pad)
+    w = layer.weight.detach()
+    rows = layer.hash_rows(ids)                                                       # (B, L, K)
+    g = torch.randn(3, 8, layer.out_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    with use_kernels(kernels):
+        whole = torch.ops.tokenpos.ngram_embedding(w, ids, None, None, *bufs)
+        gw = torch.ops.tokenpos.ngram_embedding_backward(g, ids, None, None, *bufs, R)
+        total = torch.zeros_like(whole)
+        for start, end in ((0, 40), (40, 41), (41, R // 2), (R // 2, R + 5)):
+            shard = torch.zeros(end - start, w.shape[1], dtype=w.dtype)
+            shard[: min(end, R) - start] = w[start:end]
+            part = torch.ops.tokenpos.ngram_embedding(shard, ids, None, None, *bufs, start)
+            mine = ((rows >= start) & (rows < end)).repeat_interleave(w.shape[1], dim=-1)
+            assert torch.equal(part[mine], whole[mine]) and not part[~mine].any()
+            total += part
+            gs = torch.ops.tokenpos.ngram_embedding_backward(g, ids, None, None, *bufs, end - start, start)
+            assert torch.equal(gs[: min(end, R) - start], gw[start:end]) and not gs[min(end, R) - start:].any()
+    assert torch.equal(total, whole)
+
+
+def test_sparse_gradient_is_the_kernels_backward_of_the_looked_up_rows():
+    """``sparse=True`` on the CPU (kernels on): the fused lookup, whose weight gradient is a row-sparse tensor of
+    exactly the looked-up rows (sorted, each once), equal to the dense layer's gradient rows (float64)."""
+    from tokenpos.analysis.calls import trace_call
+
+    dense, sparse = _layer(CASES[3], 15), HashedNgramEmbedding(**settings(CASES[3], 15), dtype=torch.float64,
+                                                                init_seed=3, sparse=True)
+    ids = torch.from_numpy(make_ids((3, 7)))
+    assert "torch/ops/ngram.py:ngram_lookup_sparse" in trace_call(lambda: sparse(ids)).functions
+    a, b = dense(ids), sparse(ids)
+    assert torch.equal(a, b)
+    g = torch.randn(a.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    a.backward(g)
+    b.backward(g)
+    gs = sparse.weight.grad
+    assert gs.is_sparse and tuple(gs.shape) == tuple(sparse.weight.shape)
+    rows = torch.unique(dense.hash_rows(ids))
+    assert torch.equal(gs._indices()[0], rows)                 # as stored (not coalesced by torch): each row once
+    torch.testing.assert_close(gs._values(), dense.weight.grad[rows], rtol=0, atol=0)

@@ -30,6 +30,10 @@ gather 31.5 ms). In model conditions (``benchmarks/ngram_bench.py``, quiet, each
 parallel forward went from 0.67-0.77x the random-gather limit to 0.92-0.96x (best; 0.88-0.92 median) at B = 16,
 L = 2048 and 0.86-0.93x at B = 4, L = 1024.
 
+A shard (``row_start``; the vocab-parallel layer): weight (Rw, Dh) holds the table's rows [row_start,
+row_start + Rw); a hashed row outside them is written as a zero slice, the table unread (one compare per row in the
+copy loop), and the backward (``num_rows``) sums only the shard's rows, numbered from its first.
+
 Backward: the same hashes give every (token, head)'s row; the gradient slices are summed per unique row (float64
 sums, the embedding backward's segment sum) into a row-sparse gradient (unique sorted rows, summed slices).
 
@@ -137,13 +141,14 @@ def _segment_of(cu, n):  # pragma: no cover - compiled
 
 
 @njit(inline="always", cache=True)
-def _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, scratch, bad, mixes,
+def _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, start, b, scratch, bad, mixes,
            out):  # pragma: no cover
     """Tokens [b * BLOCK, ...) of the output: hash every row, then copy them (prefetching the next block's
-    ``compress`` entries); returns the bad count."""
+    ``compress`` entries); a row outside [start, start + Rw) (weight (Rw, Dh) holds those) is written as zeros,
+    the table unread. Returns the bad count."""
     T = ids.shape[0]
     K = primes.shape[0]
-    Dh = weight.shape[1]
+    Rw, Dh = weight.shape
     n0 = b * scratch.shape[0]
     n1 = min(T, n0 + scratch.shape[0])
     seg = _segment_of(cu, n0)
@@ -163,18 +168,24 @@ def _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, 
             continue
         o = out[n]
         for h in range(K):
-            w = weight[scratch[n - n0, h]]
+            r = scratch[n - n0, h] - start
             base = h * Dh
+            if r < 0 or r >= Rw:                        # another shard's row: zeros, nothing read
+                for d in range(Dh):
+                    o[base + d] = 0.0
+                continue
+            w = weight[r]
             for d in range(Dh):
                 o[base + d] = w[d]
     return nbad
 
 
 @njit(parallel=True, cache=True)
-def forward_core(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, block, chunks,
+def forward_core(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, start, block, chunks,
                  out):  # pragma: no cover - compiled
-    """out (T, K * Dh) = the hashed rows of every token; returns the count of tokens with a bad id. The blocks run
-    as ``chunks`` contiguous runs (one scratch allocation each)."""
+    """out (T, K * Dh) = the hashed rows of every token (weight (Rw, Dh) holds rows [start, start + Rw); zeros for
+    the others); returns the count of tokens with a bad id. The blocks run as ``chunks`` contiguous runs (one scratch
+    allocation each)."""
     T = ids.shape[0]
     nb = (T + block - 1) // block
     nchunks = max(1, min(nb, chunks))
@@ -184,13 +195,13 @@ def forward_core(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pa
         bad = np.empty(block, np.int64)
         mixes = np.empty(mult.shape[0], np.int64)
         for b in range(c * nb // nchunks, (c + 1) * nb // nchunks):
-            nbad += _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, scratch, bad, mixes,
-                           out)
+            nbad += _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, start, b, scratch, bad,
+                           mixes, out)
     return nbad
 
 
 @njit(cache=True)
-def forward_core_serial(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, block, chunks,
+def forward_core_serial(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, start, block, chunks,
                         out):  # pragma: no cover - compiled
     """:func:`forward_core` on the calling thread (small outputs; forked children of an omp process)."""
     T = ids.shape[0]
@@ -200,7 +211,8 @@ def forward_core_serial(weight, ids, compress, cu, ctx, mult, primes, invs, offs
     mixes = np.empty(mult.shape[0], np.int64)
     nbad = 0
     for b in range(nb):
-        nbad += _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, b, scratch, bad, mixes, out)
+        nbad += _block(weight, ids, compress, cu, ctx, mult, primes, invs, offsets, pad, start, b, scratch, bad, mixes,
+                       out)
     return nbad
 
 
@@ -250,20 +262,25 @@ def _args(ids: np.ndarray, cu: np.ndarray | None, ctx: np.ndarray | None,
 
 def ngram_forward(weight: np.ndarray, ids: np.ndarray, compress: np.ndarray, mult: np.ndarray, primes: np.ndarray,
                   offsets: np.ndarray, pad: int, out: np.ndarray, *, cu_seqlens: np.ndarray | None = None,
-                  context: np.ndarray | None = None) -> np.ndarray:
+                  context: np.ndarray | None = None, row_start: int = 0) -> np.ndarray:
     """out (..., K * Dh) = the hashed rows of ids (...) (a (B, L) batch, or packed (T,) with ``cu_seqlens``
-    (S + 1,)); ``context`` (S, C) raw ids before each document. Inputs are checked by the caller (weight (R, Dh)
+    (S + 1,)); ``context`` (S, C) raw ids before each document. Inputs are checked by the caller (weight (Rw, Dh)
     float32 / float64 C-contiguous, ids in [0, Vo), compress values in [0, Vc), the settings those of
     ``tables.formulas.ngram_hash``); out C-contiguous of weight's dtype, returned. A bad id met anyway raises
-    ``KernelBoundError`` naming it."""
+    ``KernelBoundError`` naming it.
+
+    ``weight`` holds the table's rows [row_start, row_start + Rw) (the whole (R, Dh) table at the default 0; a
+    shard of a row-split table otherwise): a hashed row outside them is a zero slice of ``out``, written without
+    reading the table (the vocab-parallel layer's part of the lookup; summed over the shards, each slice comes
+    from one of them)."""
     flat, cu, ctx = _args(ids, cu_seqlens, context, primes)
     T = flat.shape[0]
     if not T:
         return out
     K, Dh = primes.shape[0], weight.shape[1]
     rows = out.reshape(T, K * Dh)
-    args = (weight, flat, compress, cu, ctx, mult, primes, 1.0 / primes, offsets, np.int64(pad), BLOCK,
-            CHUNKS_PER_THREAD * numba.get_num_threads(), rows)
+    args = (weight, flat, compress, cu, ctx, mult, primes, 1.0 / primes, offsets, np.int64(pad), np.int64(row_start),
+            BLOCK, CHUNKS_PER_THREAD * numba.get_num_threads(), rows)
     if out.nbytes < PARALLEL_BYTES:
         nbad = forward_core_serial(*args)
     else:
@@ -290,15 +307,22 @@ def ngram_rows(ids: np.ndarray, compress: np.ndarray, mult: np.ndarray, primes: 
 
 def ngram_backward(grad: np.ndarray, ids: np.ndarray, compress: np.ndarray, mult: np.ndarray, primes: np.ndarray,
                    offsets: np.ndarray, pad: int, *, cu_seqlens: np.ndarray | None = None,
-                   context: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   context: np.ndarray | None = None, row_start: int = 0,
+                   num_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """grad (..., K * Dh) float32 / float64 -> (unique rows (U,) int64 sorted, summed slices (U, Dh) in grad's
     dtype): ``rows[j]`` is the sum of every (token, head) gradient slice whose table row is ``uniq[j]`` (float64
-    sums)."""
+    sums). With ``num_rows``, the gradient of a shard holding rows [row_start, row_start + num_rows) (as
+    :func:`ngram_forward`'s ``row_start``): only those rows, numbered from the shard's first (``uniq`` in
+    [0, num_rows)); each row's slices summed in the same order as without the range."""
     K = primes.shape[0]
     rows = ngram_rows(ids, compress, mult, primes, offsets, pad, cu_seqlens=cu_seqlens, context=context).reshape(-1)
+    skip = -1
+    if num_rows is not None:                                         # a shard: its rows, the others left out
+        skip = int(num_rows)
+        _localize(rows, np.int64(row_start), np.int64(skip))
     Dh = grad.shape[-1] // K
     g2 = np.ascontiguousarray(grad).reshape(-1, Dh)                  # (T * K, Dh): slice n*K + h
-    uniq, inverse = _unique_ids(rows, -1)
+    uniq, inverse = _unique_ids(rows, skip)
     summed = np.empty((uniq.shape[0], Dh), grad.dtype)
     if summed.size:
         starts, order = _group(inverse, uniq.shape[0], 0)
@@ -306,6 +330,15 @@ def ngram_backward(grad: np.ndarray, ids: np.ndarray, compress: np.ndarray, mult
             parallel(_segment_sum_core)(g2, order, starts, np.uint64(0), np.uint64(0), np.uint64(0), 1.0,
                                         PREFETCH_AHEAD, PREFETCH_FAR, summed)
     return uniq, summed
+
+
+@njit(cache=True)
+def _localize(rows, start, n):  # pragma: no cover - compiled
+    """In place: rows (N,) of the whole table -> rows of the shard [start, start + n), n (left out by the segment
+    sum as its padding id) for every other row."""
+    for i in range(rows.shape[0]):
+        r = rows[i] - start
+        rows[i] = r if 0 <= r < n else n
 
 
 def ngram_bound_error(flat: np.ndarray, ctx: np.ndarray, vocab: int, skipped: Any) -> KernelBoundError:

@@ -20,7 +20,7 @@ from torch import nn
 from tokenpos.tables.checks.validation import check_bool, check_choice
 from tokenpos.tables.formulas.init import INIT_SCHEMES, init_weight
 from tokenpos.tables.formulas.ngram_hash import NgramSpec, check_ngram_shapes, ngram_spec
-from tokenpos.torch._checks import check_token_id_tensor, is_wrapped, resolve_dtype
+from tokenpos.torch._checks import check_token_id_tensor, resolve_dtype
 from tokenpos.torch._init import empty_table, fill_init_, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch._quantized import (
@@ -31,8 +31,8 @@ from tokenpos.torch._quantized import (
     quantized_parameters,
     refuse,
 )
-from tokenpos.torch.host_table import host_of, host_table, table_device
-from tokenpos.torch.ops.ngram import formula, hashed_rows, ngram_embedding, table_rows
+from tokenpos.torch.host_table import HostStorage, host_of, host_table, table_device
+from tokenpos.torch.ops.ngram import fused_on, hashed_rows, ngram_lookup, ngram_lookup_sparse, table_rows
 from tokenpos.torch.packing import check_cu_seqlens_tensor
 
 
@@ -56,14 +56,16 @@ def ngram_inputs(spec: NgramSpec, device: torch.device, ids: Any, cu_seqlens: An
     return x, cu, ctx
 
 
-class HashedNgramEmbedding(QuantizedTable, TokenposModule):
+class HashedNgramEmbedding(HostStorage, QuantizedTable, TokenposModule):
     """Hashed n-gram embedding of one layer, with the Engram reference's settings (see the NumPy layer's doc).
 
     Args:
         engram_vocab_size, max_ngram_size, n_embed_per_ngram, n_head_per_ngram, layer_id, layer_ids, pad_id,
             seed, compress: the reference's settings (``compress``: the old-to-new id array).
         init, std: the table's init scheme ("standard_normal": ``nn.Embedding``'s, as the reference).
-        sparse: row-sparse ``weight.grad`` (as ``nn.Embedding(sparse=True)``): the hashed rows, then ``F.embedding``.
+        sparse: row-sparse ``weight.grad`` (as ``nn.Embedding(sparse=True)``): on the CPU kernels the fused lookup,
+            whose backward sums each looked-up row once (``ops.ngram.ngram_lookup_sparse``); elsewhere the hashed
+            rows, then ``F.embedding``.
         storage: "device" (the table lives where the layer is moved) or "host": the table stays in host memory and
             only the gathered rows go to the layer's device (``prefetch`` starts that early; the gradient is then
             row-sparse on the host, ``sparse=True``). See ``tokenpos.torch.host_table``.
@@ -155,11 +157,14 @@ class HashedNgramEmbedding(QuantizedTable, TokenposModule):
         if self.weight_dtype is not None:                 # 8 bits: the hashed rows, dequantised inside the gather
             rows = hashed_rows(x, cu, ctx, self.compress, self.multipliers, self.primes, self.offsets, self.spec.pad)
             return quantized_lookup(self, rows, 1.0).flatten(-2)                                  # (..., K * Dh)
+        if self.sparse and fused_on(self.weight) and not torch.compiler.is_compiling():   # the kernel's both ways
+            return ngram_lookup_sparse(self.weight, x, cu, ctx, self.compress, self.multipliers, self.primes,
+                                       self.offsets, self.spec.pad)
         if self.sparse:                                   # row-sparse gradient: the rows, then F.embedding
             rows = hashed_rows(x, cu, ctx, self.compress, self.multipliers, self.primes, self.offsets, self.spec.pad)
             return F.embedding(rows, self.weight, sparse=True).flatten(-2)                       # (..., K * Dh)
-        op = formula if is_wrapped(self.weight) else ngram_embedding     # torch.func: the plain formula
-        return op(self.weight, x, cu, ctx, self.compress, self.multipliers, self.primes, self.offsets, self.spec.pad)
+        return ngram_lookup(self.weight, x, cu, ctx, self.compress, self.multipliers, self.primes, self.offsets,
+                            self.spec.pad)                   # the op's implementation, its dispatcher skipped
 
     # -- storage="host" ----------------------------------------------------------------------
     def prefetch(self, ids: Any, *, cu_seqlens: Any = None, context: Any = None) -> None:
@@ -167,15 +172,6 @@ class HashedNgramEmbedding(QuantizedTable, TokenposModule):
         start their copy to the output device; the next ``forward`` (not served by an older prefetch) returns them,
         after checking its inputs are these. storage="host" only (``tokenpos.torch.host_table``)."""
         host_of(self).prefetch(self, {"ids": ids, "cu_seqlens": cu_seqlens, "context": context})
-
-    def clear_prefetch(self) -> None:
-        """Drop every queued prefetch (after an interrupted step). storage="host" only."""
-        host_of(self).clear()
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        if self._host is None:
-            return super()._apply(fn, recurse)
-        return self._host.apply(fn, recurse, super()._apply)       # the table stays on the host; outputs move
 
     def extra_repr(self) -> str:
         s = self.spec

@@ -26,9 +26,11 @@ from tests.torch.distributed.rank_checks import _raises, count_all_reduce
 from tests.torch.distributed.refusal_checks import SKIP, _collectives_on_cpu_data
 from tests.torch.fake_cuda import HostSync, cpu_of, no_host_sync, to_fake_cuda, unavailable
 from tokenpos import set_kernels
+from tokenpos.analysis.calls import trace_call
 from tokenpos.tables.errors import ConfigError, StateDictError, TokenIdError
 from tokenpos.torch import HashedNgramEmbedding
 from tokenpos.torch.distributed import VocabParallelHashedNgramEmbedding, read_file
+from tokenpos.torch.ops.ngram import ngram_lookup
 
 VO = 40                     # raw vocab (compress's domain)
 PAD_ID = 3
@@ -173,6 +175,18 @@ def check_no_grad_and_lists() -> None:
     assert torch.equal(par(ids.tolist()), ref(ids.tolist()))
     assert torch.equal(par(ids.int()), ref(ids.int()))
     assert torch.equal(par.hash_rows(ids), ref.hash_rows(ids))
+    # on the CPU with kernels on, the forward is the fused kernel on this rank's rows (no separate hashing, no
+    # masked gather of every row); its part is the one-process output where the row is this rank's, zeros elsewhere
+    trace = trace_call(lambda: par(ids))
+    assert "kernels/ngram.py:ngram_forward" in trace.functions, trace.functions
+    assert "torch/distributed/_lookup.py:masked_lookup" not in trace.functions, trace.functions
+    with torch.no_grad():
+        part = ngram_lookup(par.weight, ids, None, None, par.compress, par.multipliers, par.primes, par.offsets,
+                            par.spec.pad, par.row_start)
+        whole = ref(ids)
+    rows = ref.hash_rows(ids)
+    mine = ((rows >= par.row_start) & (rows < par.row_end)).repeat_interleave(par.head_dim, dim=-1)
+    assert torch.equal(part[mine], whole[mine]) and not part[~mine].any()
 
 
 def check_kernels_off() -> None:
@@ -205,6 +219,11 @@ def check_sparse_grad(dtype: torch.dtype) -> None:
     out.backward(gy)
     expected.backward(gy)
     assert torch.equal(out, expected) and torch.equal(plain, expected)
+    # the sparse route is the fused kernel's too (no (..., K) rows, no masked gather), its gradient the kernel's
+    # backward of this rank's rows
+    entered = trace_call(lambda: par(ids)).functions
+    assert "torch/ops/ngram.py:ngram_lookup_sparse" in entered and "kernels/ngram.py:ngram_forward" in entered
+    assert "VocabParallelHashedNgramEmbedding._sparse_part" not in str(entered), entered
     g, r = par.weight.grad, ref.weight.grad
     assert g is not None and g.is_sparse and tuple(g.shape) == tuple(par.weight.shape)
     assert r is not None and r.is_sparse

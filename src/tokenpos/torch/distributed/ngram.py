@@ -11,22 +11,29 @@ runs the same code on the same ids (SPMD):
 1. check the inputs (ids in compress's domain, ``cu_seqlens``, ``context``) on every rank; with the table on the
    CPU, one all-reduce of a refusal code follows, so a refusal is raised on every rank together, even when only
    some ranks' inputs were bad (``_comm.raise_together``);
-2. compute the (..., K) int64 table rows: the same cheap hashing on every rank (``ops.ngram.hashed_rows``: the numba
-   kernel on the CPU, the torch formula elsewhere); nothing of size (..., K, Dh) beyond the output;
-3. look up the rows this rank owns and zero the others (``_lookup.masked_lookup``: the ``tokenpos::embedding``
-   op on the shard), (..., K, Dh) -> (..., E);
-4. one all-reduce (sum). Each output element comes from exactly one rank and the others add zeros, so the output
+2. on the CPU with the numba kernel (float32 / float64, kernels on): hash and gather in one pass, reading only this
+   rank's rows and writing zeros for the others (the fused kernel's shard, ``ops.ngram.ngram_lookup`` with
+   ``row_start``), (..., E); elsewhere (CUDA, kernels off, bf16) as before: the (..., K) int64 rows by the same
+   hashing (``ops.ngram.hashed_rows``: torch ops off the CPU), then the rows this rank owns looked up and the others
+   zeroed (``_lookup.masked_lookup``: the ``tokenpos::embedding`` op on the shard), (..., K, Dh) -> (..., E);
+   nothing of size (..., K, Dh) beyond the output either way;
+3. one all-reduce (sum). Each output element comes from exactly one rank and the others add zeros, so the output
    is bit for bit the one-process layer's.
 
 Backward: none of the collectives; each rank's ``weight.grad`` is its slice of the one-process gradient (dense,
-or row-sparse with ``sparse=True``, holding only rows this rank owns that the batch looked up; that route selects
-the owned entries with ``nonzero``, a host sync on CUDA, as torch's own sparse embedding makes).
+or row-sparse with ``sparse=True``, holding only rows this rank owns that the batch looked up). On the CPU kernels
+both are the fused kernel's backward with this rank's range (``ops.ngram``: the sparse one each owned row once,
+``ngram_lookup_sparse``); elsewhere the dense one is the embedding op's, and the sparse route selects the owned
+entries with ``nonzero``, a host sync on CUDA, as torch's own sparse embedding makes.
 
-Cost per rank: the (..., K) rows, then a gather of all T * K rows (those of other ranks read local row 0 and are
-zeroed), so a rank's lookup work does not shrink with W; what W divides is the table's memory. The fused
-one-process kernel (hash and gather in one pass) is not used: it has no owned-range mask. Measured on a loaded
-2-core guest, one thread, ids (4, 1024), K = 16, Dh = 32, R = 1.6M, CPU time: the fused one-process forward
-2.4 ms, this layer at W = 1 8.7 ms (hashing 0.3 ms, the masked lookup 6.7 ms).
+Cost per rank: on the CPU path the hashing of all T * K rows (cheap), the copies of the rows this rank owns and
+zeros for the rest, so a rank's gather work shrinks with W (the hashing and the output's writes do not); the
+backward's dense gradient takes the same range (the kernel's segment sum of owned rows only). Measured on a loaded
+2-core guest, one thread, thread CPU time after a matmul, ids (4, 1024), K = 16, Dh = 64, 256 MiB table, median of
+100: the one-process layer 3.2-3.5 ms; this layer at W = 1 9.4 ms before the fused shard, 3.9 ms with it, 3.5 ms
+with its table in huge pages too (``empty_table``, as the one-process layer's); the shard lookup of one rank of
+W = 2 2.8-3.3 ms, of W = 4 2.2-2.5 ms. Elsewhere (the masked route) a rank still gathers all T * K rows, those of
+other ranks from local row 0.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from tokenpos.tables.formulas.init import INIT_SCHEMES
 from tokenpos.tables.formulas.ngram_hash import ngram_spec
 from tokenpos.tables.formulas.vocab_parallel import padded_vocab_size, shard_range
 from tokenpos.torch._checks import resolve_dtype
-from tokenpos.torch._init import resolve_torch_rng
+from tokenpos.torch._init import empty_table, resolve_torch_rng
 from tokenpos.torch._module import TokenposModule
 from tokenpos.torch.distributed import checkpoint
 from tokenpos.torch.distributed._comm import (
@@ -56,7 +63,7 @@ from tokenpos.torch.distributed._comm import (
 from tokenpos.torch.distributed._lookup import masked_lookup
 from tokenpos.torch.distributed._shard_init import shard_init
 from tokenpos.torch.ngram import ngram_inputs
-from tokenpos.torch.ops.ngram import hashed_rows
+from tokenpos.torch.ops.ngram import fused_on, hashed_rows, ngram_lookup, ngram_lookup_sparse
 
 
 class VocabParallelHashedNgramEmbedding(TokenposModule):
@@ -105,8 +112,8 @@ class VocabParallelHashedNgramEmbedding(TokenposModule):
         for name in ("compress", "multipliers", "primes", "offsets"):
             self.register_buffer(name, torch.tensor(np.array(getattr(self.spec, name)), device=device),
                                  persistent=False)
-        self.weight = torch.nn.Parameter(torch.empty(self.num_local_rows, self.head_dim, device=device,
-                                                     dtype=resolve_dtype(dtype)))
+        self.weight = torch.nn.Parameter(empty_table(self.num_local_rows, self.head_dim, device=device,
+                                                     dtype=resolve_dtype(dtype)))   # huge pages, as one process's
         self.reset_parameters(seed=init_seed, rng=rng, generator=generator)
 
     # -- facts -------------------------------------------------------------------------------
@@ -199,11 +206,16 @@ class VocabParallelHashedNgramEmbedding(TokenposModule):
         on the CPU: the inputs' agreement first). Bad inputs raise the one-process layer's error (TokenIdError for
         an id outside compress's domain) on every rank."""
         x, cu, ctx = self._agreed_inputs(ids, cu_seqlens, context)
-        rows = self._rows(x, cu, ctx)                                            # (..., K)
-        if self.sparse and self.weight.requires_grad and torch.is_grad_enabled():
-            part = self._sparse_part(rows)                                       # (N, Dh)
+        sparse = self.sparse and self.weight.requires_grad and torch.is_grad_enabled()
+        if fused_on(self.weight) and not (sparse and torch.compiler.is_compiling()):
+            # hash and gather the owned rows in one pass, zeros elsewhere; the gradient of the owned rows only
+            lookup = ngram_lookup_sparse if sparse else ngram_lookup
+            part = lookup(self.weight, x, cu, ctx, self.compress, self.multipliers, self.primes, self.offsets,
+                          self.spec.pad, self.row_start)                         # (..., E)
+        elif sparse:
+            part = self._sparse_part(self._rows(x, cu, ctx))                    # (N, Dh)
         else:
-            part = masked_lookup(self.weight, rows, self.row_start, 1.0, None)   # (..., K, Dh)
+            part = masked_lookup(self.weight, self._rows(x, cu, ctx), self.row_start, 1.0, None)   # (..., K, Dh)
         return reduce_from_group(part.reshape(*x.shape, self.out_dim), self.group, self.world_size, in_place=True)
 
     # -- whole-table state -------------------------------------------------------------------
