@@ -237,15 +237,9 @@ def ngram_lookup(weight: torch.Tensor, ids: torch.Tensor, cu_seqlens: torch.Tens
     return forward_impl(*args)
 
 
-class _NgramSparse(torch.autograd.Function):
-    """A lookup by the fused kernel whose weight gradient is row-sparse (:func:`ngram_lookup_sparse`)."""
-
-    @staticmethod
-    def forward(ctx: Any, weight: torch.Tensor, ids: torch.Tensor, cu_seqlens: torch.Tensor | None,
-                context: torch.Tensor | None, compress: torch.Tensor, multipliers: torch.Tensor, primes: torch.Tensor,
-                offsets: torch.Tensor, pad: int, row_start: int | None) -> Any:
-        _setup(ctx, (weight, ids, cu_seqlens, context, compress, multipliers, primes, offsets, pad, row_start), None)
-        return forward_impl(weight, ids, cu_seqlens, context, compress, multipliers, primes, offsets, pad, row_start)
+class _NgramSparse(_NgramEmbedding):
+    """A lookup by the fused kernel whose weight gradient is row-sparse (:func:`ngram_lookup_sparse`): the forward
+    of :class:`_NgramEmbedding`, a backward of its own."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
