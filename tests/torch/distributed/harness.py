@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 CheckResults = dict[str, "str | None"]
+SKIP = "skipped: "     # a check raising ``RuntimeError(SKIP + reason)`` is reported as skipped (``skips=True``)
 
 
 def free_port() -> int:
@@ -89,3 +90,26 @@ def run_world(world: int, target: str, tmp_path: Path, *, timeout: float = 240.0
                 p.kill()
                 p.join(5)
     return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def run_worlds(tmp_path: Path, target: str, worlds: tuple[int, ...], ckpt_name: str) -> dict[int, list[CheckResults]]:
+    """``run_world`` for each of ``worlds`` in order, the first writing the checkpoint ``ckpt_name`` that the others
+    load (resharding from the first world size to each other one)."""
+    ckpt = str(Path(tmp_path) / ckpt_name)
+    return {world: run_world(world, target, tmp_path, ckpt=ckpt, write_ckpt=world == worlds[0]) for world in worlds}
+
+
+def report_check(results: dict[int, list[CheckResults]], world: int, check: str, *, suffixed: bool = False,
+                 skips: bool = False) -> None:
+    """One check on every rank of ``world``, as one test: it fails with the failing rank's traceback, is skipped
+    where ``skips`` and the check raised ``SKIP + reason``, and passes otherwise. ``suffixed``: the check may be
+    reported under ``<check>_<detail>`` (the first such key counts)."""
+    import pytest
+
+    for rank, res in enumerate(results[world]):
+        name = next((k for k in res if k == check or (suffixed and k.startswith(check + "_"))), None)
+        assert name is not None, f"rank {rank} did not run {check!r}"
+        if res[name] is not None:
+            if skips and SKIP in res[name]:
+                pytest.skip(res[name].split(SKIP)[-1].strip())
+            pytest.fail(f"{name} failed on rank {rank} of {world}:\n{res[name]}", pytrace=False)

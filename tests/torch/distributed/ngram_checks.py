@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from tests.tolerances import TOL
-from tests.torch.distributed.harness import CheckResults, run_checks
+from tests.torch.distributed.harness import SKIP, CheckResults, run_checks
 from tests.torch.distributed.rank_checks import _raises, count_all_reduce
-from tests.torch.distributed.refusal_checks import SKIP, _collectives_on_cpu_data
+from tests.torch.distributed.refusal_checks import _collectives_on_cpu_data
 from tests.torch.fake_cuda import HostSync, cpu_of, no_host_sync, to_fake_cuda, unavailable
 from tokenpos import set_kernels
 from tokenpos.analysis.calls import trace_call

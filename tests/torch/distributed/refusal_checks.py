@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils._python_dispatch import _disable_current_modes
 
-from tests.torch.distributed.harness import CheckResults, run_checks
+from tests.torch.distributed.harness import SKIP, CheckResults, run_checks
 from tests.torch.fake_cuda import HostSync, cpu_of, fake_cuda, no_host_sync, to_fake_cuda, unavailable
 from tokenpos.tables.errors import ConfigError, DtypeError, StateDictError, TokenIdError
 from tokenpos.torch.distributed import VocabParallelEmbedding, vocab_parallel_cross_entropy
@@ -95,8 +95,6 @@ def _collectives_on_cpu_data() -> Iterator[None]:
     with mock.patch.object(dist, "all_reduce", on_data):
         yield
 
-
-SKIP = "skipped: "
 
 
 def check_refused_on_fake_cuda(call: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.torch.distributed.harness import CheckResults, run_world
+from tests.torch.distributed.harness import CheckResults, report_check, run_world
 
 pytestmark = pytest.mark.slow   # spawns gloo process groups
 
@@ -24,10 +24,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[CheckRes
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("check", CHECKS)
 def test_collective_check(results: dict[int, list[CheckResults]], world: int, check: str) -> None:
-    for rank, res in enumerate(results[world]):
-        assert check in res, f"rank {rank} did not run {check!r}"
-        if res[check] is not None:
-            pytest.fail(f"{check} failed on rank {rank} of {world}:\n{res[check]}", pytrace=False)
+    report_check(results, world, check)
 
 
 def test_every_check_is_reported(results: dict[int, list[CheckResults]]) -> None:

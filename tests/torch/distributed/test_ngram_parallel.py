@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from tests.torch.distributed.harness import CheckResults, run_world
+from tests.torch.distributed.harness import CheckResults, report_check, run_worlds
 from tests.torch.distributed.ngram_checks import settings
-from tests.torch.distributed.refusal_checks import SKIP
 from tokenpos.tables.errors import ConfigError
 from tokenpos.torch.distributed import VocabParallelHashedNgramEmbedding
 
@@ -29,25 +28,15 @@ CHECKS = ["checkpoint", "layout_even", "layout_odd", "init_standard_normal", "in
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[CheckResults]]:
-    tmp = tmp_path_factory.mktemp("ngram_parallel")
-    ckpt = str(tmp / "ngram.safetensors")
-    out: dict[int, list[CheckResults]] = {}
-    for world in WORLDS:              # 2 writes the checkpoint, then 3 and 1 load it
-        out[world] = run_world(world, "tests.torch.distributed.ngram_checks:ngram_main", tmp, ckpt=ckpt,
-                               write_ckpt=world == WORLDS[0])
-    return out
+    # 2 writes the checkpoint, then 3 and 1 load it
+    return run_worlds(tmp_path_factory.mktemp("ngram_parallel"), "tests.torch.distributed.ngram_checks:ngram_main",
+                      WORLDS, "ngram.safetensors")
 
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("check", CHECKS)
 def test_rank_check(results: dict[int, list[CheckResults]], world: int, check: str) -> None:
-    for rank, res in enumerate(results[world]):
-        name = next((k for k in res if k == check or k.startswith(check + "_")), None)
-        assert name is not None, f"rank {rank} did not run {check!r}"
-        if res[name] is not None and SKIP in res[name]:
-            pytest.skip(res[name].split(SKIP)[-1].strip())     # fake CUDA where it cannot run (no Triton)
-        if res[name] is not None:
-            pytest.fail(f"{name} failed on rank {rank} of {world}:\n{res[name]}", pytrace=False)
+    report_check(results, world, check, suffixed=True, skips=True)   # skips: fake CUDA where Triton is absent
 
 
 def test_every_check_is_reported(results: dict[int, list[CheckResults]]) -> None:

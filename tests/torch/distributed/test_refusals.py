@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.torch.distributed.harness import CheckResults, run_world
-from tests.torch.distributed.refusal_checks import CALLS, SKIP
+from tests.torch.distributed.harness import CheckResults, report_check, run_world
+from tests.torch.distributed.refusal_checks import CALLS
 
 pytestmark = pytest.mark.slow   # spawns gloo process groups
 
@@ -25,12 +25,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[CheckRes
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("check", CHECKS)
 def test_refusal_check(results: dict[int, list[CheckResults]], world: int, check: str) -> None:
-    for rank, res in enumerate(results[world]):
-        assert check in res, f"rank {rank} did not run {check!r}"
-        if res[check] is not None:
-            if SKIP in res[check]:
-                pytest.skip(res[check].split(SKIP)[-1].strip())
-            pytest.fail(f"{check} failed on rank {rank} of {world}:\n{res[check]}", pytrace=False)
+    report_check(results, world, check, skips=True)
 
 
 def test_every_check_is_reported(results: dict[int, list[CheckResults]]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.torch.distributed.harness import CheckResults, run_world
+from tests.torch.distributed.harness import CheckResults, report_check, run_worlds
 
 pytestmark = pytest.mark.slow   # spawns gloo process groups
 
@@ -23,23 +23,15 @@ CHECKS = ["checkpoint", "init_V1003", "init_xavier_pad_V1003", "forward_grad_V10
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[CheckResults]]:
-    tmp = tmp_path_factory.mktemp("vocab_parallel")
-    ckpt = str(tmp / "table.safetensors")
-    out: dict[int, list[CheckResults]] = {}
-    for world in WORLDS:              # 4 writes the checkpoint, then 2 and 1 load it
-        out[world] = run_world(world, "tests.torch.distributed.rank_checks:rank_main", tmp, ckpt=ckpt,
-                               write_ckpt=world == WORLDS[0])
-    return out
+    # 4 writes the checkpoint, then 2 and 1 load it
+    return run_worlds(tmp_path_factory.mktemp("vocab_parallel"), "tests.torch.distributed.rank_checks:rank_main",
+                      WORLDS, "table.safetensors")
 
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("check", CHECKS)
 def test_rank_check(results: dict[int, list[CheckResults]], world: int, check: str) -> None:
-    for rank, res in enumerate(results[world]):
-        name = next((k for k in res if k == check or k.startswith(check + "_")), None)
-        assert name is not None, f"rank {rank} did not run {check!r}"
-        if res[name] is not None:
-            pytest.fail(f"{name} failed on rank {rank} of {world}:\n{res[name]}", pytrace=False)
+    report_check(results, world, check, suffixed=True)
 
 
 def test_every_check_is_reported(results: dict[int, list[CheckResults]]) -> None:
