@@ -359,6 +359,17 @@ def test_device_ids_without_a_prefetch_are_refused_and_prefetch_wants_host_ids(r
 
 
 @pytest.mark.parametrize("name", LAYERS)
+def test_a_forward_of_host_ids_without_a_prefetch_sends_only_the_rows(name: str, runtime: FakeRuntime) -> None:
+    """Host ids with nothing prefetched: gathered and sent at once; the ids stay on the host (there is nothing on
+    the device to compare them with), so the rows are the only bytes that cross."""
+    host = to_fake(LAYERS[name](storage="host"))
+    for inputs in calls(name):
+        with no_host_sync() as mode:
+            out = call(host, inputs)
+        assert [(d, n) for d, n, _ in mode.copies] == [("h2d", out.numel() * out.element_size())]
+
+
+@pytest.mark.parametrize("name", LAYERS)
 def test_no_host_sync_and_only_the_gathered_rows_cross(name: str, runtime: FakeRuntime) -> None:
     """Under the fake-CUDA detector: prefetch, then forward with device ids and backward, make no host sync and no
     pageable or blocking copy. The copies are pinned and non-blocking: to the device, the gathered rows and the ids

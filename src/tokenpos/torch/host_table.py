@@ -265,13 +265,14 @@ class HostTable:
                 raise ConfigError(f"{name} keeps its table on the host (storage='host'): {given[0]} on "
                                   f"{inputs[given[0]].device} with no prefetched rows would be read on the host "
                                   f"(a host sync); expected host {given[0]}, or layer.prefetch(...) of them first")
-            return self._consume(self._gather(layer, inputs), {})
+            return self._consume(self._gather(layer, inputs, send_inputs=False), {})     # host inputs: none to check
         entry = self.queue[0]
         self._check_pairing(name, entry, inputs)
         self.queue.popleft()
+        device_inputs = {k: x for k, x in inputs.items() if _on_device(x)}
         if entry.key != _state_key(layer) or (_records(layer) and not entry.grad):
-            entry = self._gather(layer, entry.host)                                # stale: gathered again
-        return self._consume(entry, {k: x for k, x in inputs.items() if _on_device(x)})
+            entry = self._gather(layer, entry.host, send_inputs=bool(device_inputs))   # stale: gathered again
+        return self._consume(entry, device_inputs)
 
     def _check_pairing(self, name: str, entry: Prefetched, inputs: dict[str, Any]) -> None:
         """Shapes (and which inputs are given) on the host; values of host inputs on the host. Raises ConfigError
@@ -300,8 +301,9 @@ class HostTable:
                                   f"{tuple(want.shape)}); forward consumes prefetches in the order they were made "
                                   "(clear_prefetch() drops them)")
 
-    def _gather(self, layer: Any, inputs: dict[str, Any]) -> Prefetched:
-        """Steps 1-2 of the module doc: the layer's own lookup on the host, then the copy to the output device."""
+    def _gather(self, layer: Any, inputs: dict[str, Any], *, send_inputs: bool = True) -> Prefetched:
+        """Steps 1-2 of the module doc: the layer's own lookup on the host, then the copy to the output device
+        (``send_inputs``: the inputs too, for a forward with device inputs to be compared with on the device)."""
         rows = layer._lookup(**inputs)                                            # (..., W) on the host
         host = {k: None if x is None else _as_host_tensor(x) for k, x in inputs.items()}
         key, grad = _state_key(layer), _records(layer)
@@ -310,7 +312,7 @@ class HostTable:
         stream = self._stream()
         with RUNTIME.use_stream(stream):
             sent_rows = _Send.apply(rows, self.device) if rows.requires_grad else _to_device(rows, self.device)
-            sent = {k: None if t is None else _to_device(t, self.device) for k, t in host.items()}
+            sent = {k: None if t is None or not send_inputs else _to_device(t, self.device) for k, t in host.items()}
             event = RUNTIME.event()
             event.record(stream)
         return Prefetched(host, sent, sent_rows, event, key, grad)
