@@ -30,7 +30,7 @@ from torch import nn
 from tokenpos.tables.checks.quantized import quantized_refusal as refuse
 from tokenpos.tables.errors import ConfigError
 from tokenpos.tables.formulas.quantize import quantize_rows
-from tokenpos.torch.ops.quantized import quantized_embedding
+from tokenpos.torch.ops.quantized import quantized_rows
 
 WEIGHT_DTYPES = (torch.int8, torch.float8_e4m3fn)
 _FORMATS = {torch.int8: "int8", torch.float8_e4m3fn: "float8_e4m3fn"}
@@ -50,9 +50,8 @@ def quantized_parameters(module: Any, shape: tuple[int, int], weight_dtype: torc
                          device: Any) -> None:
     """Give ``module`` its frozen ``weight`` (shape, weight_dtype) and ``weight_scale`` (rows,) of ``dtype``, zeros,
     and the pre-hook that quantises a float ``weight`` loaded into it."""
-    module.weight = nn.Parameter(torch.zeros(shape, dtype=torch.int8, device=device).view(weight_dtype)
-                                 if weight_dtype != torch.int8 else torch.zeros(shape, dtype=torch.int8, device=device),
-                                 requires_grad=False)
+    module.weight = nn.Parameter(torch.zeros(shape, dtype=torch.int8, device=device).view(weight_dtype),
+                                 requires_grad=False)                        # (float8: the zero bits viewed)
     module.weight_scale = nn.Parameter(torch.zeros(shape[0], dtype=dtype, device=device), requires_grad=False)
     module.register_load_state_dict_pre_hook(quantize_float_state)
 
@@ -64,7 +63,7 @@ def quantize_table(w: Any, weight_dtype: torch.dtype, scale_dtype: torch.dtype) 
     arr = w.detach().to("cpu", torch.float64).numpy() if isinstance(w, torch.Tensor) else np.asarray(w, np.float64)
     q, s = quantize_rows(arr, str(scale_dtype).removeprefix("torch."), _FORMATS[weight_dtype])
     qt = torch.from_numpy(q)
-    return (qt.view(weight_dtype) if weight_dtype != torch.int8 else qt), torch.from_numpy(s).to(scale_dtype)
+    return qt.view(weight_dtype), torch.from_numpy(s).to(scale_dtype)
 
 
 def fill_quantized_(module: Any, w: Any) -> None:
@@ -100,7 +99,7 @@ def _bits(module: Any) -> tuple[torch.Tensor, torch.Tensor]:
 def quantized_lookup(module: Any, ids: torch.Tensor, multiplier: float) -> torch.Tensor:
     """ids (...) int32 / int64 -> (..., C): the module's 8-bit rows dequantised inside the gather."""
     q, scale = _bits(module)
-    return quantized_embedding(q, scale, ids, multiplier, module.weight_dtype == torch.float8_e4m3fn)  # type: ignore[no-any-return]
+    return quantized_rows(q, scale, ids, multiplier, module.weight_dtype == torch.float8_e4m3fn)
 
 
 class QuantizedTable(nn.Module):
@@ -143,7 +142,7 @@ def quantized_attend(module: Any, h: torch.Tensor) -> torch.Tensor:
     out = x.new_empty((*h.shape[:-1], V))
     for start in range(0, V, ATTEND_ROWS):
         rows = torch.arange(start, min(start + ATTEND_ROWS, V), device=q.device)
-        block = quantized_embedding(q, scale, rows, 1.0, fp8)                           # (c, D)
+        block = quantized_rows(q, scale, rows, 1.0, fp8)                                # (c, D)
         out[..., start:start + block.shape[0]] = torch.nn.functional.linear(x, block)  # (..., c)
     return out
 

@@ -107,6 +107,17 @@ def quantized_embedding(q: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor,
     return quantized_impl(q, scale, ids, multiplier, float8)
 
 
+def quantized_rows(q: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor, multiplier: float,
+                   float8: bool) -> torch.Tensor:
+    """``tokenpos::quantized_embedding`` as the layers call it (checked arguments), the cheapest way that keeps the
+    op's semantics, as ``ops.entry.embed`` reaches the token embedding: the op under ``torch.compile`` tracing (the
+    graph keeps it), else its implementation directly (no autograd to register: the table is frozen), skipping the
+    dispatcher's Python. q (V, C), scale (V,), ids (...) -> (..., C)."""
+    if torch.compiler.is_compiling():
+        return quantized_embedding(q, scale, ids, multiplier, float8)  # type: ignore[no-any-return]
+    return quantized_impl(q, scale, ids, multiplier, float8)
+
+
 @quantized_embedding.register_fake
 def _(q: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor, multiplier: float, float8: bool) -> torch.Tensor:
     _check(q, scale, ids, float8)
