@@ -60,8 +60,7 @@ def quantized_lookup(q: np.ndarray, scale: np.ndarray, ids: np.ndarray, multipli
     if not kernels_enabled():
         return dequantize_rows(q, scale, ids, multiplier)
     shape = (*ids.shape, q.shape[1])
-    out = OUTPUTS.empty(shape, scale.dtype) if OUTPUTS.caches(int(np.prod(shape)) * scale.itemsize) else \
-        np.empty(shape, scale.dtype)
+    out = OUTPUTS.empty(shape, scale.dtype)                    # (np.empty under the cache's min_bytes)
     half = scale.dtype == np.float16                                          # fp16 travels as int16 bits
     gather_dequantized(q, scale.view(np.int16) if half else scale, ids, multiplier, out.view(np.int16) if half else out)
     return out
